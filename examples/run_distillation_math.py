@@ -1,0 +1,14 @@
+"""On-policy distillation on math: the student samples, the teacher grades every token.
+
+    python examples/run_distillation_math.py --config examples/configs/distillation_tiny.yaml
+    python examples/run_distillation_math.py --config CONFIG.yaml --print-config loss_fn.kl_type=jsd
+
+All the logic lives in nemo_opd.cli and nemo_opd.config; see docs/config.md for every key.
+"""
+
+import sys
+
+from nemo_opd.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main(description=__doc__.splitlines()[0]))

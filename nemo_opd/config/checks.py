@@ -1,0 +1,322 @@
+"""Cross-field checks, run when a DistillationConfig is validated.
+
+Each check takes the whole config and returns a list of problems, one message per problem,
+naming the full key paths involved and their values. The first line of each check's docstring
+is the rule as listed in docs/config.md.
+
+Not checked here, because the information only exists at setup: that teacher and student use
+the same tokenizer, and that distillation.topk_logits_k is at most the vocabulary size.
+"""
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from nemo_opd.config.placement import worker_split
+from nemo_opd.config.policy import PolicyConfig
+
+if TYPE_CHECKING:
+    from nemo_opd.config.schema import DistillationConfig
+
+MODEL_SECTIONS = ("policy", "teacher")
+
+
+def _models(cfg: "DistillationConfig") -> Iterator[tuple[str, PolicyConfig]]:
+    """(section name, section) for the student and the teacher."""
+    for name in MODEL_SECTIONS:
+        yield name, getattr(cfg, name)
+
+
+def _training_world(cfg: "DistillationConfig") -> int | None:
+    """Workers that train, or None when the generation placement is itself invalid."""
+    split = worker_split(cfg.cluster, cfg.policy.generation)
+    return split.training if split else None
+
+
+def _backend_prefix(name: str, model: PolicyConfig) -> str:
+    """Key path of the enabled backend's section, e.g. `policy.dtensor_cfg`."""
+    return f"{name}.{model.backend}_cfg"
+
+
+def check_one_backend(cfg: "DistillationConfig") -> list[str]:
+    """Exactly one of dtensor_cfg.enabled and megatron_cfg.enabled, for policy and for teacher."""
+    problems = []
+    for name, model in _models(cfg):
+        enabled = (model.dtensor_cfg.enabled, model.megatron_cfg.enabled)
+        if enabled.count(True) != 1:
+            state = "both true" if all(enabled) else "both false"
+            problems.append(
+                f"{name}.dtensor_cfg.enabled and {name}.megatron_cfg.enabled are {state}; "
+                "enable exactly one training backend"
+            )
+    return problems
+
+
+def check_policy_trains_teacher_frozen(cfg: "DistillationConfig") -> list[str]:
+    """The policy has an optimizer and a generation section; the teacher has neither (it is
+    frozen and does not sample), nor a scheduler."""
+    problems = []
+    for key in ("optimizer", "generation"):
+        if getattr(cfg.policy, key) is None:
+            problems.append(f"policy.{key} is required (the student trains and generates)")
+    for key in ("optimizer", "scheduler", "generation"):
+        if getattr(cfg.teacher, key) is not None:
+            problems.append(f"teacher.{key} must be null: the teacher is frozen and never samples")
+    return problems
+
+
+def check_generation_placement(cfg: "DistillationConfig") -> list[str]:
+    """Non-colocated generation must leave workers for training; vLLM's tensor_parallel_size
+    divides the generation workers."""
+    generation = cfg.policy.generation
+    if generation is None:
+        return []
+    split = worker_split(cfg.cluster, generation)
+    where = "policy.generation.colocated.resources"
+    if split is None:
+        resources = generation.colocated.resources
+        return [
+            f"{where} (gpus_per_node={resources.gpus_per_node}, num_nodes={resources.num_nodes}) "
+            f"does not fit cluster (num_nodes={cfg.cluster.num_nodes}, "
+            f"gpus_per_node={cfg.cluster.gpus_per_node}) with policy.generation.colocated."
+            "enabled false: both must be set; on one node, generation takes fewer than all "
+            "of its gpus_per_node; on several nodes, generation takes whole nodes "
+            "(the same gpus_per_node) and fewer than num_nodes"
+        ]
+    vllm_tp = generation.vllm_cfg.tensor_parallel_size
+    if split.generation % vllm_tp:
+        return [
+            f"policy.generation.vllm_cfg.tensor_parallel_size ({vllm_tp}) must divide the "
+            f"{split.generation} generation workers"
+        ]
+    return []
+
+
+def check_parallel_sizes_divide_world(cfg: "DistillationConfig") -> list[str]:
+    """tensor x context (x pipeline for Megatron) parallel sizes divide the training workers,
+    cluster.num_nodes x cluster.gpus_per_node (less non-colocated generation workers)."""
+    world = _training_world(cfg)
+    if world is None:
+        return []
+    problems = []
+    for name, model in _models(cfg):
+        if model.dtensor_cfg.enabled == model.megatron_cfg.enabled:
+            continue  # reported by check_one_backend
+        prefix = _backend_prefix(name, model)
+        sizes = f"tensor {model.tensor_parallel_size} x context {model.context_parallel_size}"
+        if model.backend == "megatron":
+            sizes += f" x pipeline {model.pipeline_parallel_size}"
+        if world % model.model_parallel_size:
+            problems.append(
+                f"{prefix}: model-parallel size ({sizes} = {model.model_parallel_size}) must "
+                f"divide the {world} training workers (cluster.num_nodes x cluster.gpus_per_node)"
+            )
+            continue
+        expert = model.megatron_cfg.expert_model_parallel_size
+        expert_group = model.tensor_parallel_size * model.pipeline_parallel_size * expert
+        if model.backend == "megatron" and expert > 1 and world % expert_group:
+            problems.append(
+                f"{prefix}.expert_model_parallel_size ({expert}) x tensor x pipeline "
+                f"(= {expert_group}) must divide the {world} training workers"
+            )
+    return problems
+
+
+def check_global_batch_divisible(cfg: "DistillationConfig") -> list[str]:
+    """policy.train_global_batch_size is a multiple of train_micro_batch_size x the
+    data-parallel size (training workers / model-parallel size)."""
+    world = _training_world(cfg)
+    policy = cfg.policy
+    if world is None or policy.dtensor_cfg.enabled == policy.megatron_cfg.enabled:
+        return []
+    if world % policy.model_parallel_size:
+        return []  # reported by check_parallel_sizes_divide_world
+    data_parallel = world // policy.model_parallel_size
+    step = policy.train_micro_batch_size * data_parallel
+    if policy.train_global_batch_size % step:
+        return [
+            f"policy.train_global_batch_size ({policy.train_global_batch_size}) must be a "
+            f"multiple of policy.train_micro_batch_size x data-parallel size "
+            f"({policy.train_micro_batch_size} x {data_parallel} = {step})"
+        ]
+    return []
+
+
+def check_rollouts_fill_global_batches(cfg: "DistillationConfig") -> list[str]:
+    """distillation.num_prompts_per_step x num_generations_per_prompt is a multiple of
+    policy.train_global_batch_size.
+
+    A step's rollouts are split into global batches of train_global_batch_size, one optimizer
+    step each; a remainder would either be thrown away or make a smaller batch whose gradient
+    has a different scale.
+    """
+    loop = cfg.distillation
+    rollouts = loop.num_prompts_per_step * loop.num_generations_per_prompt
+    batch = cfg.policy.train_global_batch_size
+    if rollouts % batch:
+        return [
+            f"distillation.num_prompts_per_step x distillation.num_generations_per_prompt "
+            f"({loop.num_prompts_per_step} x {loop.num_generations_per_prompt} = {rollouts}) "
+            f"must be a multiple of policy.train_global_batch_size ({batch})"
+        ]
+    return []
+
+
+def check_microbatching(cfg: "DistillationConfig") -> list[str]:
+    """sequence_packing and dynamic_batching are not both enabled; when one is, its token
+    budgets are set and at least max_total_sequence_length (so that any sequence fits)."""
+    problems = []
+    for name, model in _models(cfg):
+        if model.sequence_packing.enabled and model.dynamic_batching.enabled:
+            problems.append(
+                f"{name}.sequence_packing.enabled and {name}.dynamic_batching.enabled are both "
+                "true; enable at most one"
+            )
+        # The teacher never trains, so only its log-prob budget matters.
+        budgets = (
+            ["logprob_mb_tokens"] if name == "teacher" else ["train_mb_tokens", "logprob_mb_tokens"]
+        )
+        for scheme in ("sequence_packing", "dynamic_batching"):
+            section = getattr(model, scheme)
+            if section.enabled:
+                for budget in budgets:
+                    problems += _token_budget_problems(
+                        f"{name}.{scheme}", budget, getattr(section, budget), model
+                    )
+    return problems
+
+
+def _token_budget_problems(
+    section_key: str, budget: str, tokens: int | None, model: PolicyConfig
+) -> list[str]:
+    """Problems with one microbatch token budget of an enabled packing/batching scheme."""
+    longest = model.max_total_sequence_length
+    if tokens is None:
+        return [f"{section_key}.{budget} must be set when {section_key}.enabled is true"]
+    if tokens < longest:
+        return [
+            f"{section_key}.{budget} ({tokens}) must be at least max_total_sequence_length "
+            f"({longest}), or the longest sequences cannot fit in a microbatch"
+        ]
+    return []
+
+
+def check_sequence_length_divisibility(cfg: "DistillationConfig") -> list[str]:
+    """make_sequence_length_divisible_by is a multiple of the context-parallel size, and of
+    the tensor-parallel size when sequence_parallel is on (sequences split evenly)."""
+    problems = []
+    for name, model in _models(cfg):
+        if model.dtensor_cfg.enabled == model.megatron_cfg.enabled:
+            continue
+        divisor = model.make_sequence_length_divisible_by
+        prefix = _backend_prefix(name, model)
+        sequence_parallel = getattr(model, f"{model.backend}_cfg").sequence_parallel
+        needs = [("context-parallel size", model.context_parallel_size)]
+        if sequence_parallel:
+            needs.append(("tensor-parallel size (sequence_parallel)", model.tensor_parallel_size))
+        for what, size in needs:
+            if divisor % size:
+                problems.append(
+                    f"{name}.make_sequence_length_divisible_by ({divisor}) must be a multiple "
+                    f"of the {what} of {prefix} ({size})"
+                )
+    return problems
+
+
+def check_sequence_lengths(cfg: "DistillationConfig") -> list[str]:
+    """Generated and prompt lengths fit in policy.max_total_sequence_length, and the teacher
+    can score every rollout (its max_total_sequence_length is at least the policy's)."""
+    longest = cfg.policy.max_total_sequence_length
+    problems = []
+    generation = cfg.policy.generation
+    if generation is not None:
+        if generation.max_new_tokens > longest:
+            problems.append(
+                f"policy.generation.max_new_tokens ({generation.max_new_tokens}) must be at most "
+                f"policy.max_total_sequence_length ({longest})"
+            )
+        if generation.vllm_cfg.max_model_len > longest:
+            problems.append(
+                f"policy.generation.vllm_cfg.max_model_len ({generation.vllm_cfg.max_model_len})"
+                f" must be at most policy.max_total_sequence_length ({longest})"
+            )
+    prompt = cfg.data.max_input_seq_length
+    if prompt is not None and prompt >= longest:
+        problems.append(
+            f"data.max_input_seq_length ({prompt}) must be less than "
+            f"policy.max_total_sequence_length ({longest}) to leave room for a response"
+        )
+    teacher = cfg.teacher.max_total_sequence_length
+    if teacher < longest:
+        problems.append(
+            f"teacher.max_total_sequence_length ({teacher}) must be at least "
+            f"policy.max_total_sequence_length ({longest}) to score whole rollouts"
+        )
+    return problems
+
+
+def check_loss_parameters(cfg: "DistillationConfig") -> list[str]:
+    """loss_fn.jsd_beta is strictly between 0 and 1 when loss_fn.kl_type is jsd."""
+    loss = cfg.loss_fn
+    if loss.kl_type == "jsd" and loss.jsd_beta in (0.0, 1.0):
+        return [
+            f"loss_fn.jsd_beta ({loss.jsd_beta}) must be strictly between 0 and 1 when "
+            "loss_fn.kl_type is 'jsd' (at 0 or 1 the divergence is identically zero)"
+        ]
+    return []
+
+
+def check_data_source(cfg: "DistillationConfig") -> list[str]:
+    """Exactly one of data.dataset_name and data.train_path is set."""
+    data = cfg.data
+    if (data.dataset_name is None) == (data.train_path is None):
+        state = "both set" if data.dataset_name is not None else "both null"
+        return [f"data.dataset_name and data.train_path are {state}; set exactly one"]
+    return []
+
+
+def check_checkpointing(cfg: "DistillationConfig") -> list[str]:
+    """checkpointing.keep_top_k is at least 1 when enabled; ranking by a validation/ metric
+    needs validation at every save (save_period a multiple of distillation.val_period)."""
+    ckpt = cfg.checkpointing
+    if not ckpt.enabled:
+        return []
+    if ckpt.keep_top_k is not None and ckpt.keep_top_k < 1:
+        return [
+            f"checkpointing.keep_top_k ({ckpt.keep_top_k}) must be at least 1 when "
+            "checkpointing.enabled is true (null keeps all)"
+        ]
+    ranked_by_validation = ckpt.metric_name is not None and ckpt.metric_name.startswith(
+        "validation/"
+    )
+    if ckpt.keep_top_k is None or not ranked_by_validation:
+        return []
+    val_period = cfg.distillation.val_period
+    if val_period == 0 or ckpt.save_period % val_period:
+        return [
+            f"checkpointing.metric_name is {ckpt.metric_name!r}, so checkpointing.save_period "
+            f"({ckpt.save_period}) must be a multiple of distillation.val_period ({val_period}, "
+            "0 means never) for every checkpoint to have a fresh metric; or set "
+            "checkpointing.metric_name to null to keep the most recent"
+        ]
+    return []
+
+
+CHECKS: tuple[Callable[["DistillationConfig"], list[str]], ...] = (
+    check_one_backend,
+    check_policy_trains_teacher_frozen,
+    check_generation_placement,
+    check_parallel_sizes_divide_world,
+    check_global_batch_divisible,
+    check_rollouts_fill_global_batches,
+    check_microbatching,
+    check_sequence_length_divisibility,
+    check_sequence_lengths,
+    check_loss_parameters,
+    check_data_source,
+    check_checkpointing,
+)
+
+
+def find_problems(cfg: "DistillationConfig") -> list[str]:
+    """Run every check; return all problems found (empty when the config is consistent)."""
+    return [problem for check in CHECKS for problem in check(cfg)]

@@ -1,0 +1,328 @@
+"""Cross-field checks: each rule rejects a bad combination with a message naming the keys."""
+
+import pytest
+
+from nemo_opd.config import ConfigError, validate_config, worker_split
+from nemo_opd.config.checks import CHECKS
+
+
+def problems(config) -> list[str]:
+    """The problem lines of the ConfigError raised for `config` ([] if it is valid)."""
+    try:
+        validate_config(config)
+    except ConfigError as error:
+        lines = str(error).splitlines()
+        return [line.strip() for line in (lines[1:] if len(lines) > 1 else lines)]
+    return []
+
+
+def test_minimal_config_passes_every_check(minimal):
+    assert problems(minimal) == []
+
+
+def test_every_check_has_a_docstring_for_the_reference():
+    for check in CHECKS:
+        assert check.__doc__ and check.__name__.startswith("check_")
+
+
+@pytest.mark.parametrize("model", ["policy", "teacher"])
+@pytest.mark.parametrize(
+    ("dtensor", "megatron", "state"), [(True, True, "both true"), (False, False, "both false")]
+)
+def test_exactly_one_backend(minimal, model, dtensor, megatron, state):
+    minimal[model]["dtensor_cfg"] = {"enabled": dtensor}
+    minimal[model]["megatron_cfg"] = {"enabled": megatron}
+    assert problems(minimal) == [
+        f"{model}.dtensor_cfg.enabled and {model}.megatron_cfg.enabled are {state}; "
+        "enable exactly one training backend"
+    ]
+
+
+def test_megatron_alone_is_fine(minimal):
+    minimal["teacher"]["dtensor_cfg"] = {"enabled": False}
+    minimal["teacher"]["megatron_cfg"] = {"enabled": True, "tensor_model_parallel_size": 2}
+    cfg = validate_config(minimal)
+    assert cfg.teacher.backend == "megatron" and cfg.teacher.model_parallel_size == 2
+
+
+@pytest.mark.parametrize("key", ["optimizer", "generation"])
+def test_policy_needs_optimizer_and_generation(minimal, key):
+    minimal["policy"][key] = None
+    assert problems(minimal) == [f"policy.{key} is required (the student trains and generates)"]
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("optimizer", {"lr": 1.0}),
+        ("scheduler", {}),
+        ("generation", {"max_new_tokens": 4, "vllm_cfg": {"max_model_len": 64}}),
+    ],
+)
+def test_teacher_must_not_have_training_sections(minimal, key, value):
+    minimal["teacher"][key] = value
+    assert problems(minimal) == [
+        f"teacher.{key} must be null: the teacher is frozen and never samples"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("backend", "sizes", "message"),
+    [
+        (
+            "dtensor_cfg",
+            {"tensor_parallel_size": 4},
+            "policy.dtensor_cfg: model-parallel size (tensor 4 x context 1 = 4) must divide the 2 "
+            "training workers (cluster.num_nodes x cluster.gpus_per_node)",
+        ),
+        (
+            "dtensor_cfg",
+            {"tensor_parallel_size": 2, "context_parallel_size": 2},
+            "policy.dtensor_cfg: model-parallel size (tensor 2 x context 2 = 4) must divide the 2 "
+            "training workers (cluster.num_nodes x cluster.gpus_per_node)",
+        ),
+        (
+            "megatron_cfg",
+            {"pipeline_model_parallel_size": 3},
+            "policy.megatron_cfg: model-parallel size (tensor 1 x context 1 x pipeline 3 = 3) must "
+            "divide the 2 training workers (cluster.num_nodes x cluster.gpus_per_node)",
+        ),
+    ],
+)
+def test_parallel_sizes_divide_the_world(minimal, backend, sizes, message):
+    minimal["policy"]["make_sequence_length_divisible_by"] = 4
+    if backend == "megatron_cfg":
+        minimal["policy"]["dtensor_cfg"] = {"enabled": False}
+    minimal["policy"][backend] = {"enabled": True, **sizes}
+    assert problems(minimal) == [message]
+
+
+def test_expert_parallel_divides_the_world(minimal):
+    minimal["teacher"]["dtensor_cfg"] = {"enabled": False}
+    minimal["teacher"]["megatron_cfg"] = {"enabled": True, "expert_model_parallel_size": 4}
+    assert problems(minimal) == [
+        "teacher.megatron_cfg.expert_model_parallel_size (4) x tensor x pipeline (= 4) must "
+        "divide the 2 training workers"
+    ]
+
+
+def test_parallel_sizes_that_divide_a_bigger_world_pass(minimal):
+    minimal["cluster"] = {"num_nodes": 2, "gpus_per_node": 4}
+    minimal["policy"]["dtensor_cfg"] = {"tensor_parallel_size": 2, "context_parallel_size": 2}
+    minimal["policy"]["make_sequence_length_divisible_by"] = 2
+    assert problems(minimal) == []
+
+
+def test_global_batch_divisible_by_micro_batch_times_data_parallel(minimal):
+    minimal["policy"]["train_global_batch_size"] = 6
+    minimal["distillation"]["num_prompts_per_step"] = 6
+    minimal["distillation"]["num_generations_per_prompt"] = 1
+    assert problems(minimal) == [
+        "policy.train_global_batch_size (6) must be a multiple of "
+        "policy.train_micro_batch_size x data-parallel size (2 x 2 = 4)"
+    ]
+
+
+def test_tensor_parallel_reduces_the_data_parallel_size(minimal):
+    minimal["policy"]["train_global_batch_size"] = 2
+    minimal["policy"]["train_micro_batch_size"] = 2
+    assert problems(minimal) != []  # dp 2: 2 % (2 x 2) != 0
+    minimal["policy"]["dtensor_cfg"] = {"tensor_parallel_size": 2}
+    assert problems(minimal) == []  # dp 1: 2 % (2 x 1) == 0
+
+
+@pytest.mark.parametrize(
+    ("prompts", "generations", "ok"), [(4, 2, True), (8, 3, True), (3, 2, False), (2, 2, False)]
+)
+def test_rollouts_fill_whole_global_batches(minimal, prompts, generations, ok):
+    minimal["distillation"]["num_prompts_per_step"] = prompts
+    minimal["distillation"]["num_generations_per_prompt"] = generations
+    expected = (
+        []
+        if ok
+        else [
+            f"distillation.num_prompts_per_step x distillation.num_generations_per_prompt "
+            f"({prompts} x {generations} = {prompts * generations}) must be a multiple of "
+            "policy.train_global_batch_size (8)"
+        ]
+    )
+    assert problems(minimal) == expected
+
+
+def test_packing_and_dynamic_batching_are_exclusive(minimal):
+    budgets = {"enabled": True, "train_mb_tokens": 128, "logprob_mb_tokens": 128}
+    minimal["policy"]["sequence_packing"] = dict(budgets)
+    minimal["policy"]["dynamic_batching"] = dict(budgets)
+    assert problems(minimal) == [
+        "policy.sequence_packing.enabled and policy.dynamic_batching.enabled are both true; "
+        "enable at most one"
+    ]
+
+
+def test_token_budgets_are_required_and_large_enough(minimal):
+    minimal["policy"]["sequence_packing"] = {"enabled": True, "train_mb_tokens": 32}
+    minimal["teacher"]["dynamic_batching"] = {"enabled": True}
+    assert problems(minimal) == [
+        "policy.sequence_packing.train_mb_tokens (32) must be at least max_total_sequence_length "
+        "(64), or the longest sequences cannot fit in a microbatch",
+        "policy.sequence_packing.logprob_mb_tokens must be set when policy.sequence_packing."
+        "enabled is true",
+        "teacher.dynamic_batching.logprob_mb_tokens must be set when teacher.dynamic_batching."
+        "enabled is true",
+    ]
+
+
+def test_disabled_schemes_ignore_their_budgets(minimal):
+    minimal["policy"]["sequence_packing"] = {"enabled": False, "train_mb_tokens": 1}
+    assert problems(minimal) == []
+
+
+def test_sequence_length_divisibility(minimal):
+    minimal["policy"]["dtensor_cfg"] = {
+        "tensor_parallel_size": 2,
+        "sequence_parallel": True,
+    }
+    assert problems(minimal) == [
+        "policy.make_sequence_length_divisible_by (1) must be a multiple of the tensor-parallel "
+        "size (sequence_parallel) of policy.dtensor_cfg (2)"
+    ]
+    minimal["policy"]["make_sequence_length_divisible_by"] = 2
+    assert problems(minimal) == []
+
+
+def test_context_parallel_needs_divisible_lengths(minimal):
+    minimal["teacher"]["dtensor_cfg"] = {"context_parallel_size": 2}
+    assert problems(minimal) == [
+        "teacher.make_sequence_length_divisible_by (1) must be a multiple of the context-parallel "
+        "size of teacher.dtensor_cfg (2)"
+    ]
+
+
+def test_generation_lengths_fit(minimal):
+    minimal["policy"]["generation"]["max_new_tokens"] = 65
+    minimal["policy"]["generation"]["vllm_cfg"]["max_model_len"] = 80
+    minimal["data"]["max_input_seq_length"] = 64
+    minimal["teacher"]["max_total_sequence_length"] = 32
+    assert problems(minimal) == [
+        "policy.generation.max_new_tokens (65) must be at most policy.max_total_sequence_length "
+        "(64)",
+        "policy.generation.vllm_cfg.max_model_len (80) must be at most "
+        "policy.max_total_sequence_length (64)",
+        "data.max_input_seq_length (64) must be less than policy.max_total_sequence_length (64) "
+        "to leave room for a response",
+        "teacher.max_total_sequence_length (32) must be at least "
+        "policy.max_total_sequence_length (64) to score whole rollouts",
+    ]
+
+
+@pytest.mark.parametrize(("beta", "ok"), [(0.0, False), (1.0, False), (0.01, True), (0.5, True)])
+def test_jsd_beta_strictly_inside_for_jsd(minimal, beta, ok):
+    minimal["loss_fn"] = {"kl_type": "jsd", "jsd_beta": beta}
+    assert (problems(minimal) == []) is ok
+    minimal["loss_fn"]["kl_type"] = "reverse"  # jsd_beta is unused then
+    assert problems(minimal) == []
+
+
+@pytest.mark.parametrize("weight", [0.0, 1.0])
+def test_mixed_kl_weight_endpoints_are_allowed(minimal, weight):
+    minimal["loss_fn"] = {"kl_type": "mixed", "mixed_kl_weight": weight}
+    assert problems(minimal) == []
+
+
+@pytest.mark.parametrize(
+    ("data", "state"),
+    [({"dataset_name": None}, "both null"), ({"train_path": "p.jsonl"}, "both set")],
+)
+def test_exactly_one_data_source(minimal, data, state):
+    minimal["data"].update(data)
+    assert problems(minimal) == [
+        f"data.dataset_name and data.train_path are {state}; set exactly one"
+    ]
+
+
+def test_local_files_instead_of_a_dataset(minimal):
+    minimal["data"] = {"train_path": "train.jsonl", "val_path": "val.parquet"}
+    assert problems(minimal) == []
+
+
+def test_keep_top_k_at_least_one_when_enabled(minimal):
+    minimal["checkpointing"] = {"enabled": True, "keep_top_k": 0}
+    assert problems(minimal) == [
+        "checkpointing.keep_top_k (0) must be at least 1 when checkpointing.enabled is true "
+        "(null keeps all)"
+    ]
+    minimal["checkpointing"]["enabled"] = False
+    assert problems(minimal) == []
+
+
+def test_validation_metric_needs_validation_at_each_save(minimal):
+    minimal["checkpointing"] = {"enabled": True, "save_period": 10}
+    minimal["distillation"]["val_period"] = 4
+    [message] = problems(minimal)
+    assert message.startswith(
+        "checkpointing.metric_name is 'validation/accuracy', so checkpointing.save_period (10) "
+        "must be a multiple of distillation.val_period (4,"
+    )
+    minimal["distillation"]["val_period"] = 5
+    assert problems(minimal) == []
+    minimal["distillation"]["val_period"] = 0
+    minimal["checkpointing"]["metric_name"] = None
+    assert problems(minimal) == []
+
+
+@pytest.mark.parametrize(
+    ("cluster", "resources", "split"),
+    [
+        ({"num_nodes": 1, "gpus_per_node": 8}, {"num_nodes": 1, "gpus_per_node": 2}, (6, 2)),
+        ({"num_nodes": 4, "gpus_per_node": 8}, {"num_nodes": 1, "gpus_per_node": 8}, (24, 8)),
+        ({"num_nodes": 1, "gpus_per_node": 8}, {"num_nodes": 1, "gpus_per_node": 8}, None),
+        ({"num_nodes": 1, "gpus_per_node": 8}, {"num_nodes": 2, "gpus_per_node": 2}, None),
+        ({"num_nodes": 2, "gpus_per_node": 8}, {"num_nodes": 1, "gpus_per_node": 4}, None),
+        ({"num_nodes": 2, "gpus_per_node": 8}, {"num_nodes": 2, "gpus_per_node": 8}, None),
+        ({"num_nodes": 1, "gpus_per_node": 8}, {"num_nodes": None, "gpus_per_node": 2}, None),
+    ],
+)
+def test_non_colocated_worker_split(minimal, cluster, resources, split):
+    minimal["cluster"] = cluster
+    minimal["policy"].update(train_global_batch_size=48, train_micro_batch_size=1)
+    minimal["distillation"].update(num_prompts_per_step=48, num_generations_per_prompt=1)
+    minimal["policy"]["generation"]["colocated"] = {"enabled": False, "resources": resources}
+    found = problems(minimal)
+    if split is None:
+        assert len(found) == 1
+        assert found[0].startswith("policy.generation.colocated.resources (gpus_per_node=")
+    else:
+        assert found == []
+        cfg = validate_config(minimal)
+        assert tuple(worker_split(cfg.cluster, cfg.policy.generation)) == split
+
+
+def test_training_world_excludes_generation_workers(minimal):
+    minimal["cluster"] = {"num_nodes": 1, "gpus_per_node": 4}
+    minimal["policy"]["generation"]["colocated"] = {
+        "enabled": False,
+        "resources": {"num_nodes": 1, "gpus_per_node": 1},
+    }
+    minimal["policy"]["dtensor_cfg"] = {"tensor_parallel_size": 2}
+    minimal["policy"]["make_sequence_length_divisible_by"] = 2
+    assert "must divide the 3 training workers" in problems(minimal)[0]
+
+
+def test_vllm_tensor_parallel_divides_generation_workers(minimal):
+    minimal["policy"]["generation"]["vllm_cfg"]["tensor_parallel_size"] = 4
+    assert problems(minimal) == [
+        "policy.generation.vllm_cfg.tensor_parallel_size (4) must divide the 2 generation workers"
+    ]
+
+
+def test_all_failed_checks_are_reported_together(minimal):
+    minimal["loss_fn"] = {"kl_type": "jsd", "jsd_beta": 0.0}
+    minimal["data"]["train_path"] = "x.jsonl"
+    minimal["teacher"]["optimizer"] = {"lr": 1.0}
+    found = problems(minimal)
+    assert len(found) == 3
+    assert [line.split(" ")[0] for line in found] == [
+        "teacher.optimizer",
+        "loss_fn.jsd_beta",
+        "data.dataset_name",
+    ]

@@ -1,0 +1,119 @@
+"""The example script and nemo_opd.cli: printing, exit codes, and no tracebacks."""
+
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from nemo_opd import cli
+
+REPO = Path(__file__).resolve().parents[3]
+SCRIPT = REPO / "examples" / "run_distillation_math.py"
+TINY = REPO / "examples" / "configs" / "distillation_tiny.yaml"
+
+
+def run_script(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """Run the example script the way a user would, from a directory outside the repo."""
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_print_config_shows_overrides(tmp_path):
+    result = run_script(
+        "--config",
+        str(TINY),
+        "--print-config",
+        "loss_fn.kl_type=jsd",
+        "policy.optimizer.lr=3e-4",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "  kl_type: jsd\n" in result.stdout
+    assert "    lr: 0.0003\n" in result.stdout
+    assert "${" not in result.stdout  # fully resolved
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (
+            ["policy.optimizer.lrr=1"],
+            "error: override 'policy.optimizer.lrr=1': unknown key "
+            "policy.optimizer.lrr; did you mean 'lr'?",
+        ),
+        (
+            ["loss_fn.temperature=0", "cluster.device=gpu"],
+            "error: invalid configuration (2 problems):",
+        ),
+        (["policy.dtensor_cfg.tensor_parallel_size=3"], "must divide the 2 training workers"),
+        (["policy.model_name"], "has no '='"),
+    ],
+)
+def test_config_errors_exit_2_without_traceback(tmp_path, args, fragment):
+    result = run_script("--config", str(TINY), "--print-config", *args, cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.startswith("error: ")
+    assert fragment in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_missing_and_malformed_files_exit_2(tmp_path):
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("policy: [1\n")
+    for path, fragment in [
+        (tmp_path / "none.yaml", "config file not found"),
+        (broken, f"{broken}:2:1: invalid YAML"),
+    ]:
+        result = run_script("--config", str(path), "--print-config", cwd=tmp_path)
+        assert (result.returncode, "Traceback" in result.stderr) == (2, False)
+        assert result.stderr.startswith("error: ") and fragment in result.stderr
+
+
+def _trainer_available() -> bool:
+    try:
+        import nemo_opd.algorithms.distillation  # noqa: F401
+    except ModuleNotFoundError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(
+    _trainer_available(), reason="the training loop exists; running it is not a unit test"
+)
+def test_without_the_training_loop_exits_3(tmp_path):
+    result = run_script("--config", str(TINY), cwd=tmp_path)
+    assert result.returncode == 3
+    assert "training loop" in result.stderr and "not available yet" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_main_hands_the_validated_config_to_the_trainer(monkeypatch):
+    received = []
+    fake = types.ModuleType(cli.TRAINER_MODULE)
+    fake.run = received.append
+    monkeypatch.setitem(sys.modules, cli.TRAINER_MODULE, fake)
+    assert cli.main(["--config", str(TINY), "distillation.max_num_steps=7"]) == 0
+    [cfg] = received
+    assert cfg.distillation.max_num_steps == 7
+
+
+def test_main_reports_missing_trainer(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, cli.TRAINER_MODULE, None)  # makes the import fail
+    assert cli.main(["--config", str(TINY)]) == cli.EXIT_NO_TRAINER
+    assert "not available yet" in capsys.readouterr().err
+
+
+def test_overrides_and_flags_can_be_interleaved(capsys):
+    assert cli.main(["loss_fn.kl_type=forward", "--config", str(TINY), "--print-config"]) == 0
+    assert "kl_type: forward" in capsys.readouterr().out

@@ -1,0 +1,72 @@
+"""Every YAML under examples/configs/ loads and validates (new files are picked up by the glob)."""
+
+from pathlib import Path
+
+import pytest
+
+from nemo_opd.config import load_config, to_yaml
+
+REPO = Path(__file__).resolve().parents[3]
+EXAMPLES = sorted((REPO / "examples" / "configs").glob("**/*.yaml"))
+
+
+def test_examples_exist():
+    names = {path.name for path in EXAMPLES}
+    assert {
+        "distillation_math.yaml",
+        "distillation_math_megatron.yaml",
+        "distillation_tiny.yaml",
+    } <= names
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda path: path.name)
+def test_example_config_is_valid(path, tmp_path):
+    cfg = load_config(path)
+    printed = tmp_path / "printed.yaml"
+    printed.write_text(to_yaml(cfg))
+    assert load_config(printed) == cfg
+
+
+def test_math_config():
+    cfg = load_config(REPO / "examples/configs/distillation_math.yaml")
+    assert cfg.policy.model_name == "Qwen/Qwen3-1.7B-Base"
+    assert cfg.teacher.model_name == "Qwen/Qwen3-4B"
+    assert cfg.policy.tokenizer.name == cfg.policy.model_name  # ${..model_name}
+    assert cfg.policy.backend == cfg.teacher.backend == "dtensor"
+    assert cfg.distillation.topk_logits_k == 64
+    assert cfg.cluster.world_size == 8
+    assert cfg.policy.generation.vllm_cfg.max_model_len == cfg.policy.max_total_sequence_length
+    assert cfg.policy.sequence_packing.train_mb_tokens == 8192  # ${mul:...}
+    assert cfg.teacher.optimizer is None and cfg.teacher.generation is None
+
+
+def test_megatron_config_inherits_and_switches_backend():
+    math = load_config(REPO / "examples/configs/distillation_math.yaml")
+    cfg = load_config(REPO / "examples/configs/distillation_math_megatron.yaml")
+    assert cfg.policy.backend == cfg.teacher.backend == "megatron"
+    assert not cfg.policy.dtensor_cfg.enabled and not cfg.teacher.dtensor_cfg.enabled
+    assert cfg.policy.model_name == math.policy.model_name
+    assert cfg.data == math.data and cfg.loss_fn == math.loss_fn
+
+
+def test_tiny_config_is_the_cpu_default():
+    cfg = load_config(REPO / "examples/configs/distillation_tiny.yaml")
+    assert cfg.cluster.device == "cpu" and cfg.cluster.world_size == 2
+    assert (cfg.policy.model_name, cfg.teacher.model_name) == ("tiny:student", "tiny:teacher")
+    assert cfg.policy.tokenizer.name == cfg.teacher.tokenizer.name == "tiny:tokenizer"
+    assert cfg.data.dataset_name == "tiny_math"
+    assert (cfg.data.prompt_key, cfg.data.answer_key) == ("prompt", "answer")  # tiny_math records
+    assert cfg.policy.precision == cfg.teacher.precision == "float32"
+    assert cfg.policy.generation.vllm_cfg.precision == "float32"  # ${...precision}
+    assert cfg.policy.generation.max_new_tokens <= cfg.policy.max_total_sequence_length == 128
+    assert cfg.distillation.val_at_start and cfg.distillation.val_at_end
+    assert cfg.checkpointing.checkpoint_dir.startswith("runs/")
+    assert cfg.logger.log_dir.startswith("runs/")
+
+
+def test_tiny_config_can_switch_to_megatron_by_override():
+    cfg = load_config(
+        REPO / "examples/configs/distillation_tiny.yaml",
+        ["policy.dtensor_cfg.enabled=false", "policy.megatron_cfg.enabled=true"],
+    )
+    assert cfg.policy.backend == "megatron" and cfg.teacher.backend == "dtensor"
