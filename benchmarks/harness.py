@@ -1,0 +1,154 @@
+"""The shared benchmark harness: forward / backward / total time, peak memory, table, JSON.
+
+A benchmark describes each candidate as three callables:
+
+    make_inputs() -> inputs          fresh inputs for one iteration (not timed)
+    forward(inputs) -> outputs       timed as "forward"
+    backward(inputs, outputs)        timed as "backward"
+
+On CUDA the times are CUDA-event medians over `iters` iterations after `warmup` untimed ones,
+and the peak memory is torch.cuda.max_memory_allocated() during one forward + backward minus
+what was allocated before it (the inputs), so it is the memory the candidate itself needs. On
+CPU the times come from time.perf_counter() and no memory is reported.
+"""
+
+import datetime
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class Measurement:
+    """One candidate on one case."""
+
+    name: str
+    case: dict[str, Any]
+    forward_ms: float | None = None
+    backward_ms: float | None = None
+    total_ms: float | None = None
+    peak_memory_mb: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _time_once(forward, backward, inputs, device) -> tuple[float, float]:
+    if device.type == "cuda":
+        start, mid, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+        start.record()
+        outputs = forward(inputs)
+        mid.record()
+        backward(inputs, outputs)
+        end.record()
+        torch.cuda.synchronize(device)
+        return start.elapsed_time(mid), mid.elapsed_time(end)
+    t0 = time.perf_counter()
+    outputs = forward(inputs)
+    t1 = time.perf_counter()
+    backward(inputs, outputs)
+    t2 = time.perf_counter()
+    return (t1 - t0) * 1e3, (t2 - t1) * 1e3
+
+
+def _peak_memory_mb(forward, backward, make_inputs, device) -> float | None:
+    if device.type != "cuda":
+        return None
+    torch.cuda.empty_cache()
+    inputs = make_inputs()
+    _sync(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    backward(inputs, forward(inputs))
+    _sync(device)
+    return (torch.cuda.max_memory_allocated(device) - base) / 2**20
+
+
+def measure(
+    name: str,
+    case: dict[str, Any],
+    make_inputs: Callable[[], Any],
+    forward: Callable[[Any], Any],
+    backward: Callable[[Any, Any], None],
+    *,
+    device: torch.device,
+    warmup: int = 3,
+    iters: int = 10,
+) -> Measurement:
+    """Time and measure one candidate on one case; an out-of-memory error is recorded, not
+    raised."""
+    result = Measurement(name, dict(case))
+    try:
+        for _ in range(warmup):
+            backward(inputs := make_inputs(), forward(inputs))
+            del inputs
+        _sync(device)
+        fwd, bwd = [], []
+        for _ in range(iters):
+            inputs = make_inputs()
+            _sync(device)
+            f, b = _time_once(forward, backward, inputs, device)
+            fwd.append(f)
+            bwd.append(b)
+            del inputs
+        result.forward_ms = statistics.median(fwd)
+        result.backward_ms = statistics.median(bwd)
+        result.total_ms = statistics.median(f + b for f, b in zip(fwd, bwd, strict=True))
+        result.peak_memory_mb = _peak_memory_mb(forward, backward, make_inputs, device)
+    except torch.OutOfMemoryError:
+        result.error = "out of memory"
+    finally:
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return result
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return platform.processor() or platform.machine()
+
+
+def format_table(rows: Sequence[Measurement], extra_columns: Sequence[str] = ()) -> str:
+    """A plain-text table, one line per measurement."""
+    case_keys = list(dict.fromkeys(key for row in rows for key in row.case))
+    header = [*case_keys, "impl", "fwd ms", "bwd ms", "total ms", "peak MiB", *extra_columns]
+
+    def cell(value: Any) -> str:
+        if value is None:
+            return "-"
+        return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+    lines = [header]
+    for row in rows:
+        values = [row.case.get(key) for key in case_keys]
+        timings = [row.forward_ms, row.backward_ms, row.total_ms, row.peak_memory_mb]
+        if row.error:
+            timings = [row.error, None, None, None]
+        lines.append([cell(v) for v in (*values, row.name, *timings)])
+        lines[-1] += [cell(row.extra.get(column)) for column in extra_columns]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)) for line in lines
+    )
+
+
+def write_json(path: str, rows: Sequence[Measurement], meta: dict[str, Any]) -> None:
+    """Results with the environment they were measured in."""
+    meta = {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        **meta,
+    }
+    with open(path, "w") as f:
+        json.dump({"meta": meta, "results": [asdict(row) for row in rows]}, f, indent=2)

@@ -1,0 +1,1 @@
+"""Process groups, device meshes and the collectives that combine vocab-parallel shards."""

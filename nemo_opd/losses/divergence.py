@@ -1,0 +1,135 @@
+"""The divergence between teacher and student over the top-k buckets (docs/loss.md).
+
+Everything here works on per-row quantities of size [N, k] or [N]: the student's log-probs at
+the teacher's top-k ids and its log tail mass, and the teacher's top-k log-probs. How those
+student quantities are obtained from the [N, V] logits (a fused kernel, a chunked torch pass,
+a full log_softmax) is the business of the callers. The functions are differentiable, so a
+caller can obtain the gradient of the divergence with respect to the per-row statistics with
+autograd on tensors that are k times smaller than the logits.
+"""
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+EPS = 1e-12
+"""Floor of the tail masses inside logarithms."""
+
+KL_TYPES = ("forward", "reverse", "mixed", "jsd")
+TAILS = ("bucket", "renormalize")
+KLType = Literal["forward", "reverse", "mixed", "jsd"]
+Tail = Literal["bucket", "renormalize"]
+
+STAT_NAMES = (
+    "forward_kl",
+    "reverse_kl",
+    "teacher_tail_mass",
+    "student_topk_mass",
+    "top1_agreement",
+)
+"""Columns of the per-row statistics [N, 5] that both implementations return."""
+
+
+@dataclass(frozen=True)
+class TopkKLParams:
+    """The divergence options of `topk_kl`, validated."""
+
+    kl_type: KLType = "reverse"
+    mixed_kl_weight: float = 0.5
+    jsd_beta: float = 0.5
+    tail: Tail = "bucket"
+    temperature: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.kl_type not in KL_TYPES:
+            raise ValueError(f"kl_type must be one of {KL_TYPES}, got {self.kl_type!r}")
+        if self.tail not in TAILS:
+            raise ValueError(f"tail must be one of {TAILS}, got {self.tail!r}")
+        if not 0.0 <= self.mixed_kl_weight <= 1.0:
+            raise ValueError(f"mixed_kl_weight must be in [0, 1], got {self.mixed_kl_weight}")
+        if not 0.0 <= self.jsd_beta <= 1.0:
+            raise ValueError(f"jsd_beta must be in [0, 1], got {self.jsd_beta}")
+        if not (math.isfinite(self.temperature) and self.temperature > 0):
+            raise ValueError(f"temperature must be a positive number, got {self.temperature}")
+
+
+def logsumexp_log1p(x: torch.Tensor) -> torch.Tensor:
+    """logsumexp over the last dim, accurate when one term dominates.
+
+    Computed as max + log1p(sum of the other terms), so that a teacher whose top-k holds
+    1 - 1e-9 of the mass still gets a tail mass -expm1(lse) with full relative precision.
+    x: [..., k] -> [...].
+    """
+    top, arg = x.max(dim=-1, keepdim=True)
+    rest = torch.exp(x - top).scatter(-1, arg, 0.0).sum(dim=-1)
+    return top.squeeze(-1) + torch.log1p(rest)
+
+
+def teacher_tail_mass(teacher_logprobs: torch.Tensor) -> torch.Tensor:
+    """P_tail = max(1 - sum_S exp(a), 0), in log1p/expm1 form. [..., k] -> [...]."""
+    return torch.clamp(-torch.expm1(logsumexp_log1p(teacher_logprobs)), min=0.0)
+
+
+@dataclass(frozen=True)
+class Divergences:
+    """Per-row divergences over the buckets: the one asked for and both KLs (for metrics)."""
+
+    divergence: torch.Tensor
+    forward_kl: torch.Tensor
+    reverse_kl: torch.Tensor
+
+
+def topk_divergence(
+    student_logq_topk: torch.Tensor,
+    student_logq_tail: torch.Tensor | None,
+    teacher_logprobs: torch.Tensor,
+    params: TopkKLParams,
+) -> Divergences:
+    """The divergence between teacher and student over the buckets of `params.tail`.
+
+    Args:
+        student_logq_topk: [N, k] the student's log-probs at the teacher's top-k ids. For
+            tail="renormalize" any per-row shift is allowed (they are renormalized over S).
+        student_logq_tail: [N] the student's log tail mass log(1 - sum_S q) (may be -inf;
+            floored at log EPS inside logarithms); required for tail="bucket", else ignored.
+        teacher_logprobs: [N, k] the teacher's log-probs at its top-k ids.
+        params: kl_type, mixed_kl_weight, jsd_beta, tail (temperature is not used here).
+
+    Returns:
+        Divergences of shape [N] each, in the dtype of the inputs; differentiable with
+        respect to both student inputs.
+    """
+    a = teacher_logprobs.to(student_logq_topk.dtype)
+    if params.tail == "bucket":
+        if student_logq_tail is None:
+            raise ValueError('tail="bucket" needs the student log tail mass')
+        p_tail = teacher_tail_mass(a)
+        log_p = torch.cat([a, torch.log(p_tail.clamp_min(EPS)).unsqueeze(-1)], dim=-1)
+        p = torch.cat([a.exp(), p_tail.unsqueeze(-1)], dim=-1)
+        log_q_tail = student_logq_tail.clamp_min(math.log(EPS))
+        log_q = torch.cat([student_logq_topk, log_q_tail.unsqueeze(-1)], dim=-1)
+        # The tail weight is the unfloored mass: a vanishing tail contributes 0 * log(0 / x).
+        q = torch.cat([student_logq_topk.exp(), student_logq_tail.exp().unsqueeze(-1)], dim=-1)
+    else:
+        log_p = torch.log_softmax(a, dim=-1)
+        log_q = torch.log_softmax(student_logq_topk, dim=-1)
+        p, q = log_p.exp(), log_q.exp()
+
+    forward_kl = (p * (log_p - log_q)).sum(-1)
+    reverse_kl = (q * (log_q - log_p)).sum(-1)
+    if params.kl_type == "forward":
+        div = forward_kl
+    elif params.kl_type == "reverse":
+        div = reverse_kl
+    elif params.kl_type == "mixed":
+        w = params.mixed_kl_weight
+        div = w * forward_kl + (1.0 - w) * reverse_kl
+    else:
+        beta = params.jsd_beta
+        log_beta = math.log(beta) if beta > 0 else -math.inf
+        log_1m_beta = math.log1p(-beta) if beta < 1 else -math.inf
+        log_m = torch.logaddexp(log_p + log_beta, log_q + log_1m_beta)
+        div = beta * (p * (log_p - log_m)).sum(-1) + (1.0 - beta) * (q * (log_q - log_m)).sum(-1)
+    return Divergences(div, forward_kl, reverse_kl)

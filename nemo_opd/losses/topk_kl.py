@@ -1,0 +1,215 @@
+"""`topk_kl`: the per-position divergence between a student and a teacher's top-k (functional).
+
+The exact semantics are in docs/loss.md. Two implementations compute them: the fused Triton
+kernel (nemo_opd/ops/topk_kl_triton.py) and a chunked plain-torch twin
+(nemo_opd/losses/topk_kl_torch.py). Both compute the gradient during forward and only scale
+it in backward.
+"""
+
+from typing import Any, Literal, NamedTuple
+
+import torch
+import torch.distributed as dist
+
+from nemo_opd.losses.checks import (
+    check_topk_kl_inputs,
+    global_vocab_size,
+    validate_teacher_topk,
+)
+from nemo_opd.losses.divergence import KLType, Tail, TopkKLParams
+
+Implementation = Literal["auto", "triton", "torch"]
+IMPLEMENTATIONS = ("auto", "triton", "torch")
+
+
+class TopkKLStats(NamedTuple):
+    """Per-position statistics for metrics, each of the positions' shape [...], fp32.
+
+    Computed alongside the divergence without extra passes over the vocabulary.
+    """
+
+    forward_kl: torch.Tensor
+    """KL(P || Q) over the buckets of the chosen tail mode."""
+    reverse_kl: torch.Tensor
+    """KL(Q || P) over the same buckets."""
+    teacher_tail_mass: torch.Tensor
+    """1 - sum of the teacher's top-k probabilities."""
+    student_topk_mass: torch.Tensor
+    """The student's probability (full vocabulary, at the temperature) on the teacher's top-k."""
+    top1_agreement: torch.Tensor
+    """1.0 where the student's largest logit is at the teacher's top-1 id (ties count)."""
+
+
+def resolve_implementation(
+    implementation: str, device: torch.device, dtype: torch.dtype = torch.float32
+) -> str:
+    """The implementation to run: "auto" is "triton" on CUDA tensors of the kernel's dtypes
+    (fp16, bf16, fp32), "torch" elsewhere."""
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
+    if implementation == "auto":
+        kernel_dtype = dtype in (torch.float16, torch.bfloat16, torch.float32)
+        return "triton" if device.type == "cuda" and kernel_dtype else "torch"
+    return implementation
+
+
+def topk_kl(
+    student_logits: torch.Tensor,
+    teacher_logprobs: torch.Tensor,
+    teacher_indices: torch.Tensor,
+    *,
+    kl_type: KLType = "reverse",
+    mixed_kl_weight: float = 0.5,
+    jsd_beta: float = 0.5,
+    tail: Tail = "bucket",
+    temperature: float = 1.0,
+    vocab_start: int = 0,
+    tp_group: dist.ProcessGroup | None = None,
+    implementation: Implementation = "auto",
+    inplace_grad: bool = False,
+    validate: bool = False,
+) -> torch.Tensor:
+    """Per-position divergence between the student and the teacher's top-k, fp32.
+
+    Args:
+        student_logits: [..., V] logits (or the local vocab shard [..., V_local] under tensor
+            parallelism), any float dtype; the math is fp32.
+        teacher_logprobs: [..., k] the teacher's log-probs at its top-k ids, normalized over
+            its full vocabulary.
+        teacher_indices: [..., k] global vocab ids, distinct within a position.
+        kl_type: "forward" KL(P||Q), "reverse" KL(Q||P), "mixed" (w * forward + (1 - w) *
+            reverse, w = mixed_kl_weight) or "jsd" (beta = jsd_beta).
+        tail: "bucket" (the top-k plus one bucket for the rest of the vocabulary) or
+            "renormalize" (both sides renormalized over the top-k).
+        temperature: the student's log-probs are log_softmax(student_logits / temperature).
+        vocab_start: global id of the first column of student_logits (tensor parallelism).
+        tp_group: the tensor-parallel group whose ranks hold the vocab shards (None: the
+            logits hold the whole vocabulary).
+        implementation: "triton", "torch", or "auto" (triton on CUDA tensors, torch
+            elsewhere). "triton" on CPU tensors runs the kernel in Triton's interpreter, which
+            needs TRITON_INTERPRET=1 set before triton is first imported.
+        inplace_grad: overwrite student_logits with the gradient during forward (saves one
+            logits-sized buffer; the logits are destroyed, so nothing else may use them).
+        validate: check the teacher's ids and log-probs (`validate_teacher_topk`); costs a
+            host synchronization, a debugging aid.
+
+    Returns:
+        [...] divergence per position, fp32 (fp64 for fp64 logits with the torch
+        implementation), differentiable with respect to student_logits.
+    """
+    return topk_kl_with_stats(
+        student_logits,
+        teacher_logprobs,
+        teacher_indices,
+        kl_type=kl_type,
+        mixed_kl_weight=mixed_kl_weight,
+        jsd_beta=jsd_beta,
+        tail=tail,
+        temperature=temperature,
+        vocab_start=vocab_start,
+        tp_group=tp_group,
+        implementation=implementation,
+        inplace_grad=inplace_grad,
+        validate=validate,
+    )[0]
+
+
+def topk_kl_with_stats(
+    student_logits: torch.Tensor,
+    teacher_logprobs: torch.Tensor,
+    teacher_indices: torch.Tensor,
+    **options: Any,
+) -> tuple[torch.Tensor, TopkKLStats]:
+    """`topk_kl` (same arguments), plus per-position statistics for metrics.
+
+    Returns:
+        (divergence [...], TopkKLStats of [...] tensors).
+    """
+    div, stats = _topk_kl(student_logits, teacher_logprobs, teacher_indices, None, **options)
+    return div.reshape(student_logits.shape[:-1]), stats
+
+
+def topk_kl_weighted_sum(
+    student_logits: torch.Tensor,
+    teacher_logprobs: torch.Tensor,
+    teacher_indices: torch.Tensor,
+    weights: torch.Tensor,
+    **options: Any,
+) -> tuple[torch.Tensor, TopkKLStats]:
+    """sum(weights * topk_kl(...)) as a scalar, plus the per-position statistics.
+
+    The weights ([...], e.g. loss_mask / global_valid_toks) are folded into the gradient
+    during forward, so backward only multiplies it by the incoming scalar, and with the Triton
+    kernel not even that when the scalar is 1 (decided on the device, without a host sync):
+    one pass over the [N, V] gradient saved per step. Positions with weight 0 contribute
+    nothing, even where their divergence is not finite. Other arguments as `topk_kl`.
+    """
+    if weights.shape != student_logits.shape[:-1]:
+        raise ValueError(
+            f"weights must have the positions' shape {tuple(student_logits.shape[:-1])}, "
+            f"got {tuple(weights.shape)}"
+        )
+    return _topk_kl(student_logits, teacher_logprobs, teacher_indices, weights, **options)
+
+
+def _topk_kl(
+    student_logits: torch.Tensor,
+    teacher_logprobs: torch.Tensor,
+    teacher_indices: torch.Tensor,
+    weights: torch.Tensor | None,
+    *,
+    kl_type: KLType = "reverse",
+    mixed_kl_weight: float = 0.5,
+    jsd_beta: float = 0.5,
+    tail: Tail = "bucket",
+    temperature: float = 1.0,
+    vocab_start: int = 0,
+    tp_group: dist.ProcessGroup | None = None,
+    implementation: Implementation = "auto",
+    inplace_grad: bool = False,
+    validate: bool = False,
+) -> tuple[torch.Tensor, TopkKLStats]:
+    """Checks, flattening and dispatch. Returns (the divergence [N], or the weighted sum when
+    weights are given; the statistics shaped like the positions)."""
+    params = TopkKLParams(kl_type, mixed_kl_weight, jsd_beta, tail, temperature)
+    impl = resolve_implementation(implementation, student_logits.device, student_logits.dtype)
+    check_topk_kl_inputs(
+        student_logits,
+        teacher_logprobs,
+        teacher_indices,
+        vocab_start=vocab_start,
+        tp_group=tp_group,
+    )
+    lead, vocab, k = student_logits.shape[:-1], student_logits.shape[-1], teacher_indices.shape[-1]
+    if validate:
+        validate_teacher_topk(teacher_logprobs, teacher_indices, global_vocab_size(vocab, tp_group))
+    logits = student_logits.reshape(-1, vocab)
+    if logits.stride(-1) != 1:
+        logits = logits.contiguous()
+    if inplace_grad and logits.data_ptr() != student_logits.data_ptr():
+        raise ValueError("inplace_grad needs student_logits contiguous along the vocab dim")
+    logprobs = teacher_logprobs.reshape(-1, k)
+    indices = teacher_indices.reshape(-1, k)
+    row_weights = None if weights is None else weights.reshape(-1).to(torch.float32)
+
+    if impl == "triton":
+        from nemo_opd.ops.topk_kl_triton import TopkKLTritonFunction as function
+        from nemo_opd.ops.topk_kl_triton import topk_kl_triton_forward as forward
+    else:
+        from nemo_opd.losses.topk_kl_torch import TopkKLTorchFunction as function
+        from nemo_opd.losses.topk_kl_torch import topk_kl_torch_forward as forward
+
+    if torch.is_grad_enabled() and student_logits.requires_grad:
+        out, stats = function.apply(
+            logits, logprobs, indices, params, vocab_start, tp_group, inplace_grad, row_weights
+        )
+    else:
+        out, stats, _ = forward(
+            logits, logprobs, indices, params, vocab_start=vocab_start, tp_group=tp_group,
+            need_grad=False,
+        )  # fmt: skip
+        if row_weights is not None:
+            row_weights = row_weights.to(out.dtype)
+            out = torch.where(row_weights != 0, out * row_weights, 0.0).sum()
+    columns = (stats[:, i].reshape(lead) for i in range(stats.shape[1]))
+    return out, TopkKLStats(*columns)

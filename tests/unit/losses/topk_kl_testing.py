@@ -1,0 +1,154 @@
+"""Test helpers for topk_kl: an independent float64 brute force, case builders, tolerances.
+
+The brute force shares nothing with the package: it builds the full softmax, the bucket masses
+by masking the vocabulary, and every divergence from its textbook definition; autograd gives
+its gradients. (tests/unit/ops imports this module too.)
+"""
+
+import math
+
+import torch
+
+from nemo_opd.losses import topk_kl_with_stats
+
+EPS = 1e-12
+
+
+def brute_force_topk_kl(
+    logits: torch.Tensor,
+    teacher_logprobs: torch.Tensor,
+    teacher_indices: torch.Tensor,
+    *,
+    kl_type: str = "reverse",
+    mixed_kl_weight: float = 0.5,
+    jsd_beta: float = 0.5,
+    tail: str = "bucket",
+    temperature: float = 1.0,
+) -> dict[str, torch.Tensor]:
+    """logits [N, V] (full vocabulary), teacher [N, k] -> dict of [N] float64 tensors.
+
+    Keys: divergence, forward_kl, reverse_kl, teacher_tail_mass, student_topk_mass.
+    The divergence is differentiable w.r.t. `logits` if it requires grad.
+    """
+    z = logits.double() / temperature
+    log_q_full = torch.log_softmax(z, dim=-1)
+    a = teacher_logprobs.double()
+    ids = teacher_indices.long()
+    in_topk = torch.zeros_like(z, dtype=torch.bool).scatter(1, ids, True)
+    q_topk_mass = log_q_full.exp().masked_fill(~in_topk, 0.0).sum(-1)
+    teacher_tail = (1.0 - a.exp().sum(-1)).clamp_min(0.0)
+
+    if tail == "bucket":
+        q_tail = log_q_full.exp().masked_fill(in_topk, 0.0).sum(-1)
+        p = torch.cat([a.exp(), teacher_tail[:, None]], dim=-1)
+        q = torch.cat([log_q_full.gather(1, ids).exp(), q_tail[:, None]], dim=-1)
+        log_p = torch.cat([a, teacher_tail.clamp_min(EPS).log()[:, None]], dim=-1)
+        log_q = torch.cat([log_q_full.gather(1, ids), q_tail.clamp_min(EPS).log()[:, None]], -1)
+    else:
+        log_p = torch.log_softmax(a, dim=-1)
+        log_q = torch.log_softmax(z.gather(1, ids), dim=-1)
+        p, q = log_p.exp(), log_q.exp()
+
+    forward_kl = torch.where(p > 0, p * (log_p - log_q), 0.0).sum(-1)
+    reverse_kl = torch.where(q > 0, q * (log_q - log_p), 0.0).sum(-1)
+    if kl_type == "forward":
+        div = forward_kl
+    elif kl_type == "reverse":
+        div = reverse_kl
+    elif kl_type == "mixed":
+        div = mixed_kl_weight * forward_kl + (1 - mixed_kl_weight) * reverse_kl
+    elif kl_type == "jsd":
+        beta = jsd_beta
+        # log M = log(beta P + (1 - beta) Q), from the (floored) logs so it stays finite.
+        log_m = torch.logaddexp(
+            log_p + (math.log(beta) if beta > 0 else -math.inf),
+            log_q + (math.log(1 - beta) if beta < 1 else -math.inf),
+        )
+        kl_p_m = torch.where(p > 0, p * (log_p - log_m), 0.0).sum(-1)
+        kl_q_m = torch.where(q > 0, q * (log_q - log_m), 0.0).sum(-1)
+        div = beta * kl_p_m + (1 - beta) * kl_q_m
+    else:
+        raise ValueError(kl_type)
+    return {
+        "divergence": div,
+        "forward_kl": forward_kl,
+        "reverse_kl": reverse_kl,
+        "teacher_tail_mass": teacher_tail,
+        "student_topk_mass": q_topk_mass,
+    }
+
+
+KL_SWEEP = ("forward", "reverse", "mixed", "jsd")
+TAIL_SWEEP = ("bucket", "renormalize")
+
+# (divergence atol, rtol; gradient atol, rtol) per logits dtype. The math is fp32 for every
+# dtype and low-precision logits are exact in fp32, so only the stored gradient differs: bf16
+# keeps 8 bits (the interpreter truncates instead of rounding), fp16 11 bits.
+TOLERANCES = {
+    torch.float64: (1e-10, 1e-9, 1e-11, 1e-9),
+    torch.float32: (2e-5, 1e-4, 5e-6, 1e-4),
+    torch.float16: (2e-5, 1e-4, 5e-6, 2e-3),
+    torch.bfloat16: (2e-5, 1e-4, 2e-5, 1.6e-2),
+}
+
+
+def make_case(
+    n: int,
+    vocab: int,
+    k: int,
+    *,
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+    scale: float = 3.0,
+    teacher_scale: float | None = None,
+):
+    """Random student logits [n, vocab] and a teacher's top-k (log-probs over its full
+    vocabulary, ids in random order within each row).
+
+    Keep the teacher's tail mass well above 1e-7 where gradients are compared tightly: its
+    fp32 log-probs fix P_tail only to ~1e-7 absolute, and the reverse KL's tail gradient is
+    sensitive to log P_tail (a property of the inputs, shared by every fp32 implementation).
+    """
+    gen = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(n, vocab, generator=gen) * scale).to(dtype)
+    teacher_scale = scale if teacher_scale is None else teacher_scale
+    teacher = torch.randn(n, vocab, generator=gen, dtype=torch.float64) * teacher_scale
+    teacher = torch.log_softmax(teacher, dim=-1)
+    ids = teacher.topk(k, dim=-1).indices
+    shuffle = torch.rand(n, k, generator=gen).argsort(dim=-1)
+    ids = ids.gather(1, shuffle)
+    teacher_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    return logits, teacher.gather(1, ids).to(teacher_dtype), ids
+
+
+def run_impl(implementation, logits, logprobs, ids, grad_out=None, **options):
+    """(divergence, stats, d(sum(grad_out * divergence))/d(logits)) from the package."""
+    z = logits.detach().clone().requires_grad_()
+    div, stats = topk_kl_with_stats(z, logprobs, ids, implementation=implementation, **options)
+    weights = torch.ones_like(div) if grad_out is None else grad_out
+    (div * weights).sum().backward()
+    return div.detach(), stats, z.grad
+
+
+def run_reference(logits, logprobs, ids, grad_out=None, **options):
+    """(brute-force outputs, gradient) in float64."""
+    z = logits.detach().double().requires_grad_()
+    out = brute_force_topk_kl(z, logprobs, ids, **options)
+    weights = torch.ones_like(out["divergence"]) if grad_out is None else grad_out.double()
+    (out["divergence"] * weights).sum().backward()
+    return {key: value.detach() for key, value in out.items()}, z.grad
+
+
+def assert_matches_reference(implementation, logits, logprobs, ids, grad_out=None, **options):
+    """The package's divergence, statistics and gradient equal the brute force's."""
+    div_atol, div_rtol, grad_atol, grad_rtol = TOLERANCES[logits.dtype]
+    div, stats, grad = run_impl(implementation, logits, logprobs, ids, grad_out, **options)
+    ref, ref_grad = run_reference(logits, logprobs, ids, grad_out, **options)
+    close = torch.testing.assert_close
+    close(div.double(), ref["divergence"], atol=div_atol, rtol=div_rtol)
+    for name in ("forward_kl", "reverse_kl", "student_topk_mass", "teacher_tail_mass"):
+        atol = max(div_atol, 1e-6) if name == "teacher_tail_mass" else div_atol
+        close(getattr(stats, name).double(), ref[name], atol=atol, rtol=div_rtol, msg=name)
+    assert grad.dtype == logits.dtype
+    close(grad.double(), ref_grad, atol=grad_atol, rtol=grad_rtol)
+    return div, stats, grad
