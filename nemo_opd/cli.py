@@ -6,6 +6,7 @@ Exit codes: 0 success, 2 configuration error (printed as `error: ...`, no traceb
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -50,6 +51,9 @@ def main(argv: Sequence[str] | None = None, description: str | None = None) -> i
 
 def _train(cfg: DistillationConfig) -> int:
     """Hand the config to the distillation loop, if this installation has one."""
+    # Read by Ray at import time: under `uv run`, Ray would otherwise build a fresh virtual
+    # environment for every worker (about a minute); the workers use this one as it is.
+    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     try:
         trainer = importlib.import_module(TRAINER_MODULE)
     except ModuleNotFoundError as error:

@@ -201,8 +201,9 @@ def _token_budget_problems(
 
 
 def check_sequence_length_divisibility(cfg: "DistillationConfig") -> list[str]:
-    """make_sequence_length_divisible_by is a multiple of the context-parallel size, and of
-    the tensor-parallel size when sequence_parallel is on (sequences split evenly)."""
+    """make_sequence_length_divisible_by is a multiple of the tensor-parallel size when
+    sequence_parallel is on (sequences split evenly over tp). The context-parallel size needs
+    no setting: the engines pad to a multiple of lcm(make_sequence_length_divisible_by, cp)."""
     problems = []
     for name, model in _models(cfg):
         if model.dtensor_cfg.enabled == model.megatron_cfg.enabled:
@@ -210,15 +211,12 @@ def check_sequence_length_divisibility(cfg: "DistillationConfig") -> list[str]:
         divisor = model.make_sequence_length_divisible_by
         prefix = _backend_prefix(name, model)
         sequence_parallel = getattr(model, f"{model.backend}_cfg").sequence_parallel
-        needs = [("context-parallel size", model.context_parallel_size)]
-        if sequence_parallel:
-            needs.append(("tensor-parallel size (sequence_parallel)", model.tensor_parallel_size))
-        for what, size in needs:
-            if divisor % size:
-                problems.append(
-                    f"{name}.make_sequence_length_divisible_by ({divisor}) must be a multiple "
-                    f"of the {what} of {prefix} ({size})"
-                )
+        if sequence_parallel and divisor % model.tensor_parallel_size:
+            problems.append(
+                f"{name}.make_sequence_length_divisible_by ({divisor}) must be a multiple "
+                f"of the tensor-parallel size (sequence_parallel) of {prefix} "
+                f"({model.tensor_parallel_size})"
+            )
     return problems
 
 

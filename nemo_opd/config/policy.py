@@ -101,8 +101,8 @@ class PolicyConfig(Section):
     """Clip the global gradient norm to this; null disables clipping."""
 
     make_sequence_length_divisible_by: int = Field(1, ge=1)
-    """Pad each batch's sequence length to a multiple of this (needed by sequence and context
-    parallel)."""
+    """Pad each batch's sequence length to a multiple of this (sequence parallel needs a
+    multiple of the tensor-parallel size; context parallel is padded for automatically)."""
 
     dtensor_cfg: DTensorConfig = Field(default_factory=DTensorConfig)
     """The DTensor backend."""
