@@ -1,0 +1,65 @@
+"""Ray resources for the workers: checks against the live cluster, and the placement group."""
+
+from dataclasses import dataclass
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group
+
+from nemo_opd.config.runtime import ClusterConfig
+
+
+class ClusterResourceError(RuntimeError):
+    """The Ray cluster cannot host the workers the config asks for."""
+
+
+@dataclass(frozen=True)
+class WorkerResources:
+    """What one worker process reserves."""
+
+    device_type: str
+    cpus: int
+
+    @property
+    def bundle(self) -> dict[str, float]:
+        """The placement-group bundle of one worker."""
+        bundle = {"CPU": float(self.cpus)}
+        if self.device_type == "cuda":
+            bundle["GPU"] = 1.0
+        return bundle
+
+
+def resolve_device_type(cluster: ClusterConfig) -> str:
+    """cluster.device, with "auto" meaning cuda when Ray sees a GPU, else cpu."""
+    if cluster.device != "auto":
+        return cluster.device
+    return "cuda" if ray.cluster_resources().get("GPU", 0) > 0 else "cpu"
+
+
+def check_resources(num_workers: int, resources: WorkerResources) -> None:
+    """Fail with a clear message when the Ray cluster cannot hold num_workers such workers."""
+    total = ray.cluster_resources()
+    for name, per_worker in resources.bundle.items():
+        have = total.get(name, 0.0)
+        need = per_worker * num_workers
+        if need > have:
+            raise ClusterResourceError(
+                f"{num_workers} workers need {need:g} {name} ({per_worker:g} each), but the Ray "
+                f"cluster has {have:g}; lower cluster.gpus_per_node / cluster.num_nodes / "
+                "cluster.cpus_per_worker or start Ray with more resources"
+            )
+
+
+def build_placement_group(
+    num_workers: int, resources: WorkerResources, timeout_s: float = 60.0
+) -> PlacementGroup:
+    """Reserve one bundle per worker (packed onto as few nodes as possible) and wait for it."""
+    check_resources(num_workers, resources)
+    group = placement_group([resources.bundle] * num_workers, strategy="PACK")
+    ready, _ = ray.wait([group.ready()], timeout=timeout_s)
+    if not ready:
+        ray.util.remove_placement_group(group)
+        raise ClusterResourceError(
+            f"could not reserve {num_workers} x {resources.bundle} within {timeout_s:g} s "
+            f"(free now: {ray.available_resources()}); other actors may hold the resources"
+        )
+    return group

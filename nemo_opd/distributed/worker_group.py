@@ -1,0 +1,111 @@
+"""A group of Ray actors, one per rank, with a torch.distributed process group between them.
+
+The driver calls every worker with a function of (actor, rank) that returns an ObjectRef, so
+each call site names the actor method it means (no dispatch by method-name strings). Results
+come back in rank order; a worker that dies or raises surfaces as an error naming its rank.
+"""
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from nemo_opd.distributed.cluster import WorkerResources, build_placement_group
+
+
+class WorkerError(RuntimeError):
+    """A worker died or raised; the message names the group and the rank."""
+
+
+class WorkerGroup:
+    """`num_workers` instances of `actor_cls`, one per placement-group bundle.
+
+    Args:
+        actor_cls: a plain class; it is wrapped with ray.remote here. Its constructor gets
+            (rank, *make_args(rank)); it must provide `master_address() -> (addr, port)` and
+            `init_distributed(addr, port)`.
+        num_workers: ranks in the group.
+        resources: what each worker reserves.
+        make_args: constructor arguments (after the rank) of each rank.
+        name: shown in error messages.
+        timeout_s: how long any call may take before it is reported as hung.
+    """
+
+    def __init__(
+        self,
+        actor_cls: type,
+        num_workers: int,
+        resources: WorkerResources,
+        make_args: Callable[[int], tuple],
+        name: str = "workers",
+        timeout_s: float | None = 1800.0,
+    ) -> None:
+        self.name = name
+        self.timeout_s = timeout_s
+        self.placement_group = build_placement_group(num_workers, resources)
+        remote_cls = ray.remote(actor_cls)
+        self.actors = [
+            remote_cls.options(
+                num_cpus=resources.cpus,
+                num_gpus=1 if resources.device_type == "cuda" else 0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    self.placement_group, placement_group_bundle_index=rank
+                ),
+            ).remote(rank, *make_args(rank))
+            for rank in range(num_workers)
+        ]
+        try:
+            addr, port = self.run(lambda actor, rank: actor.master_address.remote(), ranks=[0])[0]
+            self.run(lambda actor, rank: actor.init_distributed.remote(addr, port))
+        except BaseException:
+            self.shutdown()
+            raise
+
+    @property
+    def size(self) -> int:
+        """Ranks in the group."""
+        return len(self.actors)
+
+    def run(
+        self, call: Callable[[Any, int], ray.ObjectRef], ranks: Sequence[int] | None = None
+    ) -> list:
+        """Call `call(actor, rank)` on the given ranks (default: all); results in rank order."""
+        ranks = list(range(self.size)) if ranks is None else list(ranks)
+        refs = [call(self.actors[rank], rank) for rank in ranks]
+        return self.get(refs, ranks)
+
+    def get(self, refs: Sequence[ray.ObjectRef], ranks: Sequence[int]) -> list:
+        """Wait for every ref; the first failure (in completion order) raises WorkerError."""
+        rank_of = {ref: rank for ref, rank in zip(refs, ranks, strict=True)}
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1, timeout=self.timeout_s)
+            if not done:
+                stuck = sorted(rank_of[ref] for ref in pending)
+                raise WorkerError(
+                    f"{self.name}: ranks {stuck} did not answer in {self.timeout_s} s"
+                )
+            self._raise_if_failed(done[0], rank_of[done[0]])
+        return ray.get(list(refs))
+
+    def _raise_if_failed(self, ref: ray.ObjectRef, rank: int) -> None:
+        try:
+            ray.get(ref, timeout=0)
+        except RayActorError as error:
+            raise WorkerError(
+                f"{self.name}: worker rank {rank} died ({type(error).__name__}); the other "
+                "ranks of the group cannot continue"
+            ) from error
+        except RayTaskError as error:
+            raise WorkerError(f"{self.name}: worker rank {rank} raised:\n{error}") from error
+        except GetTimeoutError:  # not possible after ray.wait said done; kept for safety
+            pass
+
+    def shutdown(self) -> None:
+        """Kill every actor and release the placement group."""
+        for actor in self.actors:
+            ray.kill(actor)
+        self.actors = []
+        ray.util.remove_placement_group(self.placement_group)

@@ -1,0 +1,1 @@
+"""Engines: the shared training/scoring algorithms (base.Engine) and the backends."""

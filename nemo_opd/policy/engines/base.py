@@ -1,0 +1,435 @@
+"""Engine: train(), get_logprobs() and get_topk_logits(), written once for every backend.
+
+The base class owns everything that does not depend on how the model is parallelized:
+microbatching (fixed size, dynamic by token budget, or sequence packing), splitting rows over
+context-parallel ranks, temperature, global valid-token loss normalization and metric
+aggregation. A backend (DTensorEngine, later MegatronEngine) implements only the primitives
+marked abstract below.
+
+Conventions (see docs/policy.md):
+- Data arrive as this data-parallel rank's shard (a TensorBatch); every tp/cp rank of the same
+  dp coordinate gets the same shard.
+- Position t's logits predict token t + 1. get_logprobs returns at position t the log-prob of
+  token t + 1, and 0 at positions t >= input_lengths - 1 (no next token).
+- Context parallelism: each cp rank computes positions [r * S / cp, (r + 1) * S / cp) of
+  every (padded or packed) row; per-position outputs are all-gathered over cp.
+"""
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from nemo_opd.config.policy import PolicyConfig
+from nemo_opd.data.batching import (
+    TensorBatch,
+    dynamic_microbatches,
+    fixed_microbatches,
+    round_up,
+)
+from nemo_opd.data.packing import PackedRow, pack_row, plan_packing, unpack_row
+from nemo_opd.distributed.context_parallel import AttentionLayout
+from nemo_opd.distributed.parallel_dims import ParallelDims
+from nemo_opd.distributed.vocab_parallel import vocab_parallel_logprobs, vocab_parallel_topk
+from nemo_opd.losses import build_loss_mask, validate_teacher_topk
+
+LossFn = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
+
+
+@dataclass
+class Microbatch:
+    """Full rows of one forward pass (before context-parallel splitting).
+
+    Attributes:
+        input_ids, position_ids, segment_ids: [b, s].
+        fields: other per-position tensors [b, s, ...] (loss_mask, teacher top-k, targets).
+        rows: original row of each of the b rows (unpacked), or None when packed.
+        packed: the PackedRow when this microbatch is one packed row (b = 1).
+        dummy: a stand-in that only keeps collectives in step (its fields are zero and its
+            outputs are dropped).
+    """
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    segment_ids: torch.Tensor
+    fields: dict[str, torch.Tensor]
+    rows: list[int] | None = None
+    packed: PackedRow | None = None
+    dummy: bool = False
+
+
+class Engine(ABC):
+    """One rank's training/scoring engine.
+
+    Args:
+        cfg: the model section (policy or teacher).
+        dims: parallel sizes; its meshes must be built before the engine uses collectives.
+        device: this rank's device.
+        with_optimizer: build an optimizer and scheduler (False for a frozen teacher).
+    """
+
+    def __init__(
+        self,
+        cfg: PolicyConfig,
+        dims: ParallelDims,
+        device: torch.device,
+        with_optimizer: bool = True,
+    ) -> None:
+        self.cfg = cfg
+        self.dims = dims
+        self.device = device
+        self.with_optimizer = with_optimizer
+
+    # ---------------------------------------------------------------- primitives (backends)
+
+    @abstractmethod
+    def forward_logits(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, layout: AttentionLayout
+    ) -> torch.Tensor:
+        """Logits of this rank's local positions and vocab shard, [b, s_local, V_local].
+
+        Runs with autograd when grad mode is on (training) and without otherwise.
+        """
+
+    @abstractmethod
+    def backward(self, loss: torch.Tensor) -> None:
+        """Accumulate the gradients of `loss` (already globally normalized)."""
+
+    @abstractmethod
+    def zero_grad(self) -> None:
+        """Clear accumulated gradients."""
+
+    @abstractmethod
+    def optimizer_step(self) -> dict[str, float]:
+        """Clip, step the optimizer and scheduler; returns {"grad_norm": ..., "lr": ...}."""
+
+    @abstractmethod
+    def set_train_mode(self, train: bool) -> None:
+        """Switch the model between train and eval mode."""
+
+    @abstractmethod
+    def offload(self) -> None:
+        """Move weights (and optimizer state) to host memory."""
+
+    @abstractmethod
+    def onload(self) -> None:
+        """Move weights (and optimizer state) back to the device."""
+
+    @abstractmethod
+    def iter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(Hugging Face name, full tensor) of every weight, lm_head included when tied.
+
+        A collective: every rank must iterate to the end.
+        """
+
+    @abstractmethod
+    def save(self, path: str) -> None:
+        """Write a checkpoint directory (a collective; see docs/policy.md for the layout)."""
+
+    @abstractmethod
+    def load(self, path: str) -> None:
+        """Restore weights, optimizer, scheduler, RNG and step from a checkpoint directory."""
+
+    @property
+    @abstractmethod
+    def vocab_start(self) -> int:
+        """Global id of this rank's first logit column."""
+
+    @property
+    @abstractmethod
+    def vocab_size(self) -> int:
+        """The model's full (global) vocabulary size."""
+
+    # ---------------------------------------------------------------- process groups
+
+    @property
+    def dp_group(self) -> dist.ProcessGroup:
+        """Data-parallel group (ranks holding different data)."""
+        return self.dims.group("dp")
+
+    @property
+    def tp_group(self) -> dist.ProcessGroup:
+        """Tensor-parallel group (vocab shards of the logits)."""
+        return self.dims.group("tp")
+
+    @property
+    def cp_group(self) -> dist.ProcessGroup:
+        """Context-parallel group (sequence shards)."""
+        return self.dims.group("cp")
+
+    @property
+    def dp_cp_group(self) -> dist.ProcessGroup:
+        """Ranks whose per-token sums add up to the global batch's."""
+        return self.dims.group("dp_cp")
+
+    # ---------------------------------------------------------------- shared algorithms
+
+    def train(self, data: TensorBatch, loss_fn: LossFn, global_batch_size: int) -> dict:
+        """One optimizer step per global batch of this rank's shard.
+
+        Args:
+            data: this dp rank's rows: input_ids, input_lengths, token_mask, sample_mask,
+                teacher_topk_logprobs, teacher_topk_indices; a multiple of
+                global_batch_size / dp rows, in step order.
+            loss_fn: called as loss_fn(logits, fields, global_valid_toks, vocab_start=,
+                tp_group=) with fields holding loss_mask and the teacher top-k, returning
+                (loss, metrics); see DistillationLossFn.
+            global_batch_size: rows per optimizer step across all dp ranks.
+
+        Returns:
+            {name: [one value per step]}: the loss function's metrics summed over microbatches
+            and dp/cp ranks, plus grad_norm, lr and global_valid_toks.
+        """
+        local_rows = global_batch_size // self.dims.dp
+        if data.size % local_rows:
+            raise ValueError(f"{data.size} local rows is not a multiple of {local_rows}")
+        data = data.to(self.device)
+        data["loss_mask"] = build_loss_mask(data["token_mask"], data.get("sample_mask"))
+        validate_teacher_topk(
+            data["teacher_topk_logprobs"],
+            data["teacher_topk_indices"],
+            self.vocab_size,
+            mask=data["loss_mask"],
+        )  # once per call: one host sync
+        history: dict[str, list[float]] = {}
+        self.set_train_mode(True)
+        for step_data in data.chunk(local_rows):
+            for name, value in self._train_step(step_data, loss_fn).items():
+                history.setdefault(name, []).append(value)
+        return history
+
+    def _train_step(self, data: TensorBatch, loss_fn: LossFn) -> dict[str, float]:
+        """Forward/backward every microbatch of one global batch, then step."""
+        valid = data["loss_mask"].sum().reshape(1)
+        dist.all_reduce(valid, group=self.dp_group)
+        fields = ("loss_mask", "teacher_topk_logprobs", "teacher_topk_indices")
+        sums: dict[str, torch.Tensor] = {}
+        self.zero_grad()
+        for mb in self._train_microbatches(data, fields):
+            local = {key: self._cp_shard(mb.fields[key]) for key in fields}
+            logits = self._forward(mb)
+            loss, metrics = loss_fn(
+                logits, local, valid[0], vocab_start=self.vocab_start, tp_group=self.tp_group
+            )
+            self.backward(loss)
+            for name, value in metrics.items():
+                sums[name] = sums.get(name, 0.0) + value.detach().float()
+        metrics = self._reduce_sums(sums)
+        metrics.update(self.optimizer_step())
+        metrics["global_valid_toks"] = float(valid[0])
+        return metrics
+
+    @torch.no_grad()
+    def get_logprobs(self, data: TensorBatch, temperature: float = 1.0) -> torch.Tensor:
+        """[B, S] fp32: position t holds log p(token t + 1 | tokens <= t) at the temperature;
+        0 where t >= input_lengths - 1."""
+        data = data.to(self.device)
+        data["targets"] = torch.roll(data["input_ids"], -1, dims=1)
+        out = torch.zeros(data["input_ids"].shape, dtype=torch.float32, device=self.device)
+        self.set_train_mode(False)
+        for mb in self._scoring_microbatches(data, ("targets",)):
+            logits = self._forward(mb) / temperature
+            targets = self._cp_shard(mb.fields["targets"])
+            values = vocab_parallel_logprobs(
+                logits.reshape(-1, logits.shape[-1]),
+                targets.reshape(-1),
+                self.vocab_start,
+                self.tp_group,
+            ).reshape(targets.shape)
+            self._scatter(self._cp_gather(values), mb, out)
+        positions = torch.arange(out.shape[1], device=self.device)
+        return torch.where(positions < data["input_lengths"].unsqueeze(1) - 1, out, 0.0).cpu()
+
+    @torch.no_grad()
+    def get_topk_logits(
+        self, data: TensorBatch, k: int, temperature: float = 1.0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Top-k log-probs over the full vocabulary at the temperature, per position.
+
+        Returns:
+            (log-probs [B, S, k] fp32 descending, global ids [B, S, k] int32); positions at or
+            beyond input_lengths are 0.
+        """
+        data = data.to(self.device)
+        shape = (*data["input_ids"].shape, k)
+        values_out = torch.zeros(shape, dtype=torch.float32, device=self.device)
+        indices_out = torch.zeros(shape, dtype=torch.int32, device=self.device)
+        self.set_train_mode(False)
+        for mb in self._scoring_microbatches(data, ()):
+            logits = self._forward(mb) / temperature
+            values, indices = vocab_parallel_topk(
+                logits.reshape(-1, logits.shape[-1]), k, self.vocab_start, self.tp_group
+            )
+            local_shape = (*logits.shape[:2], k)
+            self._scatter(self._cp_gather(values.reshape(local_shape)), mb, values_out)
+            self._scatter(self._cp_gather(indices.reshape(local_shape)), mb, indices_out)
+        return values_out.cpu(), indices_out.cpu()
+
+    # ---------------------------------------------------------------- microbatching
+
+    def _train_token_budget(self) -> int | None:
+        packing, dynamic = self.cfg.sequence_packing, self.cfg.dynamic_batching
+        if packing.enabled:
+            return packing.train_mb_tokens
+        return dynamic.train_mb_tokens if dynamic.enabled else None
+
+    def _logprob_token_budget(self) -> int | None:
+        packing, dynamic = self.cfg.sequence_packing, self.cfg.dynamic_batching
+        if packing.enabled:
+            return packing.logprob_mb_tokens
+        return dynamic.logprob_mb_tokens if dynamic.enabled else None
+
+    def _train_microbatches(self, data: TensorBatch, fields: tuple[str, ...]) -> list:
+        budget = self._train_token_budget()
+        return self._microbatches(data, fields, budget, self.cfg.train_micro_batch_size)
+
+    def _scoring_microbatches(self, data: TensorBatch, fields: tuple[str, ...]) -> list:
+        budget = self._logprob_token_budget()
+        return self._microbatches(data, fields, budget, self.cfg.logprob_batch_size)
+
+    def _sequence_multiple(self) -> int:
+        """Row lengths are padded to a multiple of this (context parallel needs cp | S)."""
+        return math.lcm(self.cfg.make_sequence_length_divisible_by, self.dims.cp)
+
+    def _microbatches(
+        self,
+        data: TensorBatch,
+        field_names: tuple[str, ...],
+        token_budget: int | None,
+        rows_per_microbatch: int,
+    ) -> list[Microbatch]:
+        """Split this rank's rows into microbatches (packed, dynamic or fixed-size)."""
+        lengths = data["input_lengths"].tolist()
+        fields = {key: data[key] for key in field_names}
+        if self.cfg.sequence_packing.enabled:
+            mbs = self._packed_microbatches(data["input_ids"], fields, lengths, token_budget)
+        else:
+            if self.cfg.dynamic_batching.enabled:
+                round_to = self.cfg.dynamic_batching.sequence_length_round
+                groups = dynamic_microbatches(lengths, token_budget, round_to)
+            else:
+                groups = fixed_microbatches(len(lengths), rows_per_microbatch)
+            mbs = [self._padded_microbatch(data["input_ids"], fields, lengths, g) for g in groups]
+        return self._equalize_count(mbs)
+
+    def _equalize_count(self, microbatches: list[Microbatch]) -> list[Microbatch]:
+        """Append dummy microbatches until every dp rank runs as many as the busiest one.
+
+        FSDP gathers parameters in every forward, so all dp ranks must run the same number.
+        """
+        count = torch.tensor([len(microbatches)], device=self.device)
+        dist.all_reduce(count, op=dist.ReduceOp.MAX, group=self.dp_group)
+        template = microbatches[0]
+        while len(microbatches) < int(count):
+            microbatches.append(
+                Microbatch(
+                    input_ids=template.input_ids,
+                    position_ids=template.position_ids,
+                    segment_ids=template.segment_ids,
+                    fields={k: torch.zeros_like(v) for k, v in template.fields.items()},
+                    dummy=True,
+                )
+            )
+        return microbatches
+
+    def _padded_microbatch(self, input_ids, fields, lengths, rows) -> Microbatch:
+        """Rows `rows`, truncated to their longest length rounded to the sequence multiple."""
+        width = round_up(max(max(lengths[r] for r in rows), 1), self._sequence_multiple())
+        index = torch.tensor(rows, device=input_ids.device)
+
+        def take(tensor: torch.Tensor) -> torch.Tensor:
+            picked = tensor.index_select(0, index)[:, :width]
+            missing = width - picked.shape[1]
+            if missing > 0:
+                pad = picked.new_zeros((picked.shape[0], missing, *picked.shape[2:]))
+                picked = torch.cat([picked, pad], dim=1)
+            return picked
+
+        ids = take(input_ids)
+        positions = torch.arange(width, device=ids.device).expand_as(ids)
+        return Microbatch(
+            input_ids=ids,
+            position_ids=positions,
+            segment_ids=torch.zeros_like(ids),
+            fields={key: take(value) for key, value in fields.items()},
+            rows=rows,
+        )
+
+    def _packed_microbatches(self, input_ids, fields, lengths, capacity) -> list[Microbatch]:
+        """One packed row per microbatch (first-fit-decreasing over this rank's rows)."""
+        packing = self.cfg.sequence_packing
+        bins = plan_packing(lengths, capacity, packing.sequence_length_round, packing.algorithm)
+        microbatches = []
+        for sequences in bins:
+            row = pack_row(
+                {"input_ids": input_ids, **fields},
+                lengths,
+                sequences,
+                capacity=capacity,
+                round_to=packing.sequence_length_round,
+                pad_to=self._sequence_multiple(),
+            )
+            tensors = dict(row.tensors)
+            microbatches.append(
+                Microbatch(
+                    input_ids=tensors.pop("input_ids"),
+                    position_ids=row.position_ids,
+                    segment_ids=row.segment_ids,
+                    fields=tensors,
+                    packed=row,
+                )
+            )
+        return microbatches
+
+    def _scatter(self, values: torch.Tensor, mb: Microbatch, out: torch.Tensor) -> None:
+        """Write a microbatch's per-position values [b, s, ...] to their rows of out."""
+        if mb.dummy:
+            return
+        if mb.packed is not None:
+            unpack_row(values, mb.packed, out)
+            return
+        width = min(values.shape[1], out.shape[1])
+        index = torch.tensor(mb.rows, device=out.device)
+        out[index, :width] = values[:, :width].to(out.dtype)
+
+    # ---------------------------------------------------------------- context parallel
+
+    def _cp_shard(self, tensor: torch.Tensor) -> torch.Tensor:
+        """This cp rank's contiguous slice of dim 1 of [b, s, ...]."""
+        if self.dims.cp == 1:
+            return tensor
+        return tensor.chunk(self.dims.cp, dim=1)[self.dims.local_rank("cp")]
+
+    def _cp_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """[b, s_local, ...] -> [b, s, ...] over the cp group (no autograd)."""
+        if self.dims.cp == 1:
+            return tensor
+        parts = [torch.empty_like(tensor) for _ in range(self.dims.cp)]
+        dist.all_gather(parts, tensor.contiguous(), group=self.cp_group)
+        return torch.cat(parts, dim=1)
+
+    def _forward(self, mb: Microbatch) -> torch.Tensor:
+        """Logits [b, s_local, V_local] of this rank's share of a microbatch."""
+        q_start = mb.input_ids.shape[1] // self.dims.cp * self.dims.local_rank("cp")
+        layout = AttentionLayout(
+            segment_ids=mb.segment_ids,
+            q_start=q_start,
+            cp_group=self.cp_group if self.dims.cp > 1 else None,
+        )
+        return self.forward_logits(
+            self._cp_shard(mb.input_ids), self._cp_shard(mb.position_ids), layout
+        )
+
+    # ---------------------------------------------------------------- metrics
+
+    def _reduce_sums(self, sums: dict[str, torch.Tensor]) -> dict[str, float]:
+        """Sum per-rank metric sums over dp and cp (tp ranks hold copies) in one all-reduce."""
+        if not sums:
+            return {}
+        names = sorted(sums)
+        stacked = torch.stack([torch.as_tensor(sums[n], device=self.device) for n in names])
+        dist.all_reduce(stacked, group=self.dp_cp_group)
+        return dict(zip(names, stacked.tolist(), strict=True))

@@ -1,0 +1,250 @@
+"""DTensorEngine: Hugging Face causal LMs with FSDP2, tensor and context parallelism.
+
+Build steps: register the segment-causal attention -> load the model with from_pretrained ->
+apply tensor parallel over "tp" -> activation checkpointing -> FSDP2 over "dp_cp" -> optimizer
+and scheduler. FSDP is applied even at world size 1, so every parameter is a DTensor and one
+code path serves every layout.
+"""
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file, save_file
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.tensor import DTensor
+from transformers import AutoModelForCausalLM
+
+from nemo_opd.config.policy import PolicyConfig
+from nemo_opd.distributed.context_parallel import LAYOUT_KWARG, AttentionLayout, register_attention
+from nemo_opd.distributed.grad_norm import all_reduce_grads, clip_grad_norm
+from nemo_opd.distributed.parallel_dims import ParallelDims
+from nemo_opd.models import resolve_pretrained
+from nemo_opd.policy.engines.base import Engine
+from nemo_opd.policy.engines.dtensor_parallelize import (
+    apply_activation_checkpointing,
+    apply_fsdp,
+    apply_tensor_parallel,
+    tp_replicated_parameters,
+)
+from nemo_opd.policy.optim import build_optimizer, build_scheduler
+from nemo_opd.utils.checkpoint import atomic_directory
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+WEIGHTS_FILE = "model.safetensors"
+TRAINING_STATE_FILE = "training_state.pt"
+META_FILE = "nemo_opd.json"
+
+
+class DTensorEngine(Engine):
+    """The DTensor backend (see the module docstring).
+
+    Args:
+        cfg, dims, device, with_optimizer: as Engine.
+        total_steps: optimizer steps of the whole run (for decaying schedules without
+            scheduler.decay_steps).
+    """
+
+    def __init__(
+        self,
+        cfg: PolicyConfig,
+        dims: ParallelDims,
+        device: torch.device,
+        with_optimizer: bool = True,
+        total_steps: int | None = None,
+    ) -> None:
+        super().__init__(cfg, dims, device, with_optimizer)
+        self.step = 0
+        self.model = self._build_model()
+        self._tp_replicated = tp_replicated_parameters(self.model) if dims.tp > 1 else []
+        self.optimizer = None
+        self.scheduler = None
+        if with_optimizer:
+            if cfg.optimizer is None:
+                raise ValueError("a trainable policy needs an optimizer section")
+            self.optimizer = build_optimizer(list(self.model.parameters()), cfg.optimizer)
+            self.scheduler = build_scheduler(self.optimizer, cfg.scheduler, total_steps)
+
+    def _build_model(self) -> torch.nn.Module:
+        if self.cfg.dtensor_cfg.sequence_parallel:
+            raise NotImplementedError("dtensor_cfg.sequence_parallel is not implemented yet")
+        attention = register_attention()
+        model = AutoModelForCausalLM.from_pretrained(
+            resolve_pretrained(self.cfg.model_name),
+            dtype=torch.float32,
+            attn_implementation=attention,
+        ).to(self.device)
+        if self.dims.tp > 1:
+            apply_tensor_parallel(model, self.dims.submesh("tp"))
+        if self.cfg.dtensor_cfg.activation_checkpointing:
+            apply_activation_checkpointing(model)
+        apply_fsdp(
+            model,
+            self.dims.submesh("dp_cp"),
+            DTYPES[self.cfg.precision],
+            cpu_offload=self.cfg.dtensor_cfg.cpu_offload and self.device.type == "cuda",
+        )
+        if not self.with_optimizer:
+            model.requires_grad_(False)
+        return model
+
+    # ---------------------------------------------------------------- compute primitives
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.config.vocab_size
+
+    @property
+    def vocab_start(self) -> int:
+        return self.vocab_size // self.dims.tp * self.dims.local_rank("tp")
+
+    def set_train_mode(self, train: bool) -> None:
+        # The root FSDP module keeps its parameters unsharded after a forward; a forward
+        # without backward (scoring) would leave them so, and the next training step would
+        # then skip gathering them. Reshard on every switch to start from a clean state.
+        self.model.reshard()
+        self.model.train(train)
+
+    def forward_logits(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, layout: AttentionLayout
+    ) -> torch.Tensor:
+        output = self.model(
+            input_ids=input_ids,
+            position_ids=position_ids,
+            use_cache=False,
+            **{LAYOUT_KWARG: layout},
+        )
+        logits = output.logits
+        return logits.to_local() if isinstance(logits, DTensor) else logits
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def zero_grad(self) -> None:
+        self.model.zero_grad(set_to_none=True)
+
+    def optimizer_step(self) -> dict[str, float]:
+        if self.optimizer is None:
+            raise RuntimeError("this engine was built without an optimizer (a frozen teacher)")
+        if self._tp_replicated:
+            all_reduce_grads(self._tp_replicated, self.tp_group)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        grad_norm = clip_grad_norm(params, self.cfg.max_grad_norm)
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.step += 1
+        return {"grad_norm": float(grad_norm), "lr": float(lr)}
+
+    # ---------------------------------------------------------------- memory primitives
+
+    def offload(self) -> None:
+        self._move(torch.device("cpu"))
+
+    def onload(self) -> None:
+        self._move(self.device)
+
+    def _move(self, device: torch.device) -> None:
+        """Move parameters, gradients and optimizer state to `device`."""
+        self.model.to(device)
+        if self.optimizer is None:
+            return
+        for state in self.optimizer.state.values():
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor) and key != "step":
+                    state[key] = value.to(device)
+
+    # ---------------------------------------------------------------- weights and checkpoints
+
+    def iter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(HF name, full tensor on CPU in the training precision) per weight; lm_head
+        included even when tied to the embedding. A collective over all ranks."""
+        dtype = DTYPES[self.cfg.precision]
+        names = dict(self.model.named_parameters())
+        for name, param in names.items():
+            full = param.full_tensor() if isinstance(param, DTensor) else param
+            yield name, full.detach().to("cpu", dtype)
+        if "lm_head.weight" not in names and self.model.config.tie_word_embeddings:
+            embedding = names["model.embed_tokens.weight"]
+            full = embedding.full_tensor() if isinstance(embedding, DTensor) else embedding
+            yield "lm_head.weight", full.detach().to("cpu", dtype)
+
+    def save(self, path: str) -> None:
+        """Write `path` atomically (rank 0 writes; every rank takes part in the gathers).
+
+        Layout: config.json + model.safetensors (Hugging Face, loadable by from_pretrained and
+        vLLM; fp32 master weights), training_state.pt (full optimizer and scheduler state,
+        every rank's RNG state), nemo_opd.json (step).
+        """
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        weights = get_model_state_dict(self.model, options=options)
+        optim = None
+        if self.optimizer is not None:
+            optim = get_optimizer_state_dict(self.model, self.optimizer, options=options)
+        rng = [None] * dist.get_world_size()
+        dist.all_gather_object(rng, _rng_state())
+        if dist.get_rank() == 0:
+            with atomic_directory(path) as tmp:
+                self._write_checkpoint(tmp, weights, optim, rng)
+        dist.barrier()
+
+    def _write_checkpoint(self, tmp: Path, weights: dict, optim: dict | None, rng: list) -> None:
+        if self.model.config.tie_word_embeddings:
+            weights.pop("lm_head.weight", None)
+        weights = {k: v.contiguous() for k, v in weights.items()}
+        save_file(weights, tmp / WEIGHTS_FILE, metadata={"format": "pt"})
+        config = self.model.config.to_dict()
+        config.pop("_attn_implementation_autoset", None)
+        config["torch_dtype"] = config["dtype"] = "float32"
+        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+        scheduler = self.scheduler.state_dict() if self.scheduler is not None else None
+        torch.save(
+            {"optimizer": optim, "scheduler": scheduler, "rng": rng}, tmp / TRAINING_STATE_FILE
+        )
+        (tmp / META_FILE).write_text(json.dumps({"step": self.step}))
+
+    def load(self, path: str) -> None:
+        """Restore what save() wrote (the same world size is needed for the RNG states)."""
+        root = Path(path)
+        weights = load_file(root / WEIGHTS_FILE)
+        if self.model.config.tie_word_embeddings:
+            weights.setdefault("lm_head.weight", weights["model.embed_tokens.weight"])
+        options = StateDictOptions(full_state_dict=True)
+        set_model_state_dict(self.model, weights, options=options)
+        state_file = root / TRAINING_STATE_FILE
+        if state_file.exists():
+            state = torch.load(state_file, weights_only=False)
+            if self.optimizer is not None and state["optimizer"] is not None:
+                set_optimizer_state_dict(
+                    self.model, self.optimizer, state["optimizer"], options=options
+                )
+                self.scheduler.load_state_dict(state["scheduler"])
+            rng = state["rng"]
+            if len(rng) == dist.get_world_size():
+                _set_rng_state(rng[dist.get_rank()])
+        meta = root / META_FILE
+        if meta.exists():
+            self.step = json.loads(meta.read_text())["step"]
+        dist.barrier()
+
+
+def _rng_state() -> dict:
+    """This process's torch (and CUDA) RNG state."""
+    state = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["cpu"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])

@@ -1,0 +1,186 @@
+"""Policy: the driver-side facade over one model's worker group (student or teacher).
+
+    policy = Policy(cfg.policy, cfg.cluster)                      # trains
+    teacher = Policy(cfg.teacher, cfg.cluster, optimizer=False)   # frozen
+    values, ids = teacher.get_topk_logits(batch, k)               # [B, S, k] fp32 / int32
+    batch["teacher_topk_logprobs"], batch["teacher_topk_indices"] = values, ids
+    metrics = policy.train(batch, DistillationLossFn(cfg.loss_fn))
+
+Data are dicts of CPU tensors (see nemo_opd.data.batching). Scoring calls shard rows over
+data-parallel ranks (padding to a multiple of dp) and replicate each shard over the tp and cp
+ranks of its replica; results come back from the (cp=0, tp=0) rank of every replica, in order.
+"""
+
+from collections.abc import Callable, Mapping
+
+import ray
+import torch
+
+from nemo_opd.config.policy import PolicyConfig
+from nemo_opd.config.runtime import ClusterConfig
+from nemo_opd.data.batching import TensorBatch, pad_batch_to_multiple, shard_for_data_parallel
+from nemo_opd.distributed.cluster import WorkerResources, resolve_device_type
+from nemo_opd.distributed.parallel_dims import ParallelDims
+from nemo_opd.distributed.worker_group import WorkerGroup
+from nemo_opd.policy.worker import PolicyWorker
+
+
+class Policy:
+    """A model on a group of workers: train, score, save/load, offload, export weights.
+
+    Args:
+        cfg: the model's section (policy or teacher).
+        cluster: the cluster section.
+        optimizer: build optimizer and scheduler state (False for a teacher).
+        num_workers: workers to use; default cluster.world_size.
+        name: shown in error messages.
+        total_steps: optimizer steps of the run (for decaying schedules).
+    """
+
+    def __init__(
+        self,
+        cfg: PolicyConfig,
+        cluster: ClusterConfig,
+        *,
+        optimizer: bool = True,
+        num_workers: int | None = None,
+        name: str = "policy",
+        total_steps: int | None = None,
+    ) -> None:
+        if not ray.is_initialized():
+            raise RuntimeError("Policy needs Ray: call ray.init() first")
+        self.cfg = cfg
+        world = num_workers or cluster.world_size
+        self.dims = _parallel_dims(cfg, world, name)
+        device_type = resolve_device_type(cluster)
+        self.dims.device_type = device_type
+        resources = WorkerResources(device_type, cluster.cpus_per_worker)
+        args = (
+            cfg.model_dump(),
+            self.dims,
+            device_type,
+            cluster.cpus_per_worker,
+            optimizer,
+            total_steps,
+        )
+        self.workers = WorkerGroup(PolicyWorker, world, resources, lambda rank: args, name=name)
+        self.leaders = [r for r in range(world) if _is_leader(self.dims, r)]
+
+    # ---------------------------------------------------------------- scoring
+
+    def get_logprobs(self, data: Mapping, temperature: float = 1.0) -> torch.Tensor:
+        """[B, S] fp32: position t holds log p(token t+1 | tokens <= t); 0 at t >= length-1."""
+        outputs = self._score(
+            data, lambda actor, shard: actor.get_logprobs.remote(shard, temperature)
+        )
+        return torch.cat(outputs, dim=0)
+
+    def get_topk_logits(
+        self, data: Mapping, k: int, temperature: float = 1.0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Top-k log-probs over the full vocabulary [B, S, k] fp32 (descending) and their
+        global ids [B, S, k] int32; position t scores the distribution of token t+1."""
+        outputs = self._score(
+            data, lambda actor, shard: actor.get_topk_logits.remote(shard, k, temperature)
+        )
+        values = torch.cat([v for v, _ in outputs], dim=0)
+        indices = torch.cat([i for _, i in outputs], dim=0)
+        return values, indices
+
+    def _score(self, data: Mapping, call: Callable) -> list:
+        """Pad to a multiple of dp, send shard d to every rank of replica d, collect, trim."""
+        batch, size = pad_batch_to_multiple(TensorBatch(data), self.dims.dp)
+        shards = [ray.put(dict(s)) for s in batch.chunk(batch.size // self.dims.dp)]
+        results = self.workers.run(
+            lambda actor, rank: call(actor, shards[self.dims.coordinates(rank)["dp"]])
+        )
+        outputs = [results[r] for r in self.leaders]
+        return _trim(outputs, size)
+
+    # ---------------------------------------------------------------- training
+
+    def train(self, data: Mapping, loss_fn: Callable) -> dict[str, list[float]]:
+        """One optimizer step per train_global_batch_size rows of `data`.
+
+        Args:
+            data: input_ids, input_lengths, token_mask, sample_mask, teacher_topk_logprobs,
+                teacher_topk_indices; B a multiple of train_global_batch_size.
+            loss_fn: e.g. DistillationLossFn (see Engine.train for the call signature).
+
+        Returns:
+            {metric: [value per step]} (loss, forward_kl, ..., grad_norm, lr, ...).
+        """
+        global_batch = self.cfg.train_global_batch_size
+        shards = shard_for_data_parallel(TensorBatch(data), self.dims.dp, global_batch)
+        refs = [ray.put(dict(s)) for s in shards]
+        loss_ref = ray.put(loss_fn)
+        results = self.workers.run(
+            lambda actor, rank: actor.train.remote(
+                refs[self.dims.coordinates(rank)["dp"]], loss_ref, global_batch
+            )
+        )
+        return results[0]
+
+    # ---------------------------------------------------------------- state
+
+    def save(self, path: str) -> None:
+        """Write a checkpoint directory atomically (layout in docs/policy.md)."""
+        self.workers.run(lambda actor, rank: actor.save.remote(path))
+
+    def load(self, path: str) -> None:
+        """Restore weights, optimizer, scheduler, RNG state and step from `path`."""
+        self.workers.run(lambda actor, rank: actor.load.remote(path))
+
+    def offload(self) -> None:
+        """Move weights and optimizer state to host memory (e.g. while vLLM generates)."""
+        self.workers.run(lambda actor, rank: actor.offload.remote())
+
+    def onload(self) -> None:
+        """Move weights and optimizer state back to the devices."""
+        self.workers.run(lambda actor, rank: actor.onload.remote())
+
+    def full_weights(self) -> dict[str, torch.Tensor]:
+        """Every weight as a full CPU tensor in Hugging Face naming (lm_head included even when
+        tied), for refitting a generation engine."""
+        return self.workers.run(lambda actor, rank: actor.full_weights.remote())[0]
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps taken so far."""
+        return self.workers.run(lambda actor, rank: actor.step.remote(), ranks=[0])[0]
+
+    def shutdown(self) -> None:
+        """Stop the workers and free their resources."""
+        self.workers.shutdown()
+
+
+def _parallel_dims(cfg: PolicyConfig, world: int, name: str) -> ParallelDims:
+    """ParallelDims of the enabled backend, with the config keys named in errors."""
+    if cfg.backend != "dtensor":
+        raise NotImplementedError(f"{name}: only the DTensor backend is implemented")
+    tp, cp = cfg.tensor_parallel_size, cfg.context_parallel_size
+    if world % (tp * cp):
+        raise ValueError(
+            f"{name}.dtensor_cfg: tensor_parallel_size ({tp}) x context_parallel_size ({cp}) = "
+            f"{tp * cp} must divide the {world} workers (cluster.num_nodes x "
+            "cluster.gpus_per_node)"
+        )
+    return ParallelDims(world, tp=tp, cp=cp)
+
+
+def _is_leader(dims: ParallelDims, rank: int) -> bool:
+    """The rank that returns its replica's results: cp = 0 and tp = 0."""
+    where = dims.coordinates(rank)
+    return where["cp"] == 0 and where["tp"] == 0
+
+
+def _trim(outputs: list, size: int) -> list:
+    """Drop the padding rows that pad_batch_to_multiple appended (they sit at the end)."""
+    flat_rows = 0
+    trimmed = []
+    for out in outputs:
+        first = out[0] if isinstance(out, tuple) else out
+        keep = max(0, min(first.shape[0], size - flat_rows))
+        flat_rows += first.shape[0]
+        trimmed.append(tuple(t[:keep] for t in out) if isinstance(out, tuple) else out[:keep])
+    return trimmed

@@ -1,0 +1,108 @@
+"""PolicyWorker: the Ray actor that holds one rank's engine."""
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from nemo_opd.config.policy import PolicyConfig
+from nemo_opd.data.batching import TensorBatch
+from nemo_opd.distributed.parallel_dims import ParallelDims
+from nemo_opd.distributed.process_group import find_free_port, init_distributed, node_address
+
+
+class PolicyWorker:
+    """One rank of a Policy: joins the process group, builds the engine, serves calls.
+
+    Args:
+        rank: global rank in the worker group.
+        cfg: the model section as a plain dict (validated again here).
+        dims: parallel sizes.
+        device_type: "cpu" or "cuda".
+        num_threads: torch intra-op threads (the CPUs reserved for this worker).
+        with_optimizer: False for a frozen teacher.
+        total_steps: the run's optimizer steps (decaying schedules).
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        cfg: dict,
+        dims: ParallelDims,
+        device_type: str,
+        num_threads: int,
+        with_optimizer: bool,
+        total_steps: int | None,
+    ) -> None:
+        self.rank = rank
+        self.cfg = PolicyConfig.model_validate(cfg)
+        self.dims = dims
+        self.device_type = device_type
+        self.with_optimizer = with_optimizer
+        self.total_steps = total_steps
+        self.engine = None
+        torch.set_num_threads(num_threads)
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+    def master_address(self) -> tuple[str, int]:
+        """Where rank 0 listens for the rendezvous."""
+        return node_address(), find_free_port()
+
+    def init_distributed(self, addr: str, port: int) -> None:
+        """Join the process group, build the meshes and the engine."""
+        init_distributed(self.rank, self.dims.world_size, addr, port, self.device_type)
+        self.dims.build_mesh()
+        device = (
+            torch.device("cuda", torch.cuda.current_device())
+            if self.device_type == "cuda"
+            else torch.device("cpu")
+        )
+        self.engine = self._build_engine(device)
+
+    def _build_engine(self, device: torch.device):
+        if self.cfg.backend == "megatron":
+            raise NotImplementedError("the Megatron engine is not implemented yet")
+        from nemo_opd.policy.engines.dtensor import DTensorEngine
+
+        return DTensorEngine(
+            self.cfg, self.dims, device, self.with_optimizer, total_steps=self.total_steps
+        )
+
+    def coordinates(self) -> dict[str, int]:
+        """This rank's position on the dp/cp/tp axes."""
+        return self.dims.coordinates(self.rank)
+
+    def train(self, data: dict, loss_fn: Callable, global_batch_size: int) -> dict:
+        return self.engine.train(TensorBatch(data), loss_fn, global_batch_size)
+
+    def get_logprobs(self, data: dict, temperature: float) -> torch.Tensor:
+        return self.engine.get_logprobs(TensorBatch(data), temperature)
+
+    def get_topk_logits(self, data: dict, k: int, temperature: float) -> tuple:
+        return self.engine.get_topk_logits(TensorBatch(data), k, temperature)
+
+    def save(self, path: str) -> None:
+        self.engine.save(path)
+
+    def load(self, path: str) -> None:
+        self.engine.load(path)
+
+    def offload(self) -> None:
+        self.engine.offload()
+
+    def onload(self) -> None:
+        self.engine.onload()
+
+    def full_weights(self) -> dict[str, torch.Tensor] | None:
+        """Every weight in HF naming on rank 0 (None elsewhere); all ranks must be called."""
+        weights = dict(self.engine.iter_weights())
+        return weights if self.rank == 0 else None
+
+    def step(self) -> int:
+        """Optimizer steps taken."""
+        return self.engine.step
+
+    def ping(self) -> Any:
+        """For liveness checks and tests."""
+        return os.getpid()

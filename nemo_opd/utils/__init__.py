@@ -1,0 +1,1 @@
+"""Small helpers: atomic checkpoint directories."""

@@ -1,0 +1,69 @@
+"""Atomic checkpoint directories: a crash mid-save never destroys the previous checkpoint.
+
+Files are written into a temporary sibling directory, fsynced, and the directory is renamed
+into place with os.replace. Replacing an existing checkpoint moves the old one aside first and
+deletes it only after the new one is in place; `recover_checkpoint` puts it back if a crash
+happened in between.
+"""
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+BACKUP_SUFFIX = ".previous"
+
+
+def fsync_tree(path: Path) -> None:
+    """fsync every file under path, then the directories."""
+    for root, _, files in os.walk(path):
+        for name in files:
+            with open(os.path.join(root, name), "rb") as handle:
+                os.fsync(handle.fileno())
+        fsync_dir(Path(root))
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a directory entry (makes renames inside it durable)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def recover_checkpoint(path: str | os.PathLike) -> None:
+    """If a crash left only `path.previous`, move it back to `path`."""
+    target = Path(path)
+    backup = target.with_name(target.name + BACKUP_SUFFIX)
+    if backup.exists() and not target.exists():
+        os.replace(backup, target)
+    elif backup.exists():
+        shutil.rmtree(backup)
+
+
+@contextmanager
+def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary directory; on normal exit it becomes `path` atomically.
+
+    On an exception the temporary directory is removed and `path` is left untouched.
+    """
+    target = Path(path).absolute()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    recover_checkpoint(target)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        yield tmp
+        fsync_tree(tmp)
+        backup = target.with_name(target.name + BACKUP_SUFFIX)
+        if target.exists():
+            os.replace(target, backup)
+        os.replace(tmp, target)
+        fsync_dir(target.parent)
+        if backup.exists():
+            shutil.rmtree(backup)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

@@ -1,0 +1,112 @@
+"""Fixtures: tiny random Qwen3 models on disk, configs, batches, one Ray session per module."""
+
+import os
+
+# Read when ray is imported: under `uv run`, Ray would otherwise build a fresh venv for its
+# workers (about a minute); the workers use this venv as is.
+os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from transformers import AutoModelForCausalLM, Qwen3Config  # noqa: E402
+
+from nemo_opd.config.policy import PolicyConfig  # noqa: E402
+from nemo_opd.config.runtime import ClusterConfig  # noqa: E402
+
+VOCAB = 256
+SEQ = 24
+
+
+def tiny_qwen3(tied: bool) -> Qwen3Config:
+    return Qwen3Config(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=128,
+        tie_word_embeddings=tied,
+        rms_norm_eps=1e-6,
+    )
+
+
+def _save_model(path, tied: bool, seed: int) -> str:
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_qwen3(tied), dtype=torch.float32)
+    with torch.no_grad():  # sharpen the random model so top-k has clear winners
+        model.lm_head.weight.mul_(8.0) if not tied else model.model.embed_tokens.weight.mul_(8.0)
+    model.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def model_dirs(tmp_path_factory):
+    """{"tied": dir, "untied": dir} of tiny random Qwen3 models."""
+    root = tmp_path_factory.mktemp("tiny_models")
+    return {
+        "tied": _save_model(root / "tied", True, seed=1),
+        "untied": _save_model(root / "untied", False, seed=2),
+    }
+
+
+def policy_config(model_dir: str, **overrides) -> PolicyConfig:
+    """A float32 policy section for the tiny model; dotted keys in overrides (a__b=...)."""
+    raw = {
+        "model_name": model_dir,
+        "tokenizer": {"name": model_dir},
+        "precision": "float32",
+        "train_global_batch_size": 4,
+        "train_micro_batch_size": 1,
+        "logprob_batch_size": 2,
+        "max_total_sequence_length": SEQ,
+        "max_grad_norm": 1.0,
+        "optimizer": {"lr": 1e-3, "weight_decay": 0.01},
+        "scheduler": {"warmup_steps": 1},
+    }
+    for key, value in overrides.items():
+        node = raw
+        *parents, leaf = key.split("__")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return PolicyConfig.model_validate(raw)
+
+
+def cpu_cluster(workers: int) -> ClusterConfig:
+    return ClusterConfig(num_nodes=1, gpus_per_node=workers, device="cpu", cpus_per_worker=1)
+
+
+def make_batch(num_rows: int, k: int = 4, seed: int = 0, teacher: bool = True) -> dict:
+    """Rows of different lengths (right-padded with id 0), random masks and teacher top-k."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(6, SEQ + 1, (num_rows,), generator=gen)
+    lengths[0] = SEQ
+    ids = torch.randint(1, VOCAB, (num_rows, SEQ), generator=gen)
+    positions = torch.arange(SEQ)
+    valid = positions < lengths.unsqueeze(1)
+    ids = torch.where(valid, ids, 0)
+    token_mask = (positions >= 3) & valid
+    batch = {
+        "input_ids": ids,
+        "input_lengths": lengths,
+        "token_mask": token_mask.float(),
+        "sample_mask": torch.ones(num_rows),
+    }
+    if teacher:
+        logits = torch.randn(num_rows, SEQ, VOCAB, generator=gen) * 3
+        values, indices = torch.log_softmax(logits, -1).topk(k, dim=-1)
+        batch["teacher_topk_logprobs"] = values
+        batch["teacher_topk_indices"] = indices.to(torch.int32)
+    return batch
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    """One local Ray instance per test module (workers use this venv as is)."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()

@@ -1,0 +1,59 @@
+"""Independent single-process references: a plain Hugging Face forward/backward in float32."""
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from nemo_opd.losses import DistillationLossFn, build_loss_mask
+
+
+def load_reference(model_dir: str) -> torch.nn.Module:
+    return AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.float32, attn_implementation="eager"
+    )
+
+
+def reference_logits(model, batch: dict) -> torch.Tensor:
+    """[B, S, V] logits of right-padded rows (causal attention; padding comes after)."""
+    return model(input_ids=batch["input_ids"]).logits.float()
+
+
+def reference_logprobs(model, batch: dict, temperature: float = 1.0) -> torch.Tensor:
+    with torch.no_grad():
+        logp = torch.log_softmax(reference_logits(model, batch) / temperature, dim=-1)
+    targets = torch.roll(batch["input_ids"], -1, dims=1)
+    out = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    positions = torch.arange(out.shape[1])
+    return torch.where(positions < batch["input_lengths"].unsqueeze(1) - 1, out, 0.0)
+
+
+def reference_topk(model, batch: dict, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    with torch.no_grad():
+        logp = torch.log_softmax(reference_logits(model, batch), dim=-1)
+    return logp.topk(k, dim=-1)
+
+
+def reference_train(model, batch: dict, loss_fn: DistillationLossFn, cfg, steps_rows: int):
+    """Per-step losses, gradient norms (before clipping) and final parameters of AdamW with
+    clipping and linear warmup, on one process."""
+    opt = cfg.optimizer
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=opt.lr, betas=opt.betas, eps=opt.eps,
+        weight_decay=opt.weight_decay, foreach=False,
+    )  # fmt: skip
+    warmup = cfg.scheduler.warmup_steps
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: (s + 1) / (warmup + 1) if s < warmup else 1.0
+    )
+    losses, norms = [], []
+    size = batch["input_ids"].shape[0]
+    for start in range(0, size, steps_rows):
+        rows = {k: v[start : start + steps_rows] for k, v in batch.items()}
+        count = build_loss_mask(rows["token_mask"], rows["sample_mask"]).sum()
+        optimizer.zero_grad()
+        loss, _ = loss_fn(reference_logits(model, rows), rows, count)
+        loss.backward()
+        norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm).item())
+        optimizer.step()
+        sched.step()
+        losses.append(loss.item())
+    return losses, norms, dict(model.named_parameters())

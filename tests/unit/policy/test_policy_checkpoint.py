@@ -1,0 +1,134 @@
+"""Checkpoints (HF layout, resume), the frozen teacher, offload/onload and failure modes."""
+
+import time
+
+import pytest
+import ray
+import torch
+from conftest import cpu_cluster, make_batch, policy_config
+from references import (
+    load_reference,
+    reference_logits,
+    reference_logprobs,
+    reference_topk,
+    reference_train,
+)
+from transformers import AutoModelForCausalLM
+
+from nemo_opd.distributed.cluster import ClusterResourceError
+from nemo_opd.distributed.worker_group import WorkerError
+from nemo_opd.losses import DistillationLossFn
+from nemo_opd.policy.policy import Policy
+
+K = 5
+
+
+def test_save_loads_in_transformers_and_resume_is_exact(model_dirs, ray_session, tmp_path):
+    cfg = policy_config(model_dirs["tied"], dtensor_cfg__tensor_parallel_size=2)
+    first, second = make_batch(4, k=K, seed=11), make_batch(4, k=K, seed=12)
+    loss_fn = DistillationLossFn(kl_type="reverse", implementation="torch")
+    checkpoint = tmp_path / "step_1"
+
+    policy = Policy(cfg, cpu_cluster(2))
+    try:
+        policy.train(first, loss_fn)
+        saved_logprobs = policy.get_logprobs(second)
+        policy.save(str(checkpoint))
+        policy.save(str(checkpoint))  # overwriting a checkpoint is atomic too
+        policy.offload()
+        policy.onload()
+        torch.testing.assert_close(policy.get_logprobs(second), saved_logprobs, rtol=0, atol=0)
+        continued = policy.train(second, loss_fn)
+    finally:
+        policy.shutdown()
+
+    # The saved weights are a plain Hugging Face checkpoint.
+    hf = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
+    with torch.no_grad():
+        logp = torch.log_softmax(reference_logits(hf, second), -1)
+    targets = torch.roll(second["input_ids"], -1, dims=1)
+    hf_logprobs = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    valid = torch.arange(hf_logprobs.shape[1]) < second["input_lengths"].unsqueeze(1) - 1
+    assert (hf_logprobs - saved_logprobs).abs()[valid].max() < 2e-5
+
+    resumed = Policy(cfg, cpu_cluster(2))
+    try:
+        resumed.load(str(checkpoint))
+        assert resumed.step == 1
+        again = resumed.train(second, loss_fn)
+    finally:
+        resumed.shutdown()
+    for name in ("loss", "grad_norm", "lr"):
+        torch.testing.assert_close(
+            torch.tensor(again[name]), torch.tensor(continued[name]), rtol=1e-6, atol=0
+        )
+    # Scoring between training steps must not disturb training: the step after the save
+    # matches a plain HF backward from the saved weights.
+    _, ref_norms, _ = reference_train(hf, second, loss_fn, cfg, steps_rows=4)
+    torch.testing.assert_close(
+        torch.tensor(continued["grad_norm"]), torch.tensor(ref_norms), rtol=1e-5, atol=0
+    )
+
+
+def test_teacher_topk_equals_hf_topk(model_dirs, ray_session):
+    cfg = policy_config(model_dirs["untied"], dtensor_cfg__tensor_parallel_size=2, optimizer=None)
+    batch = make_batch(5, teacher=False, seed=4)  # 5 rows: not a multiple of dp is fine
+    teacher = Policy(cfg, cpu_cluster(2), optimizer=False, name="teacher")
+    try:
+        values, indices = teacher.get_topk_logits(batch, K)
+    finally:
+        teacher.shutdown()
+    ref_values, ref_indices = reference_topk(load_reference(model_dirs["untied"]), batch, K)
+    valid = torch.arange(values.shape[1]) < batch["input_lengths"].unsqueeze(1)
+    assert values.dtype == torch.float32 and indices.dtype == torch.int32
+    assert (values - ref_values).abs()[valid].max() < 2e-5
+    assert torch.equal(indices.long()[valid], ref_indices[valid])
+
+
+def test_too_many_workers_fails_at_setup(model_dirs, ray_session):
+    cfg = policy_config(model_dirs["tied"])
+    with pytest.raises(ClusterResourceError, match=r"4 workers need 4 CPU.*cluster has 2"):
+        Policy(cfg, cpu_cluster(4))
+    # Nothing was reserved: the check runs before any placement group or actor exists (the
+    # previous test's placement group may still be being released, hence the wait).
+    deadline = time.monotonic() + 20
+    while ray.available_resources().get("CPU") != 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ray.available_resources().get("CPU") == 2
+
+
+@pytest.mark.parametrize("tp,cp", [(2, 2), (3, 1)])
+def test_parallel_sizes_must_divide_world(model_dirs, ray_session, tp, cp):
+    cfg = policy_config(
+        model_dirs["tied"],
+        dtensor_cfg__tensor_parallel_size=tp,
+        dtensor_cfg__context_parallel_size=cp,
+    )
+    with pytest.raises(ValueError, match=r"tensor_parallel_size .* must divide the 2 workers"):
+        Policy(cfg, cpu_cluster(2))
+
+
+def test_dead_worker_is_named(model_dirs, ray_session):
+    policy = Policy(policy_config(model_dirs["tied"]), cpu_cluster(2))
+    try:
+        ray.kill(policy.workers.actors[1])
+        with pytest.raises(WorkerError, match="worker rank 1 died"):
+            policy.get_logprobs(make_batch(2, teacher=False))
+    finally:
+        policy.shutdown()
+
+
+def test_bfloat16_compute_stays_close_to_fp32(model_dirs, ray_session):
+    cfg = policy_config(model_dirs["untied"], precision="bfloat16")
+    batch = make_batch(4, k=K, seed=21)
+    policy = Policy(cfg, cpu_cluster(1), name="bf16")
+    try:
+        logprobs = policy.get_logprobs(batch)
+        metrics = policy.train(batch, DistillationLossFn(implementation="torch"))
+        weights = policy.full_weights()
+    finally:
+        policy.shutdown()
+    ref = reference_logprobs(load_reference(model_dirs["untied"]), batch)
+    assert (logprobs - ref).abs().max() < 0.1  # bf16 activations on ~10-nat log-probs
+    assert torch.isfinite(torch.tensor(metrics["loss"])).all()
+    assert weights["lm_head.weight"].dtype == torch.bfloat16

@@ -1,0 +1,126 @@
+"""Every parallel layout on 2 CPU workers (gloo) matches a single-process HF reference.
+
+Each layout checks, on one Policy: get_logprobs, get_topk_logits (values; ids up to swaps of
+near-ties), the per-step training loss of two optimizer steps, and the parameters after them.
+"""
+
+import pytest
+import torch
+from conftest import cpu_cluster, make_batch, policy_config
+from references import load_reference, reference_logprobs, reference_topk, reference_train
+
+from nemo_opd.losses import DistillationLossFn
+from nemo_opd.policy.policy import Policy
+
+K = 4
+LOGPROB_ATOL = 2e-5
+LOSS_RTOL = 1e-4
+# AdamW normalizes each update to about lr (1e-3) per element, so tiny gradient differences
+# can move an element by a fraction of lr; a wrong update direction would move it by ~lr.
+PARAM_ATOL = 1e-4
+
+LAYOUTS = {
+    "world1": ("tied", 1, {}),
+    "tp2": ("tied", 2, {"dtensor_cfg__tensor_parallel_size": 2}),
+    "tp2_untied_ac": (
+        "untied",
+        2,
+        {"dtensor_cfg__tensor_parallel_size": 2, "dtensor_cfg__activation_checkpointing": True},
+    ),
+    "dp2": ("untied", 2, {}),
+    "dp2_dynamic": (
+        "tied",
+        2,
+        {
+            "dynamic_batching__enabled": True,
+            "dynamic_batching__train_mb_tokens": 48,
+            "dynamic_batching__logprob_mb_tokens": 48,
+            "dynamic_batching__sequence_length_round": 8,
+        },
+    ),
+    "cp2": ("tied", 2, {"dtensor_cfg__context_parallel_size": 2}),
+    "packed_dp2": (
+        "untied",
+        2,
+        {
+            "sequence_packing__enabled": True,
+            "sequence_packing__train_mb_tokens": 48,
+            "sequence_packing__logprob_mb_tokens": 48,
+            "sequence_packing__sequence_length_round": 4,
+        },
+    ),
+    "packed_cp2": (
+        "tied",
+        2,
+        {
+            "dtensor_cfg__context_parallel_size": 2,
+            "sequence_packing__enabled": True,
+            "sequence_packing__train_mb_tokens": 64,
+            "sequence_packing__logprob_mb_tokens": 64,
+            "sequence_packing__sequence_length_round": 1,
+        },
+    ),
+}
+
+
+def assert_topk_close(values, indices, ref_values, ref_indices, lengths, atol):
+    """Values equal within atol; ids equal except where neighbouring values nearly tie."""
+    valid = torch.arange(values.shape[1]) < lengths.unsqueeze(1)
+    diff = (values - ref_values).abs()[valid]
+    assert diff.max() < atol, f"top-k values differ by {diff.max():.3g}"
+    same = indices.long() == ref_indices
+    gaps = torch.zeros_like(ref_values, dtype=torch.bool)
+    near = (ref_values[..., 1:] - ref_values[..., :-1]).abs() < 1e-4
+    gaps[..., 1:] |= near
+    gaps[..., :-1] |= near
+    bad = (~same & ~gaps)[valid]
+    assert not bad.any(), f"{int(bad.sum())} top-k ids differ without a near-tie"
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_layout_matches_reference(layout, model_dirs, ray_session):
+    kind, workers, overrides = LAYOUTS[layout]
+    cfg = policy_config(model_dirs[kind], **overrides)
+    batch = make_batch(8, k=K, seed=3)
+    batch["sample_mask"][5] = 0.0
+    loss_fn = DistillationLossFn(kl_type="mixed", implementation="torch")
+    policy = Policy(cfg, cpu_cluster(workers), name=layout)
+    try:
+        logprobs = policy.get_logprobs(batch)
+        values, indices = policy.get_topk_logits(batch, K)
+        metrics = policy.train(batch, loss_fn)
+        weights = policy.full_weights()
+    finally:
+        policy.shutdown()
+
+    reference = load_reference(model_dirs[kind])
+    ref_logprobs = reference_logprobs(reference, batch)
+    ref_values, ref_indices = reference_topk(reference, batch, K)
+    logprob_err = (logprobs - ref_logprobs).abs().max()
+    assert logprob_err < LOGPROB_ATOL, f"{layout}: logprobs differ by {logprob_err:.3g}"
+    lengths = batch["input_lengths"]
+    assert_topk_close(values, indices, ref_values, ref_indices, lengths, LOGPROB_ATOL)
+
+    ref_losses, ref_norms, ref_params = reference_train(
+        reference, batch, loss_fn, cfg, cfg.train_global_batch_size
+    )
+    assert len(metrics["loss"]) == 2
+    close = {"rtol": LOSS_RTOL, "atol": 0.0}
+    torch.testing.assert_close(torch.tensor(metrics["loss"]), torch.tensor(ref_losses), **close)
+    # The gradient norm is scale-sensitive (AdamW's update is not): it catches a gradient that
+    # is averaged instead of summed over ranks, or counted twice.
+    torch.testing.assert_close(torch.tensor(metrics["grad_norm"]), torch.tensor(ref_norms), **close)
+    worst = 0.0
+    for name, ref in ref_params.items():
+        err = (weights[name] - ref.detach()).abs().max()
+        assert err < PARAM_ATOL, f"{layout}: {name} differs by {err:.3g} after 2 steps"
+        worst = max(worst, float(err))
+    loss_err = max(abs(a / b - 1) for a, b in zip(metrics["loss"], ref_losses, strict=True))
+    print(
+        f"\n{layout}: logprob err {float(logprob_err):.2g}, loss rel err {loss_err:.2g}, "
+        f"param err {worst:.2g}"
+    )
+    ref_head = ref_params.get("lm_head.weight", ref_params["model.embed_tokens.weight"])
+    torch.testing.assert_close(
+        weights["lm_head.weight"], ref_head.detach(), atol=PARAM_ATOL, rtol=0
+    )
