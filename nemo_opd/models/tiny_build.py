@@ -1,0 +1,153 @@
+"""Build the tiny assets of one recipe into a directory: data, tokenizer, teacher, student.
+
+Layout written under ``out_dir``::
+
+    data/train.jsonl, data/validation.jsonl
+    tokenizer/            PreTrainedTokenizerFast with the chat template
+    teacher/, student/    save_pretrained models (safetensors, generation_config.json) plus a
+                          copy of the tokenizer, so each loads alone (transformers or vLLM)
+    manifest.json         written last: recipe, accuracies, timings, versions
+
+The caller (``tiny_assets``) makes the directory appear atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict
+from datetime import UTC, datetime
+from pathlib import Path
+
+import tokenizers
+import torch
+import transformers
+from transformers import PreTrainedTokenizerBase
+
+import nemo_opd
+from nemo_opd.data.tiny_math import build_tiny_math_splits, save_jsonl
+from nemo_opd.models.tiny_eval import heldout_accuracy
+from nemo_opd.models.tiny_model import build_tiny_model, count_parameters
+from nemo_opd.models.tiny_recipe import ModelRecipe, TinyRecipe, TrainRecipe, recipe_key
+from nemo_opd.models.tiny_sft import SFTExample, encode_sft_examples, train_sft
+from nemo_opd.models.tiny_tokenizer import build_tiny_tokenizer
+
+MANIFEST = "manifest.json"
+ROLES = ("teacher", "student")
+
+
+@contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Run with exactly ``n`` intra-op threads, then restore the previous count."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def build_model_role(
+    role: str,
+    recipe: TinyRecipe,
+    tokenizer: PreTrainedTokenizerBase,
+    examples: list[SFTExample],
+    validation: list[dict],
+    out_dir: Path,
+    log: Callable[[str], None],
+) -> dict:
+    """Initialize, train, evaluate and save the ``role`` model ("teacher" or "student") into
+    ``out_dir / role``; returns its manifest entry."""
+    model_recipe: ModelRecipe = getattr(recipe, role)
+    train_recipe: TrainRecipe = getattr(recipe, f"{role}_train")
+    model = build_tiny_model(model_recipe, tokenizer, seed=train_recipe.seed)
+    n_params = count_parameters(model)
+    log(f"{role}: {n_params:,} parameters, {train_recipe.steps} steps of {train_recipe.batch_size}")
+    result = train_sft(model, examples, train_recipe, tokenizer.pad_token_id, log, name=role)
+    start = time.perf_counter()
+    accuracy = heldout_accuracy(
+        model, tokenizer, validation, recipe.eval_batch_size, recipe.eval_max_new_tokens
+    )
+    eval_seconds = time.perf_counter() - start
+    log(f"{role}: held-out accuracy {accuracy:.1%} ({eval_seconds:.1f}s)")
+    model.save_pretrained(out_dir / role)
+    tokenizer.save_pretrained(out_dir / role)
+    return {
+        "parameters": n_params,
+        "heldout_accuracy": accuracy,
+        "final_train_loss": result.final_loss,
+        "train_seconds": round(result.seconds, 2),
+        "eval_seconds": round(eval_seconds, 2),
+        "trained_tokens": result.trained_tokens,
+    }
+
+
+def versions() -> dict[str, str]:
+    """Versions that decide the bytes of a build."""
+    return {
+        "nemo_opd": nemo_opd.__version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "tokenizers": tokenizers.__version__,
+    }
+
+
+def build_tiny_assets(
+    recipe: TinyRecipe, out_dir: Path, log: Callable[[str], None] = print
+) -> dict:
+    """Build everything into ``out_dir`` (which must exist) and return the manifest."""
+    start = time.perf_counter()
+    timings: dict[str, float] = {}
+    with torch_threads(recipe.torch_threads):
+        # 1. data: both splits, as jsonl
+        splits = build_tiny_math_splits(recipe.task)
+        (out_dir / "data").mkdir()
+        for split, records in splits.items():
+            save_jsonl(records, out_dir / "data" / f"{split}.jsonl")
+        timings["data"] = time.perf_counter() - start
+        log(f"data: {len(splits['train']):,} train, {len(splits['validation']):,} held-out")
+
+        # 2. tokenizer, trained on the first train records
+        phase = time.perf_counter()
+        tok = recipe.tokenizer
+        tokenizer = build_tiny_tokenizer(
+            splits["train"][: tok.num_train_records],
+            tok.vocab_size,
+            tok.min_frequency,
+            tok.model_max_length,
+        )
+        tokenizer.save_pretrained(out_dir / "tokenizer")
+        examples = encode_sft_examples(splits["train"], tokenizer)
+        timings["tokenizer"] = time.perf_counter() - phase
+        log(f"tokenizer: {len(tokenizer)} tokens")
+
+        # 3. teacher and student, each trained, evaluated and saved
+        models = {}
+        for role in ROLES:
+            phase = time.perf_counter()
+            models[role] = build_model_role(
+                role, recipe, tokenizer, examples, splits["validation"], out_dir, log
+            )
+            timings[role] = time.perf_counter() - phase
+    timings["total"] = time.perf_counter() - start
+
+    # 4. manifest, last: its presence marks a complete build
+    manifest = {
+        "key": recipe_key(recipe),
+        "build_id": uuid.uuid4().hex,
+        "built_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "recipe": asdict(recipe),
+        "vocab_size": len(tokenizer),
+        "models": models,
+        "timings_seconds": {name: round(t, 2) for name, t in timings.items()},
+        "versions": versions(),
+        "machine": {"platform": sys.platform, "arch": platform.machine()},
+    }
+    (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest

@@ -1,0 +1,115 @@
+"""The recipe of the tiny assets: everything that decides what gets built, hashed to a cache key.
+
+Change any field (or bump ``FORMAT_VERSION`` when the build code changes what it writes) and the
+assets are rebuilt under a new key; old builds stay where they are.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field, replace
+
+from nemo_opd.data.tiny_math import TinyMathConfig
+
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class TokenizerRecipe:
+    """BPE training: at most ``vocab_size`` tokens, merges seen at least ``min_frequency`` times,
+    trained on the first ``num_train_records`` train records."""
+
+    vocab_size: int = 512
+    min_frequency: int = 2
+    num_train_records: int = 20_000
+    model_max_length: int = 256
+
+
+@dataclass(frozen=True)
+class ModelRecipe:
+    """Qwen3 dimensions. Embeddings are tied; the vocab size comes from the tokenizer."""
+
+    hidden_size: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int = 4
+    head_dim: int = 32
+    intermediate_size: int = 512
+    max_position_embeddings: int = 256
+    rope_theta: float = 10_000.0
+
+
+@dataclass(frozen=True)
+class TrainRecipe:
+    """Supervised fine-tuning on the chat-formatted train split, loss on assistant tokens only.
+
+    AdamW with linear warmup then cosine decay to ``min_lr_ratio * lr``; a fixed number of
+    steps and a fixed seed (model init and data order).
+    """
+
+    steps: int = 1000
+    batch_size: int = 128
+    lr: float = 3e-3
+    warmup_steps: int = 50
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.0
+    adam_betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float = 1.0
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class TinyRecipe:
+    """Task, tokenizer, teacher and student; ``torch_threads`` is part of the recipe because the
+    thread count changes floating-point reduction order, hence the trained weights."""
+
+    task: TinyMathConfig = field(default_factory=TinyMathConfig)
+    tokenizer: TokenizerRecipe = field(default_factory=TokenizerRecipe)
+    teacher: ModelRecipe = field(default_factory=ModelRecipe)
+    teacher_train: TrainRecipe = field(default_factory=TrainRecipe)
+    student: ModelRecipe = field(
+        default_factory=lambda: ModelRecipe(
+            hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=256
+        )
+    )
+    student_train: TrainRecipe = field(default_factory=lambda: TrainRecipe(steps=150, seed=1))
+    eval_batch_size: int = 512
+    eval_max_new_tokens: int = 32
+    torch_threads: int = 2
+    format_version: int = FORMAT_VERSION
+
+
+def recipe_key(recipe: TinyRecipe) -> str:
+    """A short stable hash of every field of the recipe."""
+    canonical = json.dumps(asdict(recipe), sort_keys=True)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:12]
+
+
+def default_recipe() -> TinyRecipe:
+    """The recipe behind ``tiny:teacher``, ``tiny:student`` and ``tiny:tokenizer``."""
+    return TinyRecipe()
+
+
+def micro_recipe() -> TinyRecipe:
+    """A seconds-long build for tests: few problems, tiny models, a handful of steps."""
+    small = ModelRecipe(
+        hidden_size=32,
+        num_layers=1,
+        num_heads=1,
+        num_kv_heads=1,
+        head_dim=32,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
+    steps = TrainRecipe(steps=4, batch_size=16, warmup_steps=1)
+    return TinyRecipe(
+        task=TinyMathConfig(num_train=400, num_validation=40),
+        tokenizer=TokenizerRecipe(vocab_size=320, num_train_records=400, model_max_length=128),
+        teacher=small,
+        teacher_train=steps,
+        student=small,
+        student_train=replace(steps, steps=2, seed=1),
+        eval_batch_size=40,
+        eval_max_new_tokens=8,
+    )
