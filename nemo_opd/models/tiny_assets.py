@@ -27,7 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nemo_opd.models.resolve import TINY_PREFIX
-from nemo_opd.models.tiny_build import MANIFEST, ROLES, build_tiny_assets
+from nemo_opd.models.tiny_build import (
+    MANIFEST,
+    ROLES,
+    build_tiny_assets,
+    quiet_progress_bars,
+    torch_threads,
+)
 from nemo_opd.models.tiny_recipe import TinyRecipe, default_recipe, micro_recipe, recipe_key
 
 __all__ = ["TINY_PREFIX", "TinyAssets", "cache_root", "ensure_tiny_assets"]
@@ -113,6 +119,7 @@ def remove_leftovers(final: Path) -> None:
 
 def install(build_dir: Path, final: Path) -> None:
     """Move a finished build into place, replacing an older build if there is one."""
+    os.chmod(build_dir, 0o755)  # mkdtemp creates it owner-only; a cache entry is readable
     if final.exists():
         retired = final.parent / f".{final.name}.retired-{uuid.uuid4().hex[:8]}"
         os.replace(final, retired)
@@ -210,13 +217,7 @@ def main(argv: list[str] | None = None) -> None:
     assets = ensure_tiny_assets(recipe, rebuild=args.rebuild)
     measured = {}
     if args.eval:
-        from transformers.utils.logging import disable_progress_bar
-
-        from nemo_opd.models.tiny_build import torch_threads
-
-        disable_progress_bar()
-
-        with torch_threads(recipe.torch_threads):
+        with torch_threads(recipe.torch_threads), quiet_progress_bars():
             for role in ROLES:
                 measured[role] = evaluate_from_disk(
                     assets, role, recipe.eval_batch_size, recipe.eval_max_new_tokens

@@ -14,6 +14,7 @@ The caller (``tiny_assets``) makes the directory appear atomically.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import sys
 import time
@@ -28,6 +29,7 @@ import tokenizers
 import torch
 import transformers
 from transformers import PreTrainedTokenizerBase
+from transformers.utils import logging as hf_logging
 
 import nemo_opd
 from nemo_opd.data.tiny_math import build_tiny_math_splits, save_jsonl
@@ -39,6 +41,18 @@ from nemo_opd.models.tiny_tokenizer import build_tiny_tokenizer
 
 MANIFEST = "manifest.json"
 ROLES = ("teacher", "student")
+
+
+@contextmanager
+def quiet_progress_bars() -> Iterator[None]:
+    """Hide transformers' progress bars (e.g. "Writing model shards"); the build logs its own."""
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
 
 
 @contextmanager
@@ -104,7 +118,7 @@ def build_tiny_assets(
     """Build everything into ``out_dir`` (which must exist) and return the manifest."""
     start = time.perf_counter()
     timings: dict[str, float] = {}
-    with torch_threads(recipe.torch_threads):
+    with torch_threads(recipe.torch_threads), quiet_progress_bars():
         # 1. data: both splits, as jsonl
         splits = build_tiny_math_splits(recipe.task)
         (out_dir / "data").mkdir()
@@ -113,7 +127,8 @@ def build_tiny_assets(
         timings["data"] = time.perf_counter() - start
         log(f"data: {len(splits['train']):,} train, {len(splits['validation']):,} held-out")
 
-        # 2. tokenizer, trained on the first train records
+        # 2. tokenizer, trained on the first train records; then the train split is encoded
+        #    once for both models
         phase = time.perf_counter()
         tok = recipe.tokenizer
         tokenizer = build_tiny_tokenizer(
@@ -147,7 +162,7 @@ def build_tiny_assets(
         "models": models,
         "timings_seconds": {name: round(t, 2) for name, t in timings.items()},
         "versions": versions(),
-        "machine": {"platform": sys.platform, "arch": platform.machine()},
+        "machine": {"platform": sys.platform, "arch": platform.machine(), "cpus": os.cpu_count()},
     }
     (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest

@@ -28,14 +28,15 @@ class TokenizerRecipe:
 
 @dataclass(frozen=True)
 class ModelRecipe:
-    """Qwen3 dimensions. Embeddings are tied; the vocab size comes from the tokenizer."""
+    """Qwen3 dimensions (the defaults are the teacher's). Embeddings are tied; the vocab size
+    comes from the tokenizer."""
 
-    hidden_size: int = 128
-    num_layers: int = 4
-    num_heads: int = 4
-    num_kv_heads: int = 4
+    hidden_size: int = 64
+    num_layers: int = 3
+    num_heads: int = 2
+    num_kv_heads: int = 2
     head_dim: int = 32
-    intermediate_size: int = 512
+    intermediate_size: int = 256
     max_position_embeddings: int = 256
     rope_theta: float = 10_000.0
 
@@ -48,12 +49,12 @@ class TrainRecipe:
     steps and a fixed seed (model init and data order).
     """
 
-    steps: int = 1000
-    batch_size: int = 128
+    steps: int = 8500
+    batch_size: int = 32
     lr: float = 3e-3
-    warmup_steps: int = 50
+    warmup_steps: int = 100
     min_lr_ratio: float = 0.1
-    weight_decay: float = 0.0
+    weight_decay: float = 0.1
     adam_betas: tuple[float, float] = (0.9, 0.95)
     grad_clip: float = 1.0
     seed: int = 0
@@ -61,19 +62,16 @@ class TrainRecipe:
 
 @dataclass(frozen=True)
 class TinyRecipe:
-    """Task, tokenizer, teacher and student; ``torch_threads`` is part of the recipe because the
-    thread count changes floating-point reduction order, hence the trained weights."""
+    """Task, tokenizer, teacher and student. ``torch_threads`` is part of the recipe because the
+    thread count may change floating-point reduction order, hence the trained weights. The
+    student has the teacher's width and two layers instead of three."""
 
     task: TinyMathConfig = field(default_factory=TinyMathConfig)
     tokenizer: TokenizerRecipe = field(default_factory=TokenizerRecipe)
     teacher: ModelRecipe = field(default_factory=ModelRecipe)
     teacher_train: TrainRecipe = field(default_factory=TrainRecipe)
-    student: ModelRecipe = field(
-        default_factory=lambda: ModelRecipe(
-            hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=256
-        )
-    )
-    student_train: TrainRecipe = field(default_factory=lambda: TrainRecipe(steps=150, seed=1))
+    student: ModelRecipe = field(default_factory=lambda: ModelRecipe(num_layers=2))
+    student_train: TrainRecipe = field(default_factory=lambda: TrainRecipe(steps=2500, seed=1))
     eval_batch_size: int = 512
     eval_max_new_tokens: int = 32
     torch_threads: int = 2
