@@ -23,6 +23,10 @@ class DataConfig(Section):
     val_path: str | None = None
     """A local .jsonl or .parquet file of validation prompts."""
 
+    val_split: str | None = None
+    """Split of the validation dataset (a hub dataset with several splits); null tries
+    "validation", then "test"."""
+
     prompt_key: str = Field("problem", min_length=1)
     """Column holding the prompt text."""
 
@@ -52,6 +56,18 @@ class MathEnvConfig(Section):
 
     timeout_s: float = Field(10.0, gt=0)
     """Seconds allowed to verify one answer before it counts as wrong."""
+
+    max_answer_chars: int = Field(1000, gt=0)
+    """Extracted answers longer than this count as wrong without being parsed."""
+
+    retry_on_wrong: bool = False
+    """After a wrong answer, ask the model to try again (a new user turn) until
+    distillation.max_rollout_turns is reached."""
+
+    retry_message: str = Field(
+        "That answer is not correct. Check the work and try again.", min_length=1
+    )
+    """The user message sent after a wrong answer when retry_on_wrong is set."""
 
 
 class EnvConfig(Section):

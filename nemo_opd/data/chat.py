@@ -1,0 +1,116 @@
+"""Chat rendering: prompts become message logs whose every message carries its token ids.
+
+A message log is a list of dicts {"role", "content", "token_ids": list[int]}; concatenating the
+token_ids of all messages gives exactly the sequence the model sees, rendered by the tokenizer's
+chat template. Assistant messages keep the ids the generation engine produced (never
+re-tokenized), so the trained tokens are exactly the sampled ones.
+
+New messages are tokenized as the text the template adds after the existing conversation
+(render(history + new) minus render(history)); when the generated turn ended the template
+expects the end-of-turn text (e.g. "<|im_end|>\\n") that the model wrote only partly, so the
+rest is prepended to the new message.
+"""
+
+from pathlib import Path
+
+from transformers import PreTrainedTokenizerBase
+
+from nemo_opd.errors import SetupError
+
+Message = dict
+
+
+class ChatFormatter:
+    """Turns dataset records into tokenized message logs with the tokenizer's chat template.
+
+    Args:
+        tokenizer: a tokenizer with a chat template.
+        prompt_template: the user message, with "{}" replaced by the record's prompt; None uses
+            the prompt as is.
+        system_prompt: a system message placed first; None for no system message.
+    """
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        prompt_template: str | None = None,
+        system_prompt: str | None = None,
+    ) -> None:
+        if tokenizer.chat_template is None:
+            raise SetupError(
+                "the tokenizer has no chat template: set policy.tokenizer.chat_template to a "
+                "Jinja template (file path or text)"
+            )
+        if prompt_template is not None and "{}" not in prompt_template:
+            raise SetupError('data.prompt_file: the template must contain "{}" for the prompt')
+        self.tokenizer = tokenizer
+        self.prompt_template = prompt_template
+        self.system_prompt = system_prompt
+
+    def prompt_log(self, prompt: str) -> list[Message]:
+        """The opening messages (system?, user) with the assistant header appended to the last
+        message's tokens, ready for generation."""
+        text = self.prompt_template.format(prompt) if self.prompt_template else prompt
+        messages = [{"role": "user", "content": text}]
+        if self.system_prompt is not None:
+            messages.insert(0, {"role": "system", "content": self.system_prompt})
+        return self.extend([], messages)
+
+    def extend(self, log: list[Message], new: list[Message]) -> list[Message]:
+        """`log` followed by `new` (non-assistant messages), the last one ending with the
+        assistant header. Returns a new list; `log` is not modified."""
+        history = [_plain(m) for m in log]
+        pieces = self._new_texts(history, [_plain(m) for m in new])
+        if log and log[-1]["role"] == "assistant":
+            pieces[0] = self._turn_closing(log[-1]) + pieces[0]
+        tokenized = [dict(m, token_ids=self._encode(t)) for m, t in zip(new, pieces, strict=True)]
+        return list(log) + tokenized
+
+    def _new_texts(self, history: list[Message], new: list[Message]) -> list[str]:
+        """The text the template adds for each new message (the last with the assistant
+        header)."""
+        texts, rendered = [], self._render(history, False) if history else ""
+        for index in range(len(new)):
+            last = index == len(new) - 1
+            full = self._render(history + new[: index + 1], last)
+            if not full.startswith(rendered):
+                # Templates that rewrite earlier turns: render the new message on its own.
+                full, rendered = rendered + self._render(new[index : index + 1], last), rendered
+            texts.append(full[len(rendered) :])
+            rendered = full
+        return texts
+
+    def _turn_closing(self, assistant: Message) -> str:
+        """Template text after the generated ids of an assistant turn: what the template writes
+        after the content ("<|im_end|>\\n"), minus the part the model already generated."""
+        rendered = self._render([{"role": "user", "content": ""}, _plain(assistant)], False)
+        content = assistant["content"]
+        tail = rendered[rendered.rfind(content) + len(content) :] if content else rendered
+        generated = self.tokenizer.decode(assistant["token_ids"][-4:], skip_special_tokens=False)
+        for cut in range(len(tail), 0, -1):
+            if generated.endswith(tail[:cut]):
+                return tail[cut:]
+        return tail
+
+    def _render(self, messages: list[Message], add_generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def _plain(message: Message) -> Message:
+    """Only role and content: what the chat template reads."""
+    return {"role": message["role"], "content": message["content"]}
+
+
+def read_text_file(path: str | None, key: str) -> str | None:
+    """The contents of a prompt file, or None when no path is configured."""
+    if path is None:
+        return None
+    file = Path(path)
+    if not file.is_file():
+        raise SetupError(f"{key}: file not found: {file.resolve()}")
+    return file.read_text(encoding="utf-8").strip("\n")

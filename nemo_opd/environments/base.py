@@ -1,0 +1,37 @@
+"""The environment interface: grade a batch of conversations, say which are done, and
+optionally reply with a new user message (for example a request to try again)."""
+
+from dataclasses import dataclass
+from typing import Protocol
+
+Message = dict  # {"role": "system" | "user" | "assistant", "content": str, ...}
+
+
+@dataclass
+class EnvironmentStep:
+    """One environment step over a batch, one entry per conversation.
+
+    rewards[i]: reward of the latest assistant turn of conversation i.
+    done[i]: the episode is over (no further turn is wanted).
+    next_messages[i]: a message to append before the next assistant turn (role "user"), or None.
+    metadata[i]: the conversation's metadata after the step (passed back on the next step).
+    """
+
+    rewards: list[float]
+    done: list[bool]
+    next_messages: list[Message | None]
+    metadata: list[dict]
+
+
+class Environment(Protocol):
+    """Grades conversations. Model output is untrusted input."""
+
+    def step(self, message_logs: list[list[Message]], metadata: list[dict]) -> EnvironmentStep:
+        """Grade the last assistant message of every conversation. metadata[i] carries what the
+        environment needs (for math: {"answer": reference answer}) and whatever it stored on
+        earlier steps of the same episode."""
+        ...
+
+    def shutdown(self) -> None:
+        """Stop the environment's workers."""
+        ...

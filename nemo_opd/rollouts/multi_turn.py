@@ -1,0 +1,186 @@
+"""Multi-turn rollouts: generate, let the environment grade and reply, repeat.
+
+Each turn, every still-active conversation is continued by the generation engine with a budget
+that keeps it within max_seq_len; the environment then grades the new assistant message, says
+whether the episode is done, and may answer with a new user message (for example "try again"),
+which is tokenized with the chat template and appended. A conversation stops when the
+environment is done, when max_rollout_turns assistant turns were made, when a turn ended without
+a natural stop (max_new_tokens reached), or when the sequence reached max_seq_len, in which case
+it is marked truncated.
+"""
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch
+
+from nemo_opd.data.chat import ChatFormatter
+from nemo_opd.data.message_log import log_length
+from nemo_opd.environments.base import Environment
+from nemo_opd.generation.interface import GenerationInterface
+
+Message = dict
+DEFAULT_TASK = "math"
+
+
+@dataclass
+class RolloutResult:
+    """The finished conversations.
+
+    message_logs[i]: the conversation of sample i; assistant messages carry "token_ids" and
+        "generation_logprobs" (one per token).
+    rewards: [B] float32, the environment's reward for each sample's last assistant turn.
+    truncated: [B] bool, the sequence hit max_seq_len.
+    metadata[i]: the environment's metadata after the last step.
+    metrics: rollout statistics (see rollout_metrics).
+    """
+
+    message_logs: list[list[Message]]
+    rewards: torch.Tensor
+    truncated: torch.Tensor
+    metadata: list[dict]
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class _State:
+    """Per-sample bookkeeping while the rollout runs."""
+
+    turns: int = 0
+    generated: int = 0
+    active: bool = True
+    truncated: bool = False
+    natural_stop: bool = False
+    reward: float = 0.0
+
+
+def run_multi_turn_rollout(
+    generation: GenerationInterface,
+    message_logs: list[list[Message]],
+    metadata: list[dict],
+    formatter: ChatFormatter,
+    task_to_env: dict[str, Environment],
+    max_seq_len: int,
+    max_rollout_turns: int,
+    max_new_tokens: int,
+    *,
+    greedy: bool = False,
+    seed: int | None = None,
+) -> RolloutResult:
+    """Run every conversation to its end (see the module docstring).
+
+    Args:
+        generation: the engine holding the student's current weights.
+        message_logs: B tokenized prompt logs (ChatFormatter.prompt_log), ending with the
+            assistant header.
+        metadata: B dicts for the environment; "task" picks the environment (default "math").
+        formatter: tokenizes environment replies.
+        task_to_env: environments by task name.
+        max_seq_len: most tokens in a conversation.
+        max_rollout_turns: most assistant turns per conversation.
+        max_new_tokens: most tokens per assistant turn.
+        greedy: decode greedily (validation).
+        seed: sampling seed for this call.
+    """
+    logs = [list(log) for log in message_logs]
+    metadata = [dict(m) for m in metadata]
+    states = [_State() for _ in logs]
+    for turn in range(max_rollout_turns):
+        active = [i for i, s in enumerate(states) if s.active]
+        active = _stop_full(active, logs, states, max_seq_len)
+        if not active:
+            break
+        turn_seed = None if seed is None else seed + turn
+        budget = (max_new_tokens, max_seq_len)
+        _generate_turn(generation, formatter, logs, states, active, budget, greedy, turn_seed)
+        steps = _grade(task_to_env, logs, metadata, active)
+        last_turn = turn == max_rollout_turns - 1
+        for i, (reward, done, reply, meta) in steps.items():
+            state = states[i]
+            state.reward, metadata[i] = reward, meta
+            if done or last_turn or reply is None or not state.natural_stop:
+                state.active = False
+                continue
+            logs[i] = formatter.extend(logs[i], [reply])
+    return RolloutResult(
+        message_logs=logs,
+        rewards=torch.tensor([s.reward for s in states], dtype=torch.float32),
+        truncated=torch.tensor([s.truncated for s in states]),
+        metadata=metadata,
+        metrics=rollout_metrics(states),
+    )
+
+
+def _stop_full(active: list[int], logs: list, states: list[_State], max_seq_len: int) -> list:
+    """Deactivate (and mark truncated) conversations with no room for another token."""
+    keep = []
+    for i in active:
+        if log_length(logs[i]) >= max_seq_len:
+            states[i].active, states[i].truncated = False, True
+        else:
+            keep.append(i)
+    return keep
+
+
+def _generate_turn(
+    generation: GenerationInterface,
+    formatter: ChatFormatter,
+    logs: list,
+    states: list[_State],
+    active: list[int],
+    budget: tuple[int, int],
+    greedy: bool,
+    seed: int | None,
+) -> None:
+    """One assistant message for each active conversation, appended to its log; budget is
+    (max_new_tokens, max_seq_len)."""
+    max_new_tokens, max_seq_len = budget
+    prompts = [[t for m in logs[i] for t in m["token_ids"]] for i in active]
+    budgets = [min(max_new_tokens, max_seq_len - len(p)) for p in prompts]
+    output = generation.generate(prompts, max_new_tokens=budgets, greedy=greedy, seed=seed)
+    for j, i in enumerate(active):
+        ids, logprobs = output.token_ids[j], output.logprobs[j]
+        state = states[i]
+        state.turns += 1
+        state.generated += len(ids)
+        state.natural_stop = output.finish_reasons[j] == "stop"
+        if not state.natural_stop and len(prompts[j]) + len(ids) >= max_seq_len:
+            state.truncated = True
+        logs[i].append(
+            {
+                "role": "assistant",
+                "content": formatter.tokenizer.decode(ids, skip_special_tokens=True),
+                "token_ids": list(ids),
+                "generation_logprobs": list(logprobs),
+            }
+        )
+
+
+def _grade(task_to_env: dict, logs: list, metadata: list, active: list[int]) -> dict:
+    """{sample: (reward, done, reply, metadata)} from each sample's environment, one batched
+    call per task."""
+    by_task = defaultdict(list)
+    for i in active:
+        by_task[metadata[i].get("task", DEFAULT_TASK)].append(i)
+    results = {}
+    for task, rows in by_task.items():
+        if task not in task_to_env:
+            raise KeyError(f"no environment for task {task!r}; have {sorted(task_to_env)}")
+        step = task_to_env[task].step([logs[i] for i in rows], [metadata[i] for i in rows])
+        for j, i in enumerate(rows):
+            results[i] = (step.rewards[j], step.done[j], step.next_messages[j], step.metadata[j])
+    return results
+
+
+def rollout_metrics(states: list[_State]) -> dict[str, float]:
+    """Means over samples: generated tokens (and the max), turns, natural termination (the last
+    turn ended on a stop), truncation, and reward."""
+    count = max(1, len(states))
+    return {
+        "mean_generated_tokens": sum(s.generated for s in states) / count,
+        "max_generated_tokens": float(max((s.generated for s in states), default=0)),
+        "mean_turns": sum(s.turns for s in states) / count,
+        "natural_termination_rate": sum(s.natural_stop for s in states) / count,
+        "truncation_rate": sum(s.truncated for s in states) / count,
+        "env_reward": sum(s.reward for s in states) / count,
+    }

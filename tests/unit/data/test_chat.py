@@ -1,0 +1,59 @@
+import pytest
+
+from nemo_opd.data.chat import ChatFormatter, read_text_file
+from nemo_opd.errors import SetupError
+
+
+def _ids(log):
+    return [t for m in log for t in m["token_ids"]]
+
+
+def _assistant(tokenizer, text):
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return {
+        "role": "assistant",
+        "content": tokenizer.decode(ids, skip_special_tokens=True),
+        "token_ids": ids,
+    }
+
+
+def _template_ids(tokenizer, log, add_generation_prompt=True):
+    messages = [{"role": m["role"], "content": m["content"]} for m in log]
+    text = tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def test_prompt_log_equals_chat_template(chat_tokenizer):
+    formatter = ChatFormatter(chat_tokenizer, "Solve: {}", system_prompt="Be brief.")
+    log = formatter.prompt_log("What is 2 + 3?")
+    assert [m["role"] for m in log] == ["system", "user"]
+    assert log[1]["content"] == "Solve: What is 2 + 3?"
+    assert _ids(log) == _template_ids(chat_tokenizer, log)
+
+
+@pytest.mark.parametrize("ending", ["<|im_end|>", ""])
+def test_extend_after_assistant_equals_chat_template(chat_tokenizer, ending):
+    """With the generated stop token, or without it (a stop string ended the turn), the
+    concatenated ids equal the template's rendering of the whole conversation."""
+    formatter = ChatFormatter(chat_tokenizer)
+    log = formatter.prompt_log("What is 2 + 3?")
+    log.append(_assistant(chat_tokenizer, "2 + 3 = 6. \\boxed{6}" + ending))
+    log = formatter.extend(log, [{"role": "user", "content": "Try again."}])
+    assert [m["role"] for m in log] == ["user", "assistant", "user"]
+    assert _ids(log) == _template_ids(chat_tokenizer, log)
+
+
+def test_prompt_template_needs_placeholder(chat_tokenizer):
+    with pytest.raises(SetupError, match=r'must contain "\{\}"'):
+        ChatFormatter(chat_tokenizer, "no placeholder")
+
+
+def test_read_text_file(tmp_path):
+    path = tmp_path / "prompt.txt"
+    path.write_text("Question: {}\n")
+    assert read_text_file(str(path), "data.prompt_file") == "Question: {}"
+    assert read_text_file(None, "data.prompt_file") is None
+    with pytest.raises(SetupError, match="data.prompt_file: file not found"):
+        read_text_file(str(tmp_path / "missing.txt"), "data.prompt_file")
