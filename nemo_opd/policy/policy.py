@@ -121,6 +121,19 @@ class Policy:
         )
         return results[0]
 
+    def evaluate(self, data: Mapping, loss_fn: Callable) -> dict[str, float]:
+        """The loss function's metrics on `data` (train's fields, any number of rows) without
+        updating the model: e.g. the validation KL between student and teacher."""
+        batch, _ = pad_batch_to_multiple(TensorBatch(data), self.dims.dp)
+        shards = [ray.put(dict(s)) for s in batch.chunk(batch.size // self.dims.dp)]
+        loss_ref = ray.put(loss_fn)
+        results = self.workers.run(
+            lambda actor, rank: actor.evaluate.remote(
+                shards[self.dims.coordinates(rank)["dp"]], loss_ref
+            )
+        )
+        return results[0]
+
     # ---------------------------------------------------------------- state
 
     def save(self, path: str) -> None:

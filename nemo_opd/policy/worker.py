@@ -76,6 +76,9 @@ class PolicyWorker:
     def train(self, data: dict, loss_fn: Callable, global_batch_size: int) -> dict:
         return self.engine.train(TensorBatch(data), loss_fn, global_batch_size)
 
+    def evaluate(self, data: dict, loss_fn: Callable) -> dict:
+        return self.engine.evaluate(TensorBatch(data), loss_fn)
+
     def get_logprobs(self, data: dict, temperature: float) -> torch.Tensor:
         return self.engine.get_logprobs(TensorBatch(data), temperature)
 

@@ -223,6 +223,33 @@ class Engine(ABC):
         return metrics
 
     @torch.no_grad()
+    def evaluate(self, data: TensorBatch, loss_fn: LossFn) -> dict[str, float]:
+        """The loss function's metrics over all of this rank's rows, without a gradient step
+        (e.g. the validation KL). Same inputs as train; any number of rows; normalized by the
+        valid tokens of the whole call across dp ranks."""
+        data = data.to(self.device)
+        data["loss_mask"] = build_loss_mask(data["token_mask"], data.get("sample_mask"))
+        self.set_train_mode(False)
+        valid = data["loss_mask"].sum().reshape(1)
+        dist.all_reduce(valid, group=self.dp_group)
+        fields = ("loss_mask", "teacher_topk_logprobs", "teacher_topk_indices")
+        sums: dict[str, torch.Tensor] = {}
+        for mb in self._scoring_microbatches(data, fields):
+            local = {key: self._cp_shard(mb.fields[key]) for key in fields}
+            _, metrics = loss_fn(
+                self._forward(mb),
+                local,
+                valid[0].clamp(min=1),
+                vocab_start=self.vocab_start,
+                tp_group=self.tp_group,
+            )
+            for name, value in metrics.items():
+                sums[name] = sums.get(name, 0.0) + value.detach().float()
+        metrics = self._reduce_sums(sums)
+        metrics["global_valid_toks"] = float(valid[0])
+        return metrics
+
+    @torch.no_grad()
     def get_logprobs(self, data: TensorBatch, temperature: float = 1.0) -> torch.Tensor:
         """[B, S] fp32: position t holds log p(token t + 1 | tokens <= t) at the temperature;
         0 where t >= input_lengths - 1."""

@@ -7,9 +7,15 @@ near-ties), the per-step training loss of two optimizer steps, and the parameter
 import pytest
 import torch
 from conftest import cpu_cluster, make_batch, policy_config
-from references import load_reference, reference_logprobs, reference_topk, reference_train
+from references import (
+    load_reference,
+    reference_logits,
+    reference_logprobs,
+    reference_topk,
+    reference_train,
+)
 
-from nemo_opd.losses import DistillationLossFn
+from nemo_opd.losses import DistillationLossFn, build_loss_mask
 from nemo_opd.policy.policy import Policy
 
 K = 4
@@ -88,6 +94,7 @@ def test_layout_matches_reference(layout, model_dirs, ray_session):
     try:
         logprobs = policy.get_logprobs(batch)
         values, indices = policy.get_topk_logits(batch, K)
+        evaluated = policy.evaluate(batch, loss_fn)
         metrics = policy.train(batch, loss_fn)
         weights = policy.full_weights()
     finally:
@@ -100,6 +107,14 @@ def test_layout_matches_reference(layout, model_dirs, ray_session):
     assert logprob_err < LOGPROB_ATOL, f"{layout}: logprobs differ by {logprob_err:.3g}"
     lengths = batch["input_lengths"]
     assert_topk_close(values, indices, ref_values, ref_indices, lengths, LOGPROB_ATOL)
+
+    with torch.no_grad():
+        count = build_loss_mask(batch["token_mask"], batch["sample_mask"]).sum()
+        ref_eval, _ = loss_fn(reference_logits(reference, batch), batch, count)
+    torch.testing.assert_close(
+        torch.tensor(evaluated["loss"]), ref_eval.float(), rtol=LOSS_RTOL, atol=0.0
+    )
+    assert evaluated["global_valid_toks"] == float(count)
 
     ref_losses, ref_norms, ref_params = reference_train(
         reference, batch, loss_fn, cfg, cfg.train_global_batch_size
