@@ -1,1 +1,1 @@
-"""Small helpers: atomic checkpoint directories."""
+"""Small helpers: atomic checkpoint directories and files, timers, logging, plots."""

@@ -67,3 +67,28 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+@contextmanager
+def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary file path next to `path`; on normal exit it replaces `path` atomically.
+
+    Readers see either the old file or the complete new one, never a partial write. On an
+    exception the temporary file is removed and `path` is left untouched.
+    """
+    target = Path(path).absolute()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{target.name}.tmp-", dir=target.parent)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        # mkstemp creates 0600 files; keep the permissions an ordinary write would give.
+        os.chmod(tmp, target.stat().st_mode & 0o777 if target.exists() else 0o644)
+        yield tmp
+        with open(tmp, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+        fsync_dir(target.parent)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

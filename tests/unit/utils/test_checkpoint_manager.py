@@ -1,0 +1,131 @@
+"""CheckpointManager: atomic saves, crash safety, latest(), state round trip, top-k pruning."""
+
+import json
+import os
+
+import pytest
+
+from nemo_opd.config.runtime import CheckpointingConfig
+from nemo_opd.utils.checkpoint_manager import STATE_FILE, CheckpointManager
+
+
+def make_manager(tmp_path, **overrides):
+    cfg = CheckpointingConfig(checkpoint_dir=str(tmp_path / "ckpt"), **overrides)
+    return CheckpointManager(cfg)
+
+
+def write_weights(directory):
+    """Stands in for Policy.save: a nested subdirectory with a file."""
+    (directory / "policy").mkdir()
+    (directory / "policy" / "weights.bin").write_bytes(b"w" * 16)
+
+
+def save(manager, step, accuracy=None):
+    metrics = {} if accuracy is None else {"validation/accuracy": accuracy}
+    return manager.save(step, write_weights, state={"loader": {"epoch": step}}, metrics=metrics)
+
+
+def steps(manager):
+    return list(manager.checkpoints())
+
+
+def test_training_state_round_trip(tmp_path):
+    manager = make_manager(tmp_path)
+    state = {"loader": {"epoch": 2, "order": [3, 1, 2]}, "consumed": 96, "name": "x"}
+    path = manager.save(5, write_weights, state=state, metrics={"a": 0.5, "b": float("nan")})
+    assert path == manager.path_for(5) and (path / "policy" / "weights.bin").is_file()
+    assert manager.load_state(path) == {
+        "step": 5,
+        "metrics": {"a": 0.5, "b": None},
+        "state": state,
+    }
+    assert manager.latest() == path
+    with pytest.raises(FileNotFoundError, match=STATE_FILE):
+        manager.load_state(tmp_path)
+
+
+def test_latest_is_none_without_checkpoints(tmp_path):
+    assert make_manager(tmp_path).latest() is None
+
+
+def test_crash_inside_write_fn_leaves_previous_checkpoints(tmp_path):
+    manager = make_manager(tmp_path, keep_top_k=None)
+    save(manager, 1)
+    save(manager, 2)
+
+    def crash(directory):
+        write_weights(directory)
+        raise RuntimeError("killed mid-save")
+
+    with pytest.raises(RuntimeError, match="mid-save"):
+        manager.save(3, crash, state={}, metrics={})
+    with pytest.raises(TypeError):  # a state that is not JSON fails the same way
+        manager.save(3, write_weights, state={"x": object()}, metrics={})
+    assert sorted(os.listdir(manager.root)) == ["step_1", "step_2"]
+    assert manager.latest() == manager.path_for(2)
+    assert manager.load_state(manager.latest())["state"] == {"loader": {"epoch": 2}}
+
+
+def test_latest_ignores_and_cleans_half_written_leftovers(tmp_path):
+    manager = make_manager(tmp_path)
+    save(manager, 1)
+    # What a killed process leaves: a temporary save, an interrupted delete, a step dir
+    # made by hand without training_state.json, and a checkpoint moved aside mid-overwrite.
+    for name in (".step_2.tmp-abc", ".step_0.deleting-1234"):
+        (manager.root / name).mkdir()
+        (manager.root / name / STATE_FILE).write_text("{}")
+    (manager.root / "step_9").mkdir()
+    os.replace(save(manager, 4), manager.root / "step_4.previous")
+    assert manager.latest() == manager.path_for(4)
+    assert sorted(os.listdir(manager.root)) == ["step_1", "step_4", "step_9"]
+
+
+def test_overwriting_a_step_is_atomic(tmp_path):
+    manager = make_manager(tmp_path)
+    save(manager, 1, accuracy=0.1)
+    save(manager, 1, accuracy=0.2)
+    assert os.listdir(manager.root) == ["step_1"]
+    assert manager.load_state(manager.latest())["metrics"] == {"validation/accuracy": 0.2}
+
+
+def test_keep_top_k_by_metric_always_keeps_the_latest(tmp_path):
+    manager = make_manager(tmp_path, keep_top_k=2, metric_name="validation/accuracy")
+    for step, accuracy in [(1, 0.5), (2, 0.9), (3, 0.1), (4, 0.7), (5, 0.2)]:
+        save(manager, step, accuracy)
+    assert steps(manager) == [2, 4, 5]  # best two (0.9, 0.7) plus the latest
+
+
+def test_keep_top_k_lower_is_better_and_missing_metric_ranks_last(tmp_path):
+    cfg = {"keep_top_k": 2, "metric_name": "loss", "higher_is_better": False}
+    manager = make_manager(tmp_path, **cfg)
+    for step, loss in [(1, 0.3), (2, None), (3, 0.1), (4, 0.2), (5, None)]:
+        metrics = {} if loss is None else {"loss": loss}
+        manager.save(step, write_weights, state={}, metrics=metrics)
+    assert steps(manager) == [3, 4, 5]
+
+
+def test_keep_top_k_without_metric_keeps_the_most_recent(tmp_path):
+    manager = make_manager(tmp_path, keep_top_k=2, metric_name=None)
+    for step in range(1, 5):
+        save(manager, step, accuracy=1.0 / step)  # ignored: no metric_name
+    assert steps(manager) == [3, 4]
+    assert not [p for p in os.listdir(manager.root) if p.startswith(".")]
+
+
+def test_keep_top_k_null_keeps_everything(tmp_path):
+    manager = make_manager(tmp_path, keep_top_k=None)
+    for step in range(1, 5):
+        save(manager, step, accuracy=0.5)
+    assert steps(manager) == [1, 2, 3, 4]
+
+
+def test_should_save_every_period_and_at_the_end(tmp_path):
+    manager = make_manager(tmp_path, save_period=3)
+    assert [s for s in range(1, 8) if manager.should_save(s, is_last=s == 7)] == [3, 6, 7]
+    assert not make_manager(tmp_path, enabled=False).should_save(3)
+
+
+def test_saved_state_file_is_plain_json(tmp_path):
+    path = save(make_manager(tmp_path), 2, accuracy=0.25)
+    record = json.loads((path / STATE_FILE).read_text())
+    assert record["metrics"] == {"validation/accuracy": 0.25}
