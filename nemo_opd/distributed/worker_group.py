@@ -10,6 +10,7 @@ from typing import Any
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from nemo_opd.distributed.cluster import WorkerResources, build_placement_group
@@ -31,6 +32,10 @@ class WorkerGroup:
         make_args: constructor arguments (after the rank) of each rank.
         name: shown in error messages.
         timeout_s: how long any call may take before it is reported as hung.
+        placement: an existing placement group with a bundle per rank, shared with other groups
+            (colocated student, teacher and generation); None reserves a group of its own.
+        share: the fraction of each bundle's CPUs and GPU this group's actors take when the
+            placement is shared.
     """
 
     def __init__(
@@ -41,15 +46,18 @@ class WorkerGroup:
         make_args: Callable[[int], tuple],
         name: str = "workers",
         timeout_s: float | None = 1800.0,
+        placement: PlacementGroup | None = None,
+        share: float = 1.0,
     ) -> None:
         self.name = name
         self.timeout_s = timeout_s
-        self.placement_group = build_placement_group(num_workers, resources)
+        self.owns_placement = placement is None
+        self.placement_group = placement or build_placement_group(num_workers, resources)
         remote_cls = ray.remote(actor_cls)
         self.actors = [
             remote_cls.options(
-                num_cpus=resources.cpus,
-                num_gpus=1 if resources.device_type == "cuda" else 0,
+                num_cpus=resources.cpus * share,
+                num_gpus=share if resources.device_type == "cuda" else 0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     self.placement_group, placement_group_bundle_index=rank
                 ),
@@ -108,4 +116,5 @@ class WorkerGroup:
         for actor in self.actors:
             ray.kill(actor)
         self.actors = []
-        ray.util.remove_placement_group(self.placement_group)
+        if self.owns_placement:
+            ray.util.remove_placement_group(self.placement_group)

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 
 import ray
 import torch
+from ray.util.placement_group import PlacementGroup
 
 from nemo_opd.config.policy import PolicyConfig
 from nemo_opd.config.runtime import ClusterConfig
@@ -35,6 +36,9 @@ class Policy:
         num_workers: workers to use; default cluster.world_size.
         name: shown in error messages.
         total_steps: optimizer steps of the run (for decaying schedules).
+        placement: a placement group shared with other colocated models (see WorkerGroup);
+            None reserves one for this policy alone.
+        share: the fraction of each shared bundle this policy's workers take.
     """
 
     def __init__(
@@ -46,6 +50,8 @@ class Policy:
         num_workers: int | None = None,
         name: str = "policy",
         total_steps: int | None = None,
+        placement: PlacementGroup | None = None,
+        share: float = 1.0,
     ) -> None:
         if not ray.is_initialized():
             raise RuntimeError("Policy needs Ray: call ray.init() first")
@@ -63,7 +69,15 @@ class Policy:
             optimizer,
             total_steps,
         )
-        self.workers = WorkerGroup(PolicyWorker, world, resources, lambda rank: args, name=name)
+        self.workers = WorkerGroup(
+            PolicyWorker,
+            world,
+            resources,
+            lambda rank: args,
+            name=name,
+            placement=placement,
+            share=share,
+        )
         self.leaders = [r for r in range(world) if _is_leader(self.dims, r)]
 
     # ---------------------------------------------------------------- scoring
