@@ -1,0 +1,255 @@
+"""VllmGeneration: the driver's handle on num_engines vLLM replicas (GenerationInterface).
+
+    generation = VllmGeneration(cfg.generation, model_path, tokenizer_path, device_type="cpu")
+    generation.refit(policy.full_weights(), version=policy.step)   # only when stale
+    generation.prepare_for_generation()
+    out = generation.generate(prompt_ids, max_new_tokens=budgets, seed=step)
+    generation.finish_generation()
+
+Engines are data parallel: prompts are split into contiguous, nearly equal chunks, one per
+engine, and results are gathered back in prompt order. A request seeded with `seed` uses
+seed + (its index in the whole batch), so the samples do not depend on the number of engines.
+
+Placement (one Ray actor per engine, see VllmWorker):
+- CPU: each engine reserves cpus_per_engine Ray CPUs, 0 by default. The training workers'
+  placement group takes whole CPUs (ray.init(num_cpus=2) with two training workers holds
+  both), and generation and training take turns in the loop anyway, so the engines time-share
+  the cores instead of reserving them. vLLM runs its engine on one torch thread.
+- CUDA, not colocated (cfg.colocated.enabled false): one whole GPU per engine.
+- CUDA, colocated: gpus_per_engine (a fraction, default 0.5) so that Ray places the engine on a
+  GPU that training also uses; vLLM then takes vllm_cfg.gpu_memory_utilization of its memory.
+  finish_generation() puts the engines to sleep (weights to host memory, KV cache freed) so
+  training gets the memory back, and prepare_for_generation() wakes them.
+
+Refit uses one path in both placements: the driver puts the full state dict into Ray's object
+store once (shared memory on a node; the non-colocated "channel") and every engine copies it
+into its model in place (VllmWorker.update_weights). Colocated on CUDA the same call runs
+between training and wake-up: refit wakes sleeping engines first, since a sleeping engine's
+weights are not on the device.
+"""
+
+import time
+
+import ray
+import torch
+from ray.util.placement_group import PlacementGroup
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from nemo_opd.config.generation import GenerationConfig
+from nemo_opd.generation.interface import GenerationOutput
+from nemo_opd.generation.vllm_worker import ENGINE_ENV, VllmWorker
+
+
+class VllmGeneration:
+    """num_engines VllmWorker actors serving one student (see the module docstring).
+
+    Args:
+        cfg: the generation section.
+        model_path: checkpoint the engines start from (refit replaces its weights).
+        tokenizer_path: tokenizer for EOS and stop strings; None = token ids only.
+        device_type: "cpu" or "cuda".
+        num_engines: data-parallel replicas.
+        seed: engine RNG seed (engine i gets seed + i); per-call seeds are given to generate().
+        cpus_per_engine: Ray CPUs each engine reserves (default: 0 on CPU, 1 on CUDA).
+        gpus_per_engine: Ray GPUs each engine reserves on CUDA (default: 1, or 0.5 colocated).
+        placement: a placement group shared with the training workers (colocated): engine i
+            runs in bundle i, taking cpus_per_engine / gpus_per_engine of it.
+    """
+
+    def __init__(
+        self,
+        cfg: GenerationConfig,
+        model_path: str,
+        tokenizer_path: str | None,
+        *,
+        device_type: str,
+        num_engines: int = 1,
+        seed: int = 0,
+        cpus_per_engine: float | None = None,
+        gpus_per_engine: float | None = None,
+        placement: PlacementGroup | None = None,
+    ) -> None:
+        if not ray.is_initialized():
+            raise RuntimeError("VllmGeneration needs Ray: call ray.init() first")
+        if device_type not in ("cpu", "cuda"):
+            raise ValueError(f"device_type must be 'cpu' or 'cuda', got {device_type!r}")
+        if cfg.stop_strings and tokenizer_path is None:
+            raise ValueError("generation.stop_strings need a tokenizer (tokenizer_path is None)")
+        self.cfg = cfg
+        self.device_type = device_type
+        self.colocated = device_type == "cuda" and cfg.colocated.enabled
+        self.loaded_version: int | None = None
+        self.last_refit_time_s = 0.0
+        options = _actor_options(device_type, self.colocated, cpus_per_engine, gpus_per_engine)
+        remote_cls = ray.remote(VllmWorker)
+        started = time.perf_counter()
+        self.engines = [
+            remote_cls.options(**options, **_bundle(placement, i)).remote(
+                model_path, tokenizer_path, cfg.vllm_cfg.model_dump(), seed + i, self.colocated
+            )
+            for i in range(num_engines)
+        ]
+        try:
+            ray.get([engine.ready.remote() for engine in self.engines])
+        except BaseException:
+            self.shutdown()
+            raise
+        self.start_time_s = time.perf_counter() - started
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        *,
+        max_new_tokens: list[int] | int | None = None,
+        greedy: bool = False,
+        seed: int | None = None,
+    ) -> GenerationOutput:
+        """One continuation per prompt (B prompts of token ids), in prompt order.
+
+        max_new_tokens: per prompt (B ints), one int for all, or None for cfg.max_new_tokens; a
+            budget of 0 yields an empty continuation with finish reason "length".
+        greedy: argmax decoding (also when cfg.temperature is 0).
+        seed: base seed; prompt i samples with seed + i. None uses the engines' own RNG.
+        """
+        budgets = _budgets(max_new_tokens, self.cfg.max_new_tokens, len(prompts))
+        active = [i for i, budget in enumerate(budgets) if budget > 0]
+        sampling = self._sampling(greedy)
+        chunks = _split(active, len(self.engines))
+        started = time.perf_counter()
+        refs = [
+            engine.generate.remote(
+                [prompts[i] for i in chunk],
+                [budgets[i] for i in chunk],
+                sampling,
+                None if seed is None else [seed + i for i in chunk],
+            )
+            for engine, chunk in zip(self.engines, chunks, strict=True)
+            if chunk
+        ]
+        results = ray.get(refs)
+        wall = time.perf_counter() - started
+        return _gather(len(prompts), [c for c in chunks if c], results, wall)
+
+    def score(self, sequences: list[list[int]]) -> list[list[float]]:
+        """log p(token t | tokens < t), t = 1..n-1, of each full sequence at temperature 1
+        (vLLM prompt log-probs; see VllmWorker.score). For probes and tests."""
+        chunks = _split(list(range(len(sequences))), len(self.engines))
+        refs = [
+            engine.score.remote([sequences[i] for i in chunk])
+            for engine, chunk in zip(self.engines, chunks, strict=True)
+            if chunk
+        ]
+        return [row for rows in ray.get(refs) for row in rows]
+
+    def refit(self, weights: dict[str, torch.Tensor], version: int) -> bool:
+        """Push `weights` (full tensors, HF names, lm_head included even when tied) to every
+        engine unless `version` is already loaded. Returns whether weights were pushed."""
+        if version == self.loaded_version:
+            return False
+        self.prepare_for_generation()  # a sleeping engine's weights are not on the device
+        started = time.perf_counter()
+        ref = ray.put(weights)  # one copy in the object store, read by every engine
+        ray.get([engine.update_weights.remote(ref) for engine in self.engines])
+        self.last_refit_time_s = time.perf_counter() - started
+        self.loaded_version = version
+        return True
+
+    def prepare_for_generation(self) -> None:
+        """Wake the engines (colocated on CUDA); a no-op otherwise."""
+        if self.colocated:
+            ray.get([engine.wake_up.remote() for engine in self.engines])
+
+    def finish_generation(self) -> None:
+        """Put the engines to sleep so training gets the GPU memory (colocated on CUDA)."""
+        if self.colocated:
+            ray.get([engine.sleep.remote() for engine in self.engines])
+
+    def shutdown(self) -> None:
+        """Kill the engine actors (idempotent)."""
+        for engine in self.engines:
+            ray.kill(engine)
+        self.engines = []
+
+    def _sampling(self, greedy: bool) -> dict:
+        """The sampling settings every request of one generate() call shares."""
+        greedy = greedy or self.cfg.temperature == 0
+        return {
+            "temperature": 0.0 if greedy else self.cfg.temperature,
+            "top_p": 1.0 if greedy else self.cfg.top_p,
+            "top_k": None if greedy else self.cfg.top_k,
+            "stop_token_ids": self.cfg.stop_token_ids,
+            "stop_strings": self.cfg.stop_strings,
+        }
+
+
+def _actor_options(
+    device_type: str, colocated: bool, cpus: float | None, gpus: float | None
+) -> dict:
+    """Ray options of one engine actor (resources and the env vLLM must see at import)."""
+    if device_type == "cpu":
+        resources = {"num_cpus": 0.0 if cpus is None else cpus, "num_gpus": 0}
+    else:
+        default_gpus = 0.5 if colocated else 1.0
+        resources = {
+            "num_cpus": 1.0 if cpus is None else cpus,
+            "num_gpus": default_gpus if gpus is None else gpus,
+        }
+    return {**resources, "runtime_env": {"env_vars": dict(ENGINE_ENV)}}
+
+
+def _bundle(placement: PlacementGroup | None, index: int) -> dict:
+    """The scheduling option that puts an engine into bundle `index` of a shared placement."""
+    if placement is None:
+        return {}
+    strategy = PlacementGroupSchedulingStrategy(placement, placement_group_bundle_index=index)
+    return {"scheduling_strategy": strategy}
+
+
+def _budgets(max_new_tokens: list[int] | int | None, default: int, num_prompts: int) -> list[int]:
+    """Per-prompt token budgets (num_prompts ints >= 0)."""
+    if max_new_tokens is None:
+        max_new_tokens = default
+    if isinstance(max_new_tokens, int):
+        budgets = [max_new_tokens] * num_prompts
+    else:
+        budgets = list(max_new_tokens)
+    if len(budgets) != num_prompts or any(b < 0 for b in budgets):
+        raise ValueError(
+            f"max_new_tokens needs {num_prompts} non-negative budgets, got {max_new_tokens}"
+        )
+    return budgets
+
+
+def _split(indices: list[int], parts: int) -> list[list[int]]:
+    """Contiguous chunks of `indices` whose sizes differ by at most one (parts lists)."""
+    base, extra = divmod(len(indices), parts)
+    chunks, start = [], 0
+    for part in range(parts):
+        size = base + (part < extra)
+        chunks.append(indices[start : start + size])
+        start += size
+    return chunks
+
+
+def _gather(
+    num_prompts: int, chunks: list[list[int]], results: list[GenerationOutput], wall_s: float
+) -> GenerationOutput:
+    """Put each engine's results back at their prompts' positions; prompts that were not sent
+    (budget 0) get an empty continuation that finished on "length"."""
+    out = GenerationOutput(
+        token_ids=[[] for _ in range(num_prompts)],
+        logprobs=[[] for _ in range(num_prompts)],
+        finish_reasons=["length"] * num_prompts,
+    )
+    for chunk, result in zip(chunks, results, strict=True):
+        for j, i in enumerate(chunk):
+            out.token_ids[i] = result.token_ids[j]
+            out.logprobs[i] = result.logprobs[j]
+            out.finish_reasons[i] = result.finish_reasons[j]
+    tokens = sum(len(ids) for ids in out.token_ids)
+    out.metrics = {
+        "generation_time_s": wall_s,
+        "generated_tokens": float(tokens),
+        "generation_tokens_per_s": tokens / wall_s if wall_s > 0 else 0.0,
+    }
+    return out

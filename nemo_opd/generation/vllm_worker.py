@@ -1,0 +1,224 @@
+"""VllmWorker: a Ray actor that owns one in-process vLLM engine (one data-parallel replica).
+
+The engine runs inside the actor's own process: vLLM's V1 engine core in-process
+(VLLM_ENABLE_V1_MULTIPROCESSING=0) with the single-process executor (backend "uni"). Building
+the engine then takes ~3 s on CPU instead of ~19 s (importing vLLM itself costs another ~20 s of
+CPU per process either way), and update_weights hands tensors to the model runner by reference:
+nothing is pickled, so no callable has to be serialized and VLLM_ALLOW_INSECURE_SERIALIZATION
+stays unset. The price is tensor_parallel_size == 1 per engine (a tp > 1 engine needs vLLM's
+multiprocess executor, where an iterator of tensors cannot cross the process boundary); scale
+out with more engines instead. Keeping vLLM in its own actor also keeps its process-wide
+changes (on CPU it drops torch to one thread and disables torch.set_num_threads) away from the
+training workers.
+
+Which distribution the returned log-probs come from: the engine is built with
+logprobs_mode="processed_logprobs", so each sampled token's log-prob is taken from the
+distribution it was actually sampled from, i.e. log_softmax(logits / temperature) after top-k /
+top-p filtering (the kept tokens renormalized). With top_k = null and top_p = 1 this equals the
+student's own log_softmax(logits / T), which is what the rollout compares against. vLLM's default
+("raw_logprobs") would report log_softmax(logits) before temperature instead. Greedy decoding
+applies no temperature: its log-probs are log_softmax(logits) (temperature 1). score() uses
+prompt log-probs, which vLLM never passes through the sampler: they are at temperature 1 too.
+On CUDA the processed mode makes vLLM use its PyTorch sampler instead of FlashInfer's.
+
+Stopping: EOS (from the tokenizer, so only when one is loaded) and stop_token_ids end a row with
+that token included in token_ids; a stop string ends it after the token that completed the
+string (that token included, its text may run past the string). Text is only detokenized when
+stop strings are set.
+
+On CPU, vLLM 0.32's attention kernels reject head_dim 16 at the first forward (32 works).
+"""
+
+import os
+import sys
+import time
+from typing import Any
+
+import torch
+
+from nemo_opd.generation.interface import FinishReason, GenerationOutput
+
+# Set in the actor's process before vLLM is imported (VllmGeneration also passes them as the
+# actor's runtime_env, which guarantees a fresh process that has them from the start).
+ENGINE_ENV = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # engine core in this process (see module docstring)
+}
+
+
+def set_engine_env() -> None:
+    """Apply ENGINE_ENV; vLLM reads these at import, so it must not be imported yet."""
+    if "vllm" in sys.modules:
+        for key, value in ENGINE_ENV.items():
+            if os.environ.get(key) != value:
+                raise RuntimeError(
+                    f"vllm was imported in this process before {key}={value} was set; start "
+                    "the VllmWorker in a fresh process (VllmGeneration does)"
+                )
+    for key, value in ENGINE_ENV.items():
+        os.environ[key] = value
+
+
+class VllmWorker:
+    """One vLLM engine on one device (a GPU, or this process's CPU threads).
+
+    Args:
+        model_path: Hugging Face checkpoint directory (or hub name) of the student.
+        tokenizer_path: tokenizer to load; None skips it (token ids in and out only: no EOS from
+            the tokenizer, no stop strings).
+        vllm_cfg: VllmConfig.model_dump(): precision, max_model_len, gpu_memory_utilization
+            (on CPU: the fraction of the memory node's RAM vLLM reserves for weights plus KV
+            cache), enforce_eager, tensor_parallel_size (must be 1, see module docstring).
+        seed: the engine's RNG seed (used by requests that carry no seed of their own).
+        sleep_mode: enable vLLM's sleep mode (colocated on CUDA); ignored on CPU.
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        tokenizer_path: str | None,
+        vllm_cfg: dict[str, Any],
+        seed: int = 0,
+        sleep_mode: bool = False,
+    ) -> None:
+        if vllm_cfg.get("tensor_parallel_size", 1) != 1:
+            raise ValueError(
+                "generation.vllm_cfg.tensor_parallel_size must be 1: each VllmWorker runs vLLM "
+                "in-process (weights are refit by reference); use more engines instead"
+            )
+        set_engine_env()
+        from vllm import LLM  # after set_engine_env, on purpose
+
+        self.device_type = "cuda" if torch.cuda.is_available() else "cpu"
+        started = time.perf_counter()
+        self.llm = LLM(
+            model=model_path,
+            tokenizer=tokenizer_path or model_path,
+            skip_tokenizer_init=tokenizer_path is None,
+            dtype=vllm_cfg["precision"],
+            max_model_len=vllm_cfg["max_model_len"],
+            gpu_memory_utilization=vllm_cfg["gpu_memory_utilization"],
+            enforce_eager=vllm_cfg["enforce_eager"],
+            tensor_parallel_size=1,
+            distributed_executor_backend="uni",
+            seed=seed,
+            logprobs_mode="processed_logprobs",
+            enable_sleep_mode=sleep_mode and self.device_type == "cuda",
+        )
+        self.start_time_s = time.perf_counter() - started
+        self.asleep = False
+
+    def ready(self) -> float:
+        """Seconds the engine took to start (also a liveness check)."""
+        return self.start_time_s
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        max_new_tokens: list[int],
+        sampling: dict[str, Any],
+        seeds: list[int] | None = None,
+    ) -> GenerationOutput:
+        """Sample one continuation per prompt.
+
+        Args:
+            prompts: token ids of each prompt (B lists).
+            max_new_tokens: per-prompt token budget (B ints, each >= 1).
+            sampling: temperature (0 = greedy), top_p, top_k (None = off), stop_token_ids,
+                stop_strings (need a tokenizer).
+            seeds: per-prompt sampling seed (B ints), or None for the engine's RNG.
+
+        Returns:
+            GenerationOutput with B entries; logprobs as described in the module docstring.
+        """
+        from vllm import SamplingParams
+
+        params = [
+            SamplingParams(
+                n=1,
+                temperature=sampling["temperature"],
+                top_p=sampling.get("top_p", 1.0),
+                top_k=sampling.get("top_k") or 0,  # 0 disables top-k in vLLM
+                max_tokens=budget,
+                stop=sampling.get("stop_strings") or None,
+                stop_token_ids=sampling.get("stop_token_ids") or None,
+                seed=None if seeds is None else seeds[i],
+                logprobs=0,  # the sampled token's own log-prob only
+                detokenize=bool(sampling.get("stop_strings")),  # text only to find stop strings
+            )
+            for i, budget in enumerate(max_new_tokens)
+        ]
+        requests = [{"prompt_token_ids": list(p)} for p in prompts]
+        started = time.perf_counter()
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        elapsed = time.perf_counter() - started
+        result = GenerationOutput(token_ids=[], logprobs=[], finish_reasons=[])
+        for out in outputs:
+            completion = out.outputs[0]
+            ids = list(completion.token_ids)
+            result.token_ids.append(ids)
+            result.logprobs.append(_sampled_logprobs(completion.logprobs, ids))
+            result.finish_reasons.append(_finish_reason(completion.finish_reason))
+        generated = sum(len(ids) for ids in result.token_ids)
+        result.metrics = {"generate_time_s": elapsed, "generated_tokens": float(generated)}
+        return result
+
+    def score(self, sequences: list[list[int]]) -> list[list[float]]:
+        """log p(token t | tokens < t) for t = 1..n-1 of each full sequence (temperature 1).
+
+        Returns B lists of len(sequence) - 1 floats, aligned like Policy.get_logprobs row b,
+        positions 0..n-2.
+        """
+        from vllm import SamplingParams
+
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
+        requests = [{"prompt_token_ids": list(s)} for s in sequences]
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        # entry 0 of prompt_logprobs is None (nothing predicts the first token)
+        return [
+            _sampled_logprobs(out.prompt_logprobs[1:], list(out.prompt_token_ids[1:]))
+            for out in outputs
+        ]
+
+    def update_weights(self, weights: dict[str, torch.Tensor]) -> float:
+        """Copy full HF-named tensors into the running model in place; returns seconds taken.
+
+        `weights` must hold every parameter, lm_head.weight included even when the embeddings
+        are tied (reloading from a directory leaves a tied fp32 lm_head stale). The prefix cache
+        is reset afterwards: cached KV blocks were computed by the old weights.
+        """
+        started = time.perf_counter()
+        # In-process executor: the iterator reaches the model runner by reference.
+        self.llm.collective_rpc(
+            "reload_weights", kwargs={"weights_iterator": iter(weights.items())}
+        )
+        self.llm.reset_prefix_cache()
+        return time.perf_counter() - started
+
+    def sleep(self, level: int = 1) -> None:
+        """Release device memory (CUDA sleep mode: level 1 keeps weights in host memory, drops
+        the KV cache); a no-op on CPU, where vLLM has no sleep mode."""
+        if self.device_type == "cuda" and not self.asleep:
+            self.llm.sleep(level=level)
+            self.asleep = True
+
+    def wake_up(self) -> None:
+        """Undo sleep(); a no-op when awake or on CPU."""
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
+
+    def ping(self) -> int:
+        """The actor's process id (liveness checks, tests)."""
+        return os.getpid()
+
+
+def _sampled_logprobs(per_position: list[dict] | None, token_ids: list[int]) -> list[float]:
+    """The log-prob of token_ids[t] from per_position[t] ({token_id: Logprob}); len(token_ids)."""
+    if per_position is None:
+        raise RuntimeError("vLLM returned no log-probs; the request must ask for them")
+    return [float(entry[tok].logprob) for entry, tok in zip(per_position, token_ids, strict=True)]
+
+
+def _finish_reason(reason: str | None) -> FinishReason:
+    """vLLM's "length" stays; "stop" (EOS, stop token, stop string) and anything else -> stop."""
+    return "length" if reason == "length" else "stop"

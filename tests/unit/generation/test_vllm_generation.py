@@ -1,0 +1,225 @@
+"""VllmGeneration on CPU: seeded sampling, budgets, stop tokens, log-probs against an HF fp32
+forward, refit (in-place weight update, version skipping, tied embeddings), and the refit probe
+end to end from a Policy. One module so that the engines start once (importing vLLM takes
+~20 s of CPU per engine process)."""
+
+import importlib.util
+
+import pytest
+import torch
+from vllm_testing import (
+    MAX_LEN,
+    TEMPERATURE,
+    full_state_dict,
+    generation_config,
+    load_reference,
+    random_prompts,
+    reference_token_logprobs,
+)
+
+from nemo_opd.config.policy import PolicyConfig
+from nemo_opd.config.runtime import ClusterConfig
+from nemo_opd.generation import logprob_mismatch
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None, reason="needs vllm (the cpu or gpu extra)"
+)
+
+ATOL = 1e-3
+
+
+@pytest.fixture(scope="module")
+def generation(ray_session, model_dirs):
+    """Two engines on model "a" (so prompts are split and gathered)."""
+    from nemo_opd.generation import VllmGeneration
+
+    engine = VllmGeneration(
+        generation_config(), model_dirs["a"], None, device_type="cpu", num_engines=2
+    )
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def reference_a(model_dirs):
+    return load_reference(model_dirs["a"])
+
+
+def test_seeded_sampling_is_reproducible(generation):
+    prompts = random_prompts(6)
+    first = generation.generate(prompts, seed=7)
+    again = generation.generate(prompts, seed=7)
+    other = generation.generate(prompts, seed=8)
+    assert first.token_ids == again.token_ids
+    assert first.logprobs == again.logprobs
+    assert first.token_ids != other.token_ids
+    greedy = [generation.generate(prompts, greedy=True).token_ids for _ in range(2)]
+    assert greedy[0] == greedy[1]
+
+
+def test_seeds_do_not_depend_on_the_split(generation):
+    """Prompt i samples with seed + i wherever it runs: a sub-batch reproduces its rows."""
+    prompts = random_prompts(6)
+    full = generation.generate(prompts, seed=3)
+    tail = generation.generate(prompts[4:], seed=3 + 4)
+    assert tail.token_ids == full.token_ids[4:]
+
+
+def test_per_prompt_budgets_and_finish_reasons(generation):
+    prompts = random_prompts(5, seed=1)
+    budgets = [1, 7, 0, 16, 3]
+    out = generation.generate(prompts, max_new_tokens=budgets, seed=0)
+    # no tokenizer, hence no EOS and no stop tokens: every row runs to its budget
+    assert [len(ids) for ids in out.token_ids] == budgets
+    assert [len(lp) for lp in out.logprobs] == budgets
+    assert out.finish_reasons == ["length"] * 5
+    default = generation.generate(prompts[:2], seed=0)
+    assert [len(ids) for ids in default.token_ids] == [16, 16]  # cfg.max_new_tokens
+    with pytest.raises(ValueError, match="budgets"):
+        generation.generate(prompts, max_new_tokens=[1, 2])
+
+
+def test_stop_token_ids_end_generation(generation):
+    prompts = random_prompts(4, seed=2)
+    free = generation.generate(prompts, seed=5)
+    stop_id = free.token_ids[0][5]
+    cut = free.token_ids[0].index(stop_id)  # its first occurrence
+    cfg = generation.cfg
+    generation.cfg = cfg.model_copy(update={"stop_token_ids": [stop_id]})
+    try:
+        stopped = generation.generate(prompts, seed=5)
+    finally:
+        generation.cfg = cfg
+    # same seeds: identical up to the stop token, which is included and ends the row
+    assert stopped.token_ids[0] == free.token_ids[0][: cut + 1]
+    assert stopped.finish_reasons[0] == "stop"
+    assert stopped.logprobs[0] == pytest.approx(free.logprobs[0][: cut + 1], abs=1e-6)
+    for ids, reason in zip(stopped.token_ids, stopped.finish_reasons, strict=True):
+        assert (reason == "stop") == (stop_id in ids)
+        assert stop_id not in ids[:-1]
+
+
+@pytest.mark.parametrize("mode", ["temperature", "greedy", "top_k"])
+def test_logprobs_match_hf_forward(generation, reference_a, mode):
+    """Sampled-token log-probs = HF fp32 log_softmax of the sampling distribution."""
+    prompts = random_prompts(4, seed=3)
+    cfg = generation.cfg
+    if mode == "top_k":
+        generation.cfg = cfg.model_copy(update={"top_k": 5})
+    try:
+        out = generation.generate(prompts, seed=11, greedy=mode == "greedy")
+    finally:
+        generation.cfg = cfg
+    temperature = 1.0 if mode == "greedy" else TEMPERATURE  # greedy applies no temperature
+    top_k = 5 if mode == "top_k" else None
+    for prompt, ids, logprobs in zip(prompts, out.token_ids, out.logprobs, strict=True):
+        expected = reference_token_logprobs(reference_a, prompt, ids, temperature, top_k)
+        torch.testing.assert_close(torch.tensor(logprobs), expected, atol=ATOL, rtol=0)
+        if mode == "greedy":
+            with torch.no_grad():
+                logits = reference_a(input_ids=torch.tensor([prompt + ids])).logits[0]
+            assert ids == logits[len(prompt) - 1 : -1].argmax(-1).tolist()
+
+
+def test_refit_loads_new_weights_and_skips_known_versions(generation, reference_a, model_dirs):
+    pairs = zip(random_prompts(4, seed=4), random_prompts(4, seed=5), strict=True)
+    sequences = [p + c for p, c in pairs]
+
+    def hf_scores(model):
+        return [reference_token_logprobs(model, s[:1], s[1:]) for s in sequences]
+
+    def vllm_scores():
+        return [torch.tensor(row) for row in generation.score(sequences)]
+
+    old = hf_scores(reference_a)
+    for got, want in zip(vllm_scores(), old, strict=True):
+        torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
+
+    # new weights: model "a" with noise on every tensor; the tied embedding and lm_head get the
+    # same perturbed tensor, so a stale lm_head would show as a mismatch
+    torch.manual_seed(0)
+    new_model = load_reference(model_dirs["a"])
+    with torch.no_grad():
+        for param in new_model.parameters():
+            param.add_(0.2 * param.std() * torch.randn_like(param))
+    new = hf_scores(new_model)
+    assert generation.refit(full_state_dict(new_model), version=1) is True
+    gaps = []
+    for got, want, before in zip(vllm_scores(), new, old, strict=True):
+        torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
+        gaps.append((want - before).abs().mean())
+    assert min(gaps) > 0.05  # the refit made a visible difference
+
+    # generation uses the new weights too
+    prompts = random_prompts(2, seed=6)
+    out = generation.generate(prompts, seed=1)
+    for prompt, ids, logprobs in zip(prompts, out.token_ids, out.logprobs, strict=True):
+        expected = reference_token_logprobs(new_model, prompt, ids, TEMPERATURE)
+        torch.testing.assert_close(torch.tensor(logprobs), expected, atol=ATOL, rtol=0)
+
+    # the same version again is skipped: the engine keeps the version-1 weights
+    assert generation.refit(full_state_dict(reference_a), version=1) is False
+    for got, want in zip(vllm_scores(), new, strict=True):
+        torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
+
+    # restore model "a" for any later test
+    assert generation.refit(full_state_dict(reference_a), version=2) is True
+
+
+def student_config(model_dir: str) -> PolicyConfig:
+    return PolicyConfig.model_validate(
+        {
+            "model_name": model_dir,
+            "tokenizer": {"name": model_dir},
+            "precision": "float32",
+            "train_global_batch_size": 4,
+            "logprob_batch_size": 4,
+            "max_total_sequence_length": MAX_LEN,
+            "optimizer": {"lr": 1e-3},
+        }
+    )
+
+
+def as_batch(prompts: list, completions: list) -> tuple[dict, torch.Tensor]:
+    """Right-padded rows of prompt + completion ({input_ids [B, S], input_lengths [B]}) and the
+    [B, S] mask of the positions where Policy.get_logprobs scores a completion token (position
+    t scores token t + 1)."""
+    rows = [p + c for p, c in zip(prompts, completions, strict=True)]
+    width = max(len(r) for r in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros(len(rows), width)
+    for b, (prompt, row) in enumerate(zip(prompts, rows, strict=True)):
+        ids[b, : len(row)] = torch.tensor(row)
+        mask[b, len(prompt) - 1 : len(row) - 1] = 1.0
+    lengths = torch.tensor([len(r) for r in rows])
+    return {"input_ids": ids, "input_lengths": lengths}, mask
+
+
+def test_policy_weights_refit_into_vllm(generation, reference_a, model_dirs):
+    """Policy.full_weights() -> refit -> the engine's sampled-token log-probs equal
+    Policy.get_logprobs at the sampling temperature (the probe the loop runs)."""
+    from nemo_opd.policy.policy import Policy
+
+    # Two 1-CPU training workers take both CPUs of the 2-CPU Ray instance; the engines reserve
+    # 0 Ray CPUs, so they fit next to them (and time-share the cores).
+    cluster = ClusterConfig(num_nodes=1, gpus_per_node=2, device="cpu", cpus_per_worker=1)
+    # the student is model "b"; the engines hold model "a" and must become "b"
+    policy = Policy(student_config(model_dirs["b"]), cluster)
+    prompts = random_prompts(4, seed=9)
+
+    def mismatch() -> float:
+        out = generation.generate(prompts, seed=2)
+        batch, mask = as_batch(prompts, out.token_ids)
+        student = policy.get_logprobs(batch, temperature=TEMPERATURE)
+        engine = torch.zeros_like(student)
+        engine[mask.bool()] = torch.tensor([x for row in out.logprobs for x in row])
+        return logprob_mismatch(engine, student, mask)
+
+    try:
+        stale = mismatch()
+        assert generation.refit(policy.full_weights(), version=100 + policy.step) is True
+        fresh = mismatch()
+        assert fresh < 1e-3 < 0.05 < stale
+    finally:
+        policy.shutdown()
+        generation.refit(full_state_dict(reference_a), version=-1)
