@@ -76,6 +76,11 @@ class GenerationConfig(Section):
     stop_token_ids: list[int] | None = None
     """Generation stops after any of these token ids (the tokenizer's EOS always stops it)."""
 
+    logprob_check: bool = False
+    """Each step, score the generated tokens with the student and log the mean absolute
+    difference from vLLM's log-probs (generation/logprob_mismatch): near 0 means the refit
+    worked and both engines compute the same model."""
+
     vllm_cfg: VllmConfig
     """vLLM engine settings."""
 

@@ -28,6 +28,10 @@ class DistillationLoopConfig(Section):
     """Teacher log-probs kept per position (its top k); at most the vocabulary size, which is
     checked at setup when the tokenizer is loaded."""
 
+    teacher_temperature: float | None = Field(None, gt=0)
+    """Temperature of the teacher's top-k log-probs; null uses loss_fn.temperature (the
+    student's), so the two are never silently different."""
+
     val_period: int = Field(0, ge=0)
     """Validate every val_period steps; 0 disables periodic validation."""
 

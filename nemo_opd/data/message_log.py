@@ -46,3 +46,21 @@ def _row(log: list[Message]) -> tuple[list[int], list[float]]:
 def log_length(log: list[Message]) -> int:
     """Tokens in a message log."""
     return sum(len(m["token_ids"]) for m in log)
+
+
+def flatten_generation_logprobs(
+    logs: list[list[Message]], length: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The generation engine's log-prob of every generated token, placed at the token's own
+    position: ([B, length] float32 values, [B, length] float32 mask of generated tokens)."""
+    values = torch.zeros(len(logs), length)
+    mask = torch.zeros(len(logs), length)
+    for row, log in enumerate(logs):
+        start = 0
+        for message in log:
+            count = len(message["token_ids"])
+            if "generation_logprobs" in message:
+                values[row, start : start + count] = torch.tensor(message["generation_logprobs"])
+                mask[row, start : start + count] = 1.0
+            start += count
+    return values, mask

@@ -91,11 +91,13 @@ def default_recipe() -> TinyRecipe:
 
 def micro_recipe() -> TinyRecipe:
     """A seconds-long build for tests: few problems, tiny models, a handful of steps."""
+    # Two heads so that tensor parallelism 2 applies; head_dim 32 because vLLM's CPU
+    # attention has no kernel for 16.
     small = ModelRecipe(
         hidden_size=32,
         num_layers=1,
-        num_heads=1,
-        num_kv_heads=1,
+        num_heads=2,
+        num_kv_heads=2,
         head_dim=32,
         intermediate_size=64,
         max_position_embeddings=128,

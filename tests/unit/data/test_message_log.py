@@ -19,3 +19,17 @@ def test_flatten_marks_assistant_tokens_and_pads():
     assert batch["token_mask"].tolist() == [[0, 0, 1, 1, 1, 0, 0, 0], [0, 1, 0, 0, 1, 0, 0, 0]]
     assert torch.equal(batch["sample_mask"], torch.ones(2))
     assert log_length(logs[1]) == 5
+
+
+def test_generation_logprobs_sit_at_their_tokens():
+    from nemo_opd.data.message_log import flatten_generation_logprobs
+
+    logs = [
+        [
+            {"role": "user", "token_ids": [1, 2]},
+            {"role": "assistant", "token_ids": [3, 4], "generation_logprobs": [-0.1, -0.2]},
+        ]
+    ]
+    values, mask = flatten_generation_logprobs(logs, 5)
+    assert torch.allclose(values, torch.tensor([[0.0, 0.0, -0.1, -0.2, 0.0]]))
+    assert mask.tolist() == [[0, 0, 1, 1, 0]]
