@@ -183,12 +183,11 @@ class Policy:
 
 def _parallel_dims(cfg: PolicyConfig, world: int, name: str) -> ParallelDims:
     """ParallelDims of the enabled backend, with the config keys named in errors."""
-    if cfg.backend != "dtensor":
-        raise NotImplementedError(f"{name}: only the DTensor backend is implemented")
     tp, cp = cfg.tensor_parallel_size, cfg.context_parallel_size
+    tp_key = "tensor_model_parallel_size" if cfg.backend == "megatron" else "tensor_parallel_size"
     if world % (tp * cp):
         raise ValueError(
-            f"{name}.dtensor_cfg: tensor_parallel_size ({tp}) x context_parallel_size ({cp}) = "
+            f"{name}.{cfg.backend}_cfg: {tp_key} ({tp}) x context_parallel_size ({cp}) = "
             f"{tp * cp} must divide the {world} workers (cluster.num_nodes x "
             "cluster.gpus_per_node)"
         )

@@ -62,7 +62,11 @@ class PolicyWorker:
 
     def _build_engine(self, device: torch.device):
         if self.cfg.backend == "megatron":
-            raise NotImplementedError("the Megatron engine is not implemented yet")
+            from nemo_opd.policy.engines.megatron import MegatronEngine
+
+            return MegatronEngine(
+                self.cfg, self.dims, device, self.with_optimizer, total_steps=self.total_steps
+            )
         from nemo_opd.policy.engines.dtensor import DTensorEngine
 
         return DTensorEngine(
