@@ -1,0 +1,163 @@
+"""The Megatron engine on CPU workers (gloo) matches the single-process HF fp32 reference.
+
+Each layout checks, on one Policy: get_logprobs, get_topk_logits, evaluate, the per-step loss
+and gradient norm of two AdamW steps, and the parameters after them (the same checks and
+tolerances as test_policy_parallel.py for the DTensor engine).
+"""
+
+import pytest
+import torch
+from conftest import cpu_cluster, make_batch, policy_config
+from references import (
+    load_reference,
+    reference_logits,
+    reference_logprobs,
+    reference_topk,
+    reference_train,
+)
+from test_policy_parallel import LOGPROB_ATOL, LOSS_RTOL, PARAM_ATOL, K, assert_topk_close
+from transformers import AutoModelForCausalLM
+
+from nemo_opd.losses import DistillationLossFn, build_loss_mask
+from nemo_opd.policy.policy import Policy
+
+MEGATRON = {
+    "dtensor_cfg__enabled": False,
+    "megatron_cfg__enabled": True,
+    "megatron_cfg__distributed_optimizer": False,
+}
+PACKING = {
+    "sequence_packing__enabled": True,
+    "sequence_packing__train_mb_tokens": 64,
+    "sequence_packing__logprob_mb_tokens": 64,
+    "sequence_packing__sequence_length_round": 1,
+}
+
+LAYOUTS = {
+    "world1": ("tied", 1, {}),
+    # Tied embeddings under tp, and activation checkpointing through Megatron's
+    # tensor_parallel.checkpoint (the CPU shim's RNG-state patch).
+    "tp2_ac": (
+        "tied",
+        2,
+        {
+            "megatron_cfg__tensor_model_parallel_size": 2,
+            "megatron_cfg__activation_checkpointing": True,
+        },
+    ),
+    "dp2": ("untied", 2, {}),
+    "packed_cp2": ("tied", 2, {"megatron_cfg__context_parallel_size": 2, **PACKING}),
+}
+
+
+def megatron_config(model_dir: str, **overrides):
+    return policy_config(model_dir, **MEGATRON, **overrides)
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_layout_matches_reference(layout, model_dirs, ray_session):
+    kind, workers, overrides = LAYOUTS[layout]
+    cfg = megatron_config(model_dirs[kind], **overrides)
+    batch = make_batch(8, k=K, seed=3)
+    batch["sample_mask"][5] = 0.0
+    loss_fn = DistillationLossFn(kl_type="mixed", implementation="torch")
+    policy = Policy(cfg, cpu_cluster(workers), name=f"megatron_{layout}")
+    try:
+        logprobs = policy.get_logprobs(batch)
+        values, indices = policy.get_topk_logits(batch, K)
+        evaluated = policy.evaluate(batch, loss_fn)
+        metrics = policy.train(batch, loss_fn)
+        weights = policy.full_weights()
+    finally:
+        policy.shutdown()
+
+    reference = load_reference(model_dirs[kind])
+    logprob_err = (logprobs - reference_logprobs(reference, batch)).abs().max()
+    assert logprob_err < LOGPROB_ATOL, f"{layout}: logprobs differ by {logprob_err:.3g}"
+    ref_values, ref_indices = reference_topk(reference, batch, K)
+    assert_topk_close(
+        values, indices, ref_values, ref_indices, batch["input_lengths"], LOGPROB_ATOL
+    )
+
+    with torch.no_grad():
+        count = build_loss_mask(batch["token_mask"], batch["sample_mask"]).sum()
+        ref_eval, _ = loss_fn(reference_logits(reference, batch), batch, count)
+    close = {"rtol": LOSS_RTOL, "atol": 0.0}
+    torch.testing.assert_close(torch.tensor(evaluated["loss"]), ref_eval.float(), **close)
+
+    ref_losses, ref_norms, ref_params = reference_train(
+        reference, batch, loss_fn, cfg, cfg.train_global_batch_size
+    )
+    assert len(metrics["loss"]) == 2
+    torch.testing.assert_close(torch.tensor(metrics["loss"]), torch.tensor(ref_losses), **close)
+    torch.testing.assert_close(torch.tensor(metrics["grad_norm"]), torch.tensor(ref_norms), **close)
+    worst = 0.0
+    for name, ref in ref_params.items():
+        err = float((weights[name] - ref.detach()).abs().max())
+        assert err < PARAM_ATOL, f"{layout}: {name} differs by {err:.3g} after 2 steps"
+        worst = max(worst, err)
+    ref_head = ref_params.get("lm_head.weight", ref_params["model.embed_tokens.weight"])
+    torch.testing.assert_close(
+        weights["lm_head.weight"], ref_head.detach(), atol=PARAM_ATOL, rtol=0
+    )
+    loss_err = max(abs(a / b - 1) for a, b in zip(metrics["loss"], ref_losses, strict=True))
+    print(
+        f"\nmegatron {layout}: logprob err {float(logprob_err):.2g}, "
+        f"loss rel err {loss_err:.2g}, param err {worst:.2g}"
+    )
+
+
+def test_checkpoint_loads_in_transformers_and_resumes_in_another_layout(
+    model_dirs, ray_session, tmp_path
+):
+    """Saved at tp=2: from_pretrained gives the same log-probs; a world-size-1 engine resumes
+    with the same loss, gradient norm and lr as the tp=2 engine that kept going (the optimizer
+    state is stored unsharded under HF names)."""
+    first, second = make_batch(4, k=K, seed=11), make_batch(4, k=K, seed=12)
+    loss_fn = DistillationLossFn(kl_type="reverse", implementation="torch")
+    checkpoint = tmp_path / "step_1"
+
+    cfg = megatron_config(model_dirs["untied"], megatron_cfg__tensor_model_parallel_size=2)
+    policy = Policy(cfg, cpu_cluster(2), name="megatron_save")
+    try:
+        policy.train(first, loss_fn)
+        saved_logprobs = policy.get_logprobs(second)
+        policy.save(str(checkpoint))
+        policy.offload()
+        policy.onload()
+        continued = policy.train(second, loss_fn)
+    finally:
+        policy.shutdown()
+
+    hf = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
+    hf_logprobs = reference_logprobs(hf, second)
+    valid = torch.arange(hf_logprobs.shape[1]) < second["input_lengths"].unsqueeze(1) - 1
+    assert (hf_logprobs - saved_logprobs).abs()[valid].max() < LOGPROB_ATOL
+
+    resumed = Policy(megatron_config(model_dirs["untied"]), cpu_cluster(1), name="megatron_load")
+    try:
+        resumed.load(str(checkpoint))
+        assert resumed.step == 1
+        again = resumed.train(second, loss_fn)
+    finally:
+        resumed.shutdown()
+    for name in ("loss", "grad_norm", "lr"):
+        torch.testing.assert_close(
+            torch.tensor(again[name]), torch.tensor(continued[name]), rtol=1e-5, atol=0
+        )
+
+
+def test_frozen_teacher_topk(model_dirs, ray_session):
+    cfg = megatron_config(
+        model_dirs["untied"], megatron_cfg__tensor_model_parallel_size=2, optimizer=None
+    )
+    batch = make_batch(5, teacher=False, seed=4)
+    teacher = Policy(cfg, cpu_cluster(2), optimizer=False, name="megatron_teacher")
+    try:
+        values, indices = teacher.get_topk_logits(batch, K)
+    finally:
+        teacher.shutdown()
+    ref_values, ref_indices = reference_topk(load_reference(model_dirs["untied"]), batch, K)
+    assert_topk_close(
+        values, indices, ref_values, ref_indices, batch["input_lengths"], LOGPROB_ATOL
+    )
