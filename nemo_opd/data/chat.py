@@ -41,8 +41,8 @@ class ChatFormatter:
                 "the tokenizer has no chat template: set policy.tokenizer.chat_template to a "
                 "Jinja template (file path or text)"
             )
-        if prompt_template is not None and "{}" not in prompt_template:
-            raise SetupError('data.prompt_file: the template must contain "{}" for the prompt')
+        if prompt_template is not None:
+            _check_prompt_template(prompt_template)
         self.tokenizer = tokenizer
         self.prompt_template = prompt_template
         self.system_prompt = system_prompt
@@ -104,6 +104,19 @@ class ChatFormatter:
 def _plain(message: Message) -> Message:
     """Only role and content: what the chat template reads."""
     return {"role": message["role"], "content": message["content"]}
+
+
+def _check_prompt_template(template: str) -> None:
+    """A user-prompt template has one "{}" for the prompt and only doubled literal braces."""
+    if "{}" not in template:
+        raise SetupError('data.prompt_file: the template must contain "{}" for the prompt')
+    try:
+        template.format("")
+    except (IndexError, KeyError, ValueError) as error:
+        raise SetupError(
+            f'data.prompt_file: the template is not a valid format string ({error!r}): use one '
+            '"{}" for the prompt and write literal braces twice, e.g. \\boxed{{}}'
+        ) from error
 
 
 def read_text_file(path: str | None, key: str) -> str | None:

@@ -1,7 +1,11 @@
+from pathlib import Path
+
 import pytest
 
 from nemo_opd.data.chat import ChatFormatter, read_text_file
 from nemo_opd.errors import SetupError
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
 
 def _ids(log):
@@ -48,6 +52,19 @@ def test_extend_after_assistant_equals_chat_template(chat_tokenizer, ending):
 def test_prompt_template_needs_placeholder(chat_tokenizer):
     with pytest.raises(SetupError, match=r'must contain "\{\}"'):
         ChatFormatter(chat_tokenizer, "no placeholder")
+
+
+@pytest.mark.parametrize("template", ["{} then \\boxed{}", "{} {answer}", "{} }"])
+def test_prompt_template_with_bare_braces_is_refused(chat_tokenizer, template):
+    with pytest.raises(SetupError, match="write literal braces twice"):
+        ChatFormatter(chat_tokenizer, template)
+
+
+def test_example_prompt_file_renders(chat_tokenizer):
+    text = read_text_file(str(EXAMPLES / "prompts" / "math_boxed.txt"), "data.prompt_file")
+    log = ChatFormatter(chat_tokenizer, text).prompt_log("What is 2 + 3?")
+    assert log[0]["content"].startswith("What is 2 + 3?\n")
+    assert log[0]["content"].endswith("within \\boxed{}.")
 
 
 def test_read_text_file(tmp_path):
