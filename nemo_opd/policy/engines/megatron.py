@@ -29,7 +29,7 @@ float16 the forward runs under torch.autocast.
 
 Checkpoints use the DTensor engine's format (docs/policy.md): Hugging Face weights loadable by
 from_pretrained, and the optimizer state unsharded by Hugging Face parameter name, so a
-checkpoint written by one backend resumes in the other.
+checkpoint loads at any tensor-parallel size (and has the structure the DTensor engine reads).
 
 Not supported (raises): pipeline and expert parallel, sequence parallel.
 """
@@ -336,7 +336,7 @@ class MegatronEngine(Engine):
         return {"state": state, "param_groups": groups}
 
     def _load_optimizer_state(self, full: dict) -> None:
-        """Inverse of _full_optimizer_state (also reads a DTensor engine's checkpoint)."""
+        """Inverse of _full_optimizer_state: this rank's AdamW state from the full one."""
         rank, tp = self.dims.local_rank("tp"), self.dims.tp
         saved = full["state"]
         state = {}
