@@ -51,6 +51,32 @@ def check_one_backend(cfg: "DistillationConfig") -> list[str]:
     return problems
 
 
+def check_backend_features_available(cfg: "DistillationConfig") -> list[str]:
+    """Backend features not implemented yet are off: sequence_parallel (both backends), and for
+    Megatron pipeline and expert parallel and the distributed optimizer."""
+    problems = []
+    for name, model in _models(cfg):
+        if model.dtensor_cfg.enabled == model.megatron_cfg.enabled:
+            continue  # reported by check_one_backend
+        prefix = _backend_prefix(name, model)
+        section = getattr(model, f"{model.backend}_cfg")
+        wanted = {"sequence_parallel": section.sequence_parallel}
+        if model.backend == "megatron":
+            wanted["pipeline_model_parallel_size"] = section.pipeline_model_parallel_size > 1
+            wanted["expert_model_parallel_size"] = section.expert_model_parallel_size > 1
+            wanted["distributed_optimizer"] = section.distributed_optimizer
+        for key, used in wanted.items():
+            if used:
+                problems.append(
+                    f"{prefix}.{key} is not supported yet by the {model.backend} backend; "
+                    f"set it to {'false' if key in _FLAGS else 1}"
+                )
+    return problems
+
+
+_FLAGS = ("sequence_parallel", "distributed_optimizer")
+
+
 def check_policy_trains_teacher_frozen(cfg: "DistillationConfig") -> list[str]:
     """The policy has an optimizer and a generation section; the teacher has neither (it is
     frozen and does not sample), nor a scheduler."""
@@ -301,6 +327,7 @@ def check_checkpointing(cfg: "DistillationConfig") -> list[str]:
 
 CHECKS: tuple[Callable[["DistillationConfig"], list[str]], ...] = (
     check_one_backend,
+    check_backend_features_available,
     check_policy_trains_teacher_frozen,
     check_generation_placement,
     check_parallel_sizes_divide_world,

@@ -55,8 +55,9 @@ class MegatronConfig(Section):
     activation_checkpointing: bool = False
     """Recompute activations in the backward pass instead of storing them."""
 
-    distributed_optimizer: bool = True
-    """Shard optimizer state across data-parallel ranks (Megatron's distributed optimizer)."""
+    distributed_optimizer: bool = False
+    """Shard optimizer state across data-parallel ranks (Megatron's distributed optimizer). Not
+    supported yet: the Megatron engine keeps AdamW state replicated over data-parallel ranks."""
 
     converted_checkpoint_dir: str | None = None
     """Where HF checkpoints converted to Megatron format are cached; null uses a directory

@@ -22,7 +22,7 @@ with the global gradient norm clipped here. Megatron's own optimizer and DDP are
 on CPU they allocate on torch.cuda.current_device() (grad buffers, found_inf, clip_grads), and
 its distributed optimizer does not run there; using one optimizer for both backends also makes
 the DTensor and Megatron engines agree step for step. Optimizer state is replicated over data-
-parallel ranks (megatron_cfg.distributed_optimizer is not implemented and is ignored).
+parallel ranks (megatron_cfg.distributed_optimizer is not implemented; the config rejects it).
 
 Precision: parameters, gradients and optimizer state are fp32; with precision bfloat16 or
 float16 the forward runs under torch.autocast.
@@ -36,7 +36,6 @@ Not supported (raises): pipeline and expert parallel, sequence parallel.
 
 import contextlib
 import json
-import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -372,19 +371,18 @@ class MegatronEngine(Engine):
 
 
 def _check_supported_layout(cfg: PolicyConfig) -> None:
+    """Backstop for engines built outside a validated DistillationConfig (the config check
+    check_backend_features_available reports these at load time)."""
     mcfg = cfg.megatron_cfg
-    if mcfg.pipeline_model_parallel_size > 1:
-        raise NotImplementedError("megatron_cfg.pipeline_model_parallel_size > 1 is not supported")
-    if mcfg.expert_model_parallel_size > 1:
-        raise NotImplementedError("megatron_cfg.expert_model_parallel_size > 1 is not supported")
-    if mcfg.sequence_parallel:
-        raise NotImplementedError("megatron_cfg.sequence_parallel is not supported")
-    if mcfg.distributed_optimizer:
-        warnings.warn(
-            "megatron_cfg.distributed_optimizer is not implemented: the optimizer state is "
-            "replicated over data-parallel ranks",
-            stacklevel=3,
-        )
+    unsupported = {
+        "pipeline_model_parallel_size": mcfg.pipeline_model_parallel_size > 1,
+        "expert_model_parallel_size": mcfg.expert_model_parallel_size > 1,
+        "sequence_parallel": mcfg.sequence_parallel,
+        "distributed_optimizer": mcfg.distributed_optimizer,
+    }
+    for key, used in unsupported.items():
+        if used:
+            raise NotImplementedError(f"megatron_cfg.{key} is not supported yet")
 
 
 def _init_megatron_parallel(dims: ParallelDims) -> None:

@@ -16,6 +16,10 @@ def problems(config) -> list[str]:
     return []
 
 
+def without_unsupported(found: list[str]) -> list[str]:
+    return [p for p in found if "is not supported yet" not in p]
+
+
 def test_minimal_config_passes_every_check(minimal):
     assert problems(minimal) == []
 
@@ -94,13 +98,14 @@ def test_parallel_sizes_divide_the_world(minimal, backend, sizes, message):
     if backend == "megatron_cfg":
         minimal["policy"]["dtensor_cfg"] = {"enabled": False}
     minimal["policy"][backend] = {"enabled": True, **sizes}
-    assert problems(minimal) == [message]
+    # (pipeline parallel is also reported as not supported yet: see the test below)
+    assert without_unsupported(problems(minimal)) == [message]
 
 
 def test_expert_parallel_divides_the_world(minimal):
     minimal["teacher"]["dtensor_cfg"] = {"enabled": False}
     minimal["teacher"]["megatron_cfg"] = {"enabled": True, "expert_model_parallel_size": 4}
-    assert problems(minimal) == [
+    assert without_unsupported(problems(minimal)) == [
         "teacher.megatron_cfg.expert_model_parallel_size (4) x tensor x pipeline (= 4) must "
         "divide the 2 training workers"
     ]
@@ -182,12 +187,13 @@ def test_sequence_length_divisibility(minimal):
         "tensor_parallel_size": 2,
         "sequence_parallel": True,
     }
-    assert problems(minimal) == [
+    # sequence_parallel is refused until implemented; the divisibility rule stays in force
+    assert without_unsupported(problems(minimal)) == [
         "policy.make_sequence_length_divisible_by (1) must be a multiple of the tensor-parallel "
         "size (sequence_parallel) of policy.dtensor_cfg (2)"
     ]
     minimal["policy"]["make_sequence_length_divisible_by"] = 2
-    assert problems(minimal) == []
+    assert without_unsupported(problems(minimal)) == []
 
 
 def test_context_parallel_needs_no_divisor_setting(minimal):
@@ -323,4 +329,25 @@ def test_all_failed_checks_are_reported_together(minimal):
         "teacher.optimizer",
         "loss_fn.jsd_beta",
         "data.dataset_name",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("backend", "key", "value", "fix"),
+    [
+        ("dtensor", "sequence_parallel", True, "false"),
+        ("megatron", "sequence_parallel", True, "false"),
+        ("megatron", "distributed_optimizer", True, "false"),
+        ("megatron", "pipeline_model_parallel_size", 2, "1"),
+        ("megatron", "expert_model_parallel_size", 2, "1"),
+    ],
+)
+def test_unimplemented_backend_features_are_refused(minimal, backend, key, value, fix):
+    other = "megatron" if backend == "dtensor" else "dtensor"
+    minimal["teacher"][f"{other}_cfg"] = {"enabled": False}
+    minimal["teacher"][f"{backend}_cfg"] = {"enabled": True, key: value}
+    found = [p for p in problems(minimal) if "not supported yet" in p]
+    assert found == [
+        f"teacher.{backend}_cfg.{key} is not supported yet by the {backend} backend; "
+        f"set it to {fix}"
     ]
