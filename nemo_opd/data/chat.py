@@ -114,7 +114,7 @@ def _check_prompt_template(template: str) -> None:
         template.format("")
     except (IndexError, KeyError, ValueError) as error:
         raise SetupError(
-            f'data.prompt_file: the template is not a valid format string ({error!r}): use one '
+            f"data.prompt_file: the template is not a valid format string ({error!r}): use one "
             '"{}" for the prompt and write literal braces twice, e.g. \\boxed{{}}'
         ) from error
 

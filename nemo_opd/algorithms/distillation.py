@@ -1,0 +1,502 @@
+"""On-policy distillation: the student samples, the frozen teacher grades every token, and the
+student is trained to match the teacher on the states it visited.
+
+    run(cfg)  =  setup(cfg)  ->  distillation_train(run)  ->  export the final student
+
+One step of distillation_train, in order:
+    1. refit     push the student's weights into vLLM, only when they changed
+    2. rollout   run_multi_turn_rollout over the math environment
+    3. flatten   message logs -> input_ids, input_lengths, token_mask, sample_mask
+    4. teacher   top-k log-probs and ids of every position
+    5. train     student.train with DistillationLossFn (one optimizer step per global batch)
+    6. validate  every val_period steps: accuracy, average length, validation KL
+    7. save/log  checkpoint every save_period steps; metrics to console, JSONL, TensorBoard
+
+Resuming is automatic: when checkpointing.checkpoint_dir holds a checkpoint, the student,
+optimizer, data position and step are restored, and sampling seeds depend only on (seed, step),
+so the resumed run continues exactly as an uninterrupted one would.
+
+Left out on purpose: overlapping generation with teacher scoring, asynchronous rollouts, and
+mixing off-policy data (see docs/design.md, "Coming later").
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import ray
+import torch
+from ray.util.placement_group import PlacementGroup
+
+from nemo_opd.algorithms.model_checks import (
+    check_tensor_parallel,
+    check_vocab_sizes,
+    load_model_config,
+)
+from nemo_opd.algorithms.prompts import PromptSet, encode_prompts, repeat_samples
+from nemo_opd.algorithms.tokenizers import check_same_vocabulary, load_tokenizer
+from nemo_opd.config.placement import worker_split
+from nemo_opd.config.schema import DistillationConfig
+from nemo_opd.data.batching import TensorBatch
+from nemo_opd.data.chat import ChatFormatter, read_text_file
+from nemo_opd.data.datasets import load_prompt_records
+from nemo_opd.data.message_log import flatten_generation_logprobs, flatten_message_logs
+from nemo_opd.data.prompt_loader import PromptLoader
+from nemo_opd.distributed.cluster import (
+    WorkerResources,
+    build_placement_group,
+    resolve_device_type,
+)
+from nemo_opd.environments import MathEnvironment
+from nemo_opd.errors import SetupError
+from nemo_opd.generation import VllmGeneration, logprob_mismatch
+from nemo_opd.losses import DistillationLossFn
+from nemo_opd.models.resolve import resolve_pretrained
+from nemo_opd.policy.policy import Policy
+from nemo_opd.rollouts import RolloutResult, run_multi_turn_rollout
+from nemo_opd.utils.checkpoint_manager import CheckpointManager
+from nemo_opd.utils.logger import Logger
+from nemo_opd.utils.plot import plot_metrics
+from nemo_opd.utils.timers import Timers
+
+FINAL_MODEL_DIR = "final_model"
+SHARE = 1 / 3
+"""Fraction of each training bundle (CPUs, GPU) taken by the student, the teacher and colocated
+generation: they run one after another within a step, so they share the devices."""
+
+
+@dataclass
+class DistillationRun:
+    """Everything setup() builds; distillation_train() drives it."""
+
+    cfg: DistillationConfig
+    formatter: ChatFormatter
+    train_prompts: PromptSet
+    val_prompts: PromptSet
+    loader: PromptLoader
+    environments: dict
+    student: Policy
+    teacher: Policy
+    generation: VllmGeneration
+    loss_fn: DistillationLossFn
+    logger: Logger
+    checkpoints: CheckpointManager
+    placement: PlacementGroup
+    step: int = 0
+    generation_version: int = 0
+    last_metrics: dict = field(default_factory=dict)
+
+    def shutdown(self) -> None:
+        """Stop every worker (generation first: it holds the most memory)."""
+        for part in (self.generation, self.student, self.teacher):
+            part.shutdown()
+        for env in self.environments.values():
+            env.shutdown()
+        ray.util.remove_placement_group(self.placement)
+        if self.logger is not None:
+            self.logger.close()
+
+
+def run(cfg: DistillationConfig) -> int:
+    """Set up, train, export; returns the process exit status."""
+    try:
+        state = setup(cfg)
+    except SetupError as error:
+        print(f"error: {error}")
+        return 2
+    try:
+        distillation_train(state)
+        export_final_model(state)
+    finally:
+        state.shutdown()
+    return 0
+
+
+# ------------------------------------------------------------------------------------------ setup
+
+
+def setup(cfg: DistillationConfig) -> DistillationRun:
+    """Build tokenizer, data, environments, student, teacher, generation, loss and logging, and
+    restore the latest checkpoint if there is one."""
+    # Models: "tiny:*" names build (or reuse) the embedded assets here, once, on the driver.
+    cfg = _resolve_model_paths(cfg)
+
+    # Tokenizers: one shared vocabulary.
+    tokenizer = load_tokenizer(cfg.policy.tokenizer, "policy")
+    check_same_vocabulary(tokenizer, load_tokenizer(cfg.teacher.tokenizer, "teacher"))
+
+    # Model configs: vocabularies and tensor-parallel sizes fit.
+    student_config = load_model_config(cfg.policy, "policy")
+    teacher_config = load_model_config(cfg.teacher, "teacher")
+    check_vocab_sizes(student_config, teacher_config, len(tokenizer))
+    check_tensor_parallel(cfg.policy, student_config, "policy")
+    check_tensor_parallel(cfg.teacher, teacher_config, "teacher")
+    if cfg.distillation.topk_logits_k > student_config.vocab_size:
+        raise SetupError(
+            f"distillation.topk_logits_k ({cfg.distillation.topk_logits_k}) exceeds the "
+            f"vocabulary size ({student_config.vocab_size})"
+        )
+
+    # Data: prompts rendered with the chat template; too-long prompts skipped and counted.
+    formatter = ChatFormatter(
+        tokenizer,
+        read_text_file(cfg.data.prompt_file, "data.prompt_file"),
+        read_text_file(cfg.data.system_prompt_file, "data.system_prompt_file"),
+    )
+    max_prompt = cfg.data.max_input_seq_length or cfg.policy.max_total_sequence_length - 1
+    train = encode_prompts(load_prompt_records(cfg.data, "train"), formatter, max_prompt, "train")
+    val = encode_prompts(
+        load_prompt_records(cfg.data, "validation"), formatter, max_prompt, "validation"
+    )
+    if cfg.distillation.max_val_samples is not None:
+        val.samples = val.samples[: cfg.distillation.max_val_samples]
+    print(
+        f"data: {len(train.samples)} train prompts ({train.skipped} skipped as longer than "
+        f"{max_prompt} tokens), {len(val.samples)} validation prompts ({val.skipped} skipped)"
+    )
+    loader = PromptLoader(
+        train.samples,
+        cfg.distillation.num_prompts_per_step,
+        cfg.data.shuffle,
+        cfg.distillation.seed,
+    )
+
+    # Workers: Ray, environments, student, teacher, generation.
+    _init_ray(cfg)
+    environments = {"math": MathEnvironment(cfg.env.math)}
+    split = worker_split(cfg.cluster, cfg.policy.generation)
+    device = resolve_device_type(cfg.cluster)
+    placement = build_placement_group(
+        split.training, WorkerResources(device, cfg.cluster.cpus_per_worker)
+    )
+    student = Policy(
+        cfg.policy,
+        cfg.cluster,
+        num_workers=split.training,
+        name="policy",
+        total_steps=cfg.distillation.max_num_steps * _optimizer_steps_per_step(cfg),
+        placement=placement,
+        share=SHARE,
+    )
+    teacher = Policy(
+        cfg.teacher,
+        cfg.cluster,
+        optimizer=False,
+        num_workers=split.training,
+        name="teacher",
+        placement=placement,
+        share=SHARE,
+    )
+    generation = _build_generation(cfg, device, split.generation, placement)
+    _print_temperatures(cfg)
+
+    run_state = DistillationRun(
+        cfg=cfg,
+        formatter=formatter,
+        train_prompts=train,
+        val_prompts=val,
+        loader=loader,
+        environments=environments,
+        student=student,
+        teacher=teacher,
+        generation=generation,
+        loss_fn=DistillationLossFn(cfg.loss_fn),
+        logger=None,
+        checkpoints=CheckpointManager(cfg.checkpointing),
+        placement=placement,
+    )
+    _restore_latest(run_state)
+    run_state.logger = Logger(
+        cfg.logger,
+        run_config=cfg.model_dump(mode="json"),
+        resume_step=run_state.step,
+        total_steps=cfg.distillation.max_num_steps,
+    )
+    return run_state
+
+
+def _resolve_model_paths(cfg: DistillationConfig) -> DistillationConfig:
+    """The config with "tiny:*" model and tokenizer names replaced by local directories."""
+    update = {}
+    for section in ("policy", "teacher"):
+        model = getattr(cfg, section)
+        tokenizer = model.tokenizer.model_copy(
+            update={"name": resolve_pretrained(model.tokenizer.name)}
+        )
+        update[section] = model.model_copy(
+            update={"model_name": resolve_pretrained(model.model_name), "tokenizer": tokenizer}
+        )
+    return cfg.model_copy(update=update)
+
+
+def _init_ray(cfg: DistillationConfig) -> None:
+    """Start a local Ray instance sized for the configured workers (unless one is running)."""
+    if ray.is_initialized():
+        return
+    cpus = max(os.cpu_count() or 1, cfg.cluster.world_size * cfg.cluster.cpus_per_worker)
+    ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=True)
+
+
+def _optimizer_steps_per_step(cfg: DistillationConfig) -> int:
+    loop = cfg.distillation
+    rollouts = loop.num_prompts_per_step * loop.num_generations_per_prompt
+    return rollouts // cfg.policy.train_global_batch_size
+
+
+def _build_generation(
+    cfg: DistillationConfig, device: str, generation_workers: int, placement: PlacementGroup
+) -> VllmGeneration:
+    """vLLM engines holding the student's initial weights. On CUDA: one per generation worker,
+    in the training bundles when colocated (a third of each, next to student and teacher), on
+    their own GPUs otherwise. On CPU: one engine with no reservation (it time-shares the cores
+    with training, which waits while it generates)."""
+    gen_cfg = cfg.policy.generation
+    colocated = device == "cuda" and gen_cfg.colocated.enabled
+    return VllmGeneration(
+        gen_cfg,
+        cfg.policy.model_name,
+        cfg.policy.tokenizer.name,
+        device_type=device,
+        num_engines=1 if device == "cpu" else generation_workers,
+        seed=cfg.distillation.seed,
+        cpus_per_engine=cfg.cluster.cpus_per_worker * SHARE if colocated else None,
+        gpus_per_engine=SHARE if colocated else None,
+        placement=placement if colocated else None,
+    )
+
+
+def _teacher_temperature(cfg: DistillationConfig) -> float:
+    return cfg.distillation.teacher_temperature or cfg.loss_fn.temperature
+
+
+def _print_temperatures(cfg: DistillationConfig) -> None:
+    print(
+        f"temperatures: sampling {cfg.policy.generation.temperature}, student in the loss "
+        f"{cfg.loss_fn.temperature}, teacher {_teacher_temperature(cfg)}"
+    )
+
+
+def _restore_latest(state: DistillationRun) -> None:
+    """Load the latest checkpoint of checkpointing.checkpoint_dir, if any."""
+    if not state.cfg.checkpointing.enabled:
+        return
+    path = state.checkpoints.latest()
+    if path is None:
+        return
+    saved = state.checkpoints.load_state(path)
+    state.student.load(str(path / "policy"))
+    state.loader.load_state_dict(saved["state"]["loader"])
+    state.step = int(saved["step"])
+    state.generation_version = -1  # vLLM holds the initial weights: refit before sampling
+    state.last_metrics = dict(saved.get("metrics", {}))
+    print(f"resumed from {path} (step {state.step})")
+
+
+# --------------------------------------------------------------------------------------- training
+
+
+def distillation_train(state: DistillationRun) -> None:
+    """Run steps until max_num_steps or max_num_epochs (see the module docstring)."""
+    cfg, loop = state.cfg, state.cfg.distillation
+    timers = Timers()
+    if loop.val_at_start and state.step == 0:
+        state.logger.log({**validate(state, timers), **timers.summary()}, step=0)
+    batches = iter(state.loader)
+    while state.step < loop.max_num_steps and state.loader.epoch < loop.max_num_epochs:
+        samples = next(batches)
+        step = state.step + 1
+        with timers.time("train"):
+            metrics = _train_step(state, samples, step, timers)
+        state.step = step
+        last = step == loop.max_num_steps
+        if (loop.val_period and step % loop.val_period == 0) or (last and loop.val_at_end):
+            metrics.update(validate(state, timers))
+        metrics.update(_timing_metrics(timers, metrics["train/num_tokens"]))
+        state.logger.log(metrics, step=step)
+        state.last_metrics.update(metrics)
+        if cfg.checkpointing.enabled and (step % cfg.checkpointing.save_period == 0 or last):
+            _save_checkpoint(state)
+
+
+def _train_step(state: DistillationRun, samples: list, step: int, timers: Timers) -> dict:
+    """Steps 1-5 of the loop for one batch of prompts; returns its metrics."""
+    cfg, loop = state.cfg, state.cfg.distillation
+    # 1. refit
+    with timers.time("refit"):
+        _refit_if_stale(state)
+    # 2. rollout
+    with timers.time("generation"):
+        logs, metadata = repeat_samples(samples, loop.num_generations_per_prompt)
+        rollout = _rollout(state, logs, metadata, greedy=False, seed=_step_seed(cfg, step))
+    # 3. flatten
+    batch = flatten_message_logs(rollout.message_logs, state.formatter.tokenizer.pad_token_id)
+    # 4. teacher
+    with timers.time("teacher_topk"):
+        values, indices = state.teacher.get_topk_logits(
+            batch, loop.topk_logits_k, temperature=_teacher_temperature(cfg)
+        )
+        batch["teacher_topk_logprobs"], batch["teacher_topk_indices"] = values, indices
+    metrics = {}
+    if cfg.policy.generation.logprob_check:
+        with timers.time("logprob_check"):
+            metrics["generation/logprob_mismatch"] = _logprob_mismatch(state, batch, rollout)
+    # 5. train
+    with timers.time("policy_training"):
+        history = state.student.train(batch, state.loss_fn)
+    metrics.update(_train_metrics(history, batch, rollout))
+    state.logger.log_rollouts(_rollout_records(rollout), step=step)
+    return metrics
+
+
+def _timing_metrics(timers: Timers, num_tokens: float) -> dict:
+    """Seconds per phase ("timing/train/<phase>", the whole step as
+    "timing/train/total_step_time") and trained tokens per second."""
+    timings = timers.summary()
+    total = timings.pop("timing/train")
+    timings["timing/train/total_step_time"] = total
+    timings["train/tokens_per_sec"] = num_tokens / total
+    return timings
+
+
+def _refit_if_stale(state: DistillationRun) -> None:
+    """Push the student's weights into vLLM when they changed since the last push."""
+    version = state.step
+    if version != state.generation_version:
+        state.generation.refit(state.student.full_weights(), version)
+        state.generation_version = version
+
+
+def _rollout(
+    state: DistillationRun, logs: list, metadata: list, *, greedy: bool, seed: int | None
+) -> RolloutResult:
+    """Rollouts with the generation engine awake (and asleep again afterwards)."""
+    cfg = state.cfg
+    state.generation.prepare_for_generation()
+    try:
+        return run_multi_turn_rollout(
+            state.generation,
+            logs,
+            metadata,
+            state.formatter,
+            state.environments,
+            max_seq_len=cfg.policy.max_total_sequence_length,
+            max_rollout_turns=cfg.distillation.max_rollout_turns,
+            max_new_tokens=cfg.policy.generation.max_new_tokens,
+            greedy=greedy,
+            seed=seed,
+        )
+    finally:
+        state.generation.finish_generation()
+
+
+def _step_seed(cfg: DistillationConfig, step: int) -> int:
+    """Sampling seed of a step: a function of (seed, step) only, so resumed runs sample the
+    same rollouts as uninterrupted ones. Turns add their index to it."""
+    return cfg.distillation.seed * 1_000_003 + step * 1_000
+
+
+def _logprob_mismatch(state: DistillationRun, batch: TensorBatch, rollout: RolloutResult) -> float:
+    """Mean |vLLM log-prob - student log-prob| over the generated tokens of this step."""
+    temperature = state.cfg.policy.generation.temperature or 1.0
+    student = state.student.get_logprobs(batch, temperature=temperature)  # [B, S]
+    generated, mask = flatten_generation_logprobs(rollout.message_logs, batch["input_ids"].shape[1])
+    # Position t of get_logprobs scores token t + 1.
+    return logprob_mismatch(generated[:, 1:], student[:, :-1], mask[:, 1:])
+
+
+def _train_metrics(history: dict, batch: TensorBatch, rollout: RolloutResult) -> dict:
+    """train/* (loss-function metrics averaged over the step's optimizer steps), rollout/*."""
+    metrics = {f"train/{name}": sum(values) / len(values) for name, values in history.items()}
+    metrics["train/reward"] = float(rollout.rewards.mean())
+    metrics["train/num_tokens"] = float(batch["input_lengths"].sum())
+    metrics.update({f"rollout/{name}": value for name, value in rollout.metrics.items()})
+    return metrics
+
+
+def _rollout_records(rollout: RolloutResult) -> list[dict]:
+    """JSON-friendly rollouts: the first prompt, the assistant turns (joined by " || "), the
+    whole conversation, the reference answer and the reward."""
+    records = []
+    for log, meta, reward, truncated in zip(
+        rollout.message_logs, rollout.metadata, rollout.rewards, rollout.truncated, strict=True
+    ):
+        replies = [m["content"] for m in log if m["role"] == "assistant"]
+        records.append(
+            {
+                "prompt": meta.get("prompt", ""),
+                "response": " || ".join(replies),
+                "answer": meta.get("answer"),
+                "reward": float(reward),
+                "truncated": bool(truncated),
+                "messages": [{"role": m["role"], "content": m["content"]} for m in log],
+            }
+        )
+    return records
+
+
+# ------------------------------------------------------------------------------------- validation
+
+
+def validate(state: DistillationRun, timers: Timers) -> dict:
+    """Greedy rollouts of the validation prompts: accuracy (mean env reward), average generated
+    length, and the divergence between student and teacher on those rollouts."""
+    cfg, loop = state.cfg, state.cfg.distillation
+    with timers.time("validation"):
+        _refit_if_stale(state)
+        samples = state.val_prompts.samples
+        rewards, lengths, kl_sums, count = [], [], {}, 0
+        for start in range(0, len(samples), loop.val_batch_size):
+            chunk = samples[start : start + loop.val_batch_size]
+            logs, metadata = repeat_samples(chunk, 1)
+            rollout = _rollout(state, logs, metadata, greedy=True, seed=None)
+            batch = flatten_message_logs(
+                rollout.message_logs, state.formatter.tokenizer.pad_token_id
+            )
+            values, indices = state.teacher.get_topk_logits(
+                batch, loop.topk_logits_k, temperature=_teacher_temperature(cfg)
+            )
+            batch["teacher_topk_logprobs"], batch["teacher_topk_indices"] = values, indices
+            evaluated = state.student.evaluate(batch, state.loss_fn)
+            tokens = evaluated["global_valid_toks"]
+            for name in ("loss", "forward_kl", "reverse_kl", "top1_agreement"):
+                kl_sums[name] = kl_sums.get(name, 0.0) + evaluated[name] * tokens
+            count += tokens
+            rewards.append(rollout.rewards)
+            lengths.append(rollout.metrics["mean_generated_tokens"] * len(chunk))
+    rewards = torch.cat(rewards)
+    metrics = {
+        "validation/accuracy": float(rewards.mean()),
+        "validation/avg_length": sum(lengths) / len(samples),
+    }
+    metrics.update({f"validation/{n}": s / max(count, 1.0) for n, s in kl_sums.items()})
+    return metrics
+
+
+# ------------------------------------------------------------------------------- save and export
+
+
+def _save_checkpoint(state: DistillationRun) -> None:
+    """An atomic checkpoint of the student and the loop position (ranked by the metric)."""
+    saved = {"loader": state.loader.state_dict()}
+    metrics = {k: v for k, v in state.last_metrics.items() if isinstance(v, int | float)}
+    state.checkpoints.save(
+        state.step,
+        lambda directory: state.student.save(str(Path(directory) / "policy")),
+        state=saved,
+        metrics=metrics,
+    )
+
+
+def export_final_model(state: DistillationRun) -> Path:
+    """The trained student in Hugging Face format (weights, config, tokenizer) under
+    checkpointing.checkpoint_dir/final_model, and the PNG of the training curves."""
+    target = Path(state.cfg.checkpointing.checkpoint_dir) / FINAL_MODEL_DIR
+    state.student.save(str(target))
+    state.formatter.tokenizer.save_pretrained(str(target))
+    metrics_file = Path(state.cfg.logger.log_dir) / "metrics.jsonl"
+    if metrics_file.exists():
+        plot_metrics(metrics_file, Path(state.cfg.logger.log_dir) / "curves.png")
+    print(f"final student: {target}")
+    return target

@@ -1,0 +1,50 @@
+"""Checks on the student's and teacher's model configs, made on the driver before any worker
+starts, so that a mismatch is one clear message instead of a worker traceback."""
+
+from transformers import AutoConfig, PretrainedConfig
+
+from nemo_opd.config.policy import PolicyConfig
+from nemo_opd.errors import SetupError
+
+
+def load_model_config(cfg: PolicyConfig, section: str) -> PretrainedConfig:
+    """The Hugging Face config of a model section."""
+    try:
+        return AutoConfig.from_pretrained(cfg.model_name)
+    except Exception as error:  # noqa: BLE001 - missing files, bad name, no network
+        message = f"{section}.model_name: cannot load {cfg.model_name!r}: {error}"
+        raise SetupError(message) from error
+
+
+def check_vocab_sizes(student: PretrainedConfig, teacher: PretrainedConfig, tokens: int) -> None:
+    """Both embeddings cover the tokenizer, and the teacher's vocabulary is not larger than the
+    student's (its top-k ids index the student's logits)."""
+    for section, config in (("policy", student), ("teacher", teacher)):
+        if config.vocab_size < tokens:
+            raise SetupError(
+                f"{section}.model_name: vocab size {config.vocab_size} is smaller than the "
+                f"tokenizer's {tokens} tokens"
+            )
+    if teacher.vocab_size > student.vocab_size:
+        raise SetupError(
+            f"the teacher's vocab size ({teacher.vocab_size}) exceeds the student's "
+            f"({student.vocab_size}): teacher top-k ids could fall outside the student's logits"
+        )
+
+
+def check_tensor_parallel(cfg: PolicyConfig, config: PretrainedConfig, section: str) -> None:
+    """The tensor-parallel size divides the attention heads, the key/value heads and the
+    vocabulary (each rank holds an equal slice)."""
+    tp = cfg.tensor_parallel_size
+    dims = {
+        "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": getattr(config, "num_key_value_heads", None)
+        or config.num_attention_heads,
+        "vocab_size": config.vocab_size,
+    }
+    for name, size in dims.items():
+        if size % tp:
+            raise SetupError(
+                f"{section}: tensor_parallel_size {tp} must divide the model's {name} ({size}); "
+                f"choose a divisor of {size}"
+            )

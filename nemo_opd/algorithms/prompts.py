@@ -1,0 +1,45 @@
+"""Prompt samples for the loop: dataset records rendered into tokenized message logs, with
+prompts that are too long skipped and counted."""
+
+from dataclasses import dataclass
+
+from nemo_opd.data.chat import ChatFormatter
+from nemo_opd.data.message_log import log_length
+from nemo_opd.errors import SetupError
+
+
+@dataclass
+class PromptSet:
+    """Samples {"message_log", "metadata": {"answer", "prompt"}} and how many were skipped."""
+
+    samples: list[dict]
+    skipped: int
+
+
+def encode_prompts(
+    records: list[dict], formatter: ChatFormatter, max_tokens: int, where: str
+) -> PromptSet:
+    """Render every record; records whose prompt exceeds max_tokens are skipped (not an error:
+    real datasets have a few outliers). Raises SetupError when nothing is left."""
+    samples, skipped = [], 0
+    for record in records:
+        log = formatter.prompt_log(record["prompt"])
+        if log_length(log) > max_tokens:
+            skipped += 1
+            continue
+        metadata = {"answer": record["answer"], "prompt": record["prompt"]}
+        samples.append({"message_log": log, "metadata": metadata})
+    if not samples:
+        raise SetupError(
+            f"{where}: all {len(records)} prompts are longer than {max_tokens} tokens "
+            "(data.max_input_seq_length); raise it or policy.max_total_sequence_length"
+        )
+    return PromptSet(samples, skipped)
+
+
+def repeat_samples(samples: list[dict], times: int) -> tuple[list, list]:
+    """Message logs and metadata with every sample repeated `times` times in a row
+    (num_generations_per_prompt rollouts of each prompt)."""
+    logs = [s["message_log"] for s in samples for _ in range(times)]
+    metadata = [dict(s["metadata"]) for s in samples for _ in range(times)]
+    return logs, metadata

@@ -1,0 +1,96 @@
+"""Bad inputs stop the run at setup with one clear message (exit status 2), before any worker
+starts: wrong tokenizer pairs, missing or malformed datasets, prompts that are all too long."""
+
+import json
+
+import pytest
+
+from nemo_opd.cli import main
+from nemo_opd.data.tiny_math import TinyMathConfig, build_tiny_math_splits
+from nemo_opd.models.tiny_assets import ensure_tiny_assets
+from nemo_opd.models.tiny_recipe import micro_recipe
+from nemo_opd.models.tiny_tokenizer import build_tiny_tokenizer
+
+CONFIG = "examples/configs/distillation_tiny.yaml"
+
+
+@pytest.fixture(scope="module")
+def assets():
+    return ensure_tiny_assets(micro_recipe())
+
+
+def run(assets, tmp_path, *overrides):
+    return main(
+        [
+            "--config",
+            CONFIG,
+            f"policy.model_name={assets.student}",
+            f"policy.tokenizer.name={assets.tokenizer}",
+            f"teacher.model_name={assets.teacher}",
+            f"teacher.tokenizer.name={assets.tokenizer}",
+            f"logger.log_dir={tmp_path / 'logs'}",
+            f"checkpointing.checkpoint_dir={tmp_path / 'ckpt'}",
+            *overrides,
+        ]
+    )
+
+
+def test_different_teacher_tokenizer(assets, tmp_path, capsys):
+    records = build_tiny_math_splits(TinyMathConfig(num_train=300, num_validation=5, seed=9))
+    other = build_tiny_tokenizer(records["train"], 260, 2, 128)
+    other.save_pretrained(tmp_path / "other")
+    assert run(assets, tmp_path, f"teacher.tokenizer.name={tmp_path / 'other'}") == 2
+    out = capsys.readouterr().out
+    assert "the student and teacher tokenizers differ" in out
+    assert "student id" in out and "teacher id" in out
+
+
+def test_missing_dataset_path(assets, tmp_path, capsys):
+    missing = tmp_path / "missing.jsonl"
+    assert run(assets, tmp_path, "data.dataset_name=null", f"data.train_path={missing}") == 2
+    assert f"data.train_path: file not found: {missing}" in capsys.readouterr().out
+
+
+def test_dataset_without_the_columns(assets, tmp_path, capsys):
+    path = tmp_path / "train.jsonl"
+    path.write_text(json.dumps({"question": "1 + 1", "solution": "2"}) + "\n")
+    code = run(
+        assets,
+        tmp_path,
+        "data.dataset_name=null",
+        f"data.train_path={path}",
+        f"data.val_path={path}",
+    )
+    assert code == 2
+    out = capsys.readouterr().out
+    assert "no column 'prompt' (data.prompt_key); columns: question, solution" in out
+
+
+def test_empty_dataset(assets, tmp_path, capsys):
+    path = tmp_path / "empty.jsonl"
+    path.write_text("")
+    assert run(assets, tmp_path, "data.dataset_name=null", f"data.train_path={path}") == 2
+    assert "has no rows" in capsys.readouterr().out
+
+
+def test_all_prompts_too_long(assets, tmp_path, capsys):
+    assert run(assets, tmp_path, "data.max_input_seq_length=4") == 2
+    assert "all 50000 prompts are longer than 4 tokens" in capsys.readouterr().out
+
+
+def test_topk_larger_than_vocabulary(assets, tmp_path, capsys):
+    assert run(assets, tmp_path, "distillation.topk_logits_k=100000") == 2
+    assert "distillation.topk_logits_k (100000) exceeds the vocabulary size" in (
+        capsys.readouterr().out
+    )
+
+
+def test_tensor_parallel_must_divide_heads(assets, tmp_path, capsys):
+    assert (
+        run(
+            assets, tmp_path, "policy.dtensor_cfg.tensor_parallel_size=4", "cluster.gpus_per_node=4"
+        )
+        == 2
+    )
+    out = capsys.readouterr().out
+    assert "policy: tensor_parallel_size 4 must divide the model's num_attention_heads (2)" in out
