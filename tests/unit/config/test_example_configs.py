@@ -16,6 +16,7 @@ def test_examples_exist():
         "distillation_math.yaml",
         "distillation_math_megatron.yaml",
         "distillation_tiny.yaml",
+        "distillation_tiny_megatron.yaml",
     } <= names
 
 
