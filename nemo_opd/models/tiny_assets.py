@@ -6,9 +6,14 @@ directory next to the final one and is renamed into place only when complete (``
 written last), so a crash never leaves a directory that looks valid. A file lock per key makes
 concurrent callers wait for one build instead of racing.
 
-Command line (build if needed, print the table; ``--eval`` re-measures accuracy from disk)::
+The default recipe's assets are also shipped prebuilt with the package (tiny_prebuilt.py): when
+the cache lacks them, the shipped copy is checked and installed instead of training (seconds
+instead of minutes). ``rebuild=True`` always trains from scratch.
 
-    python -m nemo_opd.models.tiny_assets [--rebuild] [--eval]
+Command line (install or build if needed, print the table; ``--eval`` re-measures accuracy from
+disk; ``--rebuild`` trains from scratch; ``--export-prebuilt`` copies the build into the package)::
+
+    python -m nemo_opd.models.tiny_assets [--rebuild] [--eval] [--export-prebuilt]
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from nemo_opd.models.tiny_build import (
     quiet_progress_bars,
     torch_threads,
 )
+from nemo_opd.models.tiny_prebuilt import export_prebuilt, install_prebuilt, prebuilt_dir
 from nemo_opd.models.tiny_recipe import TinyRecipe, default_recipe, micro_recipe, recipe_key
 
 __all__ = ["TINY_PREFIX", "TinyAssets", "cache_root", "ensure_tiny_assets"]
@@ -153,14 +159,18 @@ def ensure_tiny_assets(
             return TinyAssets(final)  # another process built it while we waited
         remove_leftovers(final)
         build_dir = Path(tempfile.mkdtemp(prefix=f".{final.name}.building-", dir=final.parent))
+        shipped = None if rebuild else prebuilt_dir(recipe)
         try:
-            log(f"building tiny assets {final.name} into {final}")
-            manifest = build_tiny_assets(recipe, build_dir, log)
+            if shipped is not None:
+                install_prebuilt(recipe, shipped, build_dir, log)
+            else:
+                log(f"building tiny assets {final.name} into {final}")
+                manifest = build_tiny_assets(recipe, build_dir, log)
+                log(f"built in {manifest['timings_seconds']['total']:.0f}s")
             install(build_dir, final)
         except BaseException:
             shutil.rmtree(build_dir, ignore_errors=True)
             raise
-    log(f"built in {manifest['timings_seconds']['total']:.0f}s")
     return TinyAssets(final)
 
 
@@ -212,9 +222,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rebuild", action="store_true", help="build again and replace")
     parser.add_argument("--eval", action="store_true", help="re-measure held-out accuracy")
     parser.add_argument("--micro", action="store_true", help="the seconds-long test recipe")
+    parser.add_argument(
+        "--export-prebuilt",
+        action="store_true",
+        help="copy the build into the package as the shipped prebuilt assets (maintainers)",
+    )
     args = parser.parse_args(argv)
     recipe = micro_recipe() if args.micro else default_recipe()
     assets = ensure_tiny_assets(recipe, rebuild=args.rebuild)
+    if args.export_prebuilt:
+        print(f"prebuilt assets written to {export_prebuilt(assets.root)}")
     measured = {}
     if args.eval:
         with torch_threads(recipe.torch_threads), quiet_progress_bars():
