@@ -29,6 +29,7 @@ stop strings are set.
 On CPU, vLLM 0.32's attention kernels reject head_dim 16 at the first forward (32 works).
 """
 
+import logging
 import os
 import sys
 import time
@@ -56,6 +57,26 @@ def set_engine_env() -> None:
                 )
     for key, value in ENGINE_ENV.items():
         os.environ[key] = value
+
+
+class _RotaryReloadFilter(logging.Filter):
+    """Drops vLLM's "RotaryEmbedding: Failed to load weights" warning, logged at every in-place
+    reload: rotary embeddings hold a computed cos/sin cache, never a checkpoint weight, and vLLM
+    keeps that cache (it puts the layer's own tensors back)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        rotary = record.args and str(record.args[0]).endswith("RotaryEmbedding")
+        return not (rotary and "Failed to load weights" in str(record.msg))
+
+
+def quiet_vllm_logs() -> None:
+    """vLLM logs several INFO lines per refit and per generate call; keep its warnings and
+    errors only, unless the user chose a level with VLLM_LOGGING_LEVEL."""
+    vllm_logger = logging.getLogger("vllm")
+    if "VLLM_LOGGING_LEVEL" not in os.environ:
+        vllm_logger.setLevel(logging.WARNING)
+    reload_logger = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+    reload_logger.addFilter(_RotaryReloadFilter())
 
 
 class VllmWorker:
@@ -87,6 +108,8 @@ class VllmWorker:
             )
         set_engine_env()
         from vllm import LLM  # after set_engine_env, on purpose
+
+        quiet_vllm_logs()
 
         self.device_type = "cuda" if torch.cuda.is_available() else "cpu"
         started = time.perf_counter()
