@@ -6,13 +6,12 @@ and scheduler. FSDP is applied even at world size 1, so every parameter is a DTe
 code path serves every layout.
 """
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -35,13 +34,18 @@ from nemo_opd.policy.engines.dtensor_parallelize import (
     apply_tensor_parallel,
     tp_replicated_parameters,
 )
+from nemo_opd.policy.engines.training_state import (
+    DTYPES,
+    WEIGHTS_FILE,
+    gather_rng_states,
+    move_training_state,
+    read_step,
+    read_training_state,
+    restore_rng,
+    write_checkpoint,
+)
 from nemo_opd.policy.optim import build_optimizer, build_scheduler
 from nemo_opd.utils.checkpoint import atomic_directory
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-WEIGHTS_FILE = "model.safetensors"
-TRAINING_STATE_FILE = "training_state.pt"
-META_FILE = "nemo_opd.json"
 
 
 class DTensorEngine(Engine):
@@ -147,20 +151,10 @@ class DTensorEngine(Engine):
     # ---------------------------------------------------------------- memory primitives
 
     def offload(self) -> None:
-        self._move(torch.device("cpu"))
+        move_training_state(self.model, self.optimizer, torch.device("cpu"))
 
     def onload(self) -> None:
-        self._move(self.device)
-
-    def _move(self, device: torch.device) -> None:
-        """Move parameters, gradients and optimizer state to `device`."""
-        self.model.to(device)
-        if self.optimizer is None:
-            return
-        for state in self.optimizer.state.values():
-            for key, value in state.items():
-                if isinstance(value, torch.Tensor) and key != "step":
-                    state[key] = value.to(device)
+        move_training_state(self.model, self.optimizer, self.device)
 
     # ---------------------------------------------------------------- weights and checkpoints
 
@@ -189,27 +183,15 @@ class DTensorEngine(Engine):
         optim = None
         if self.optimizer is not None:
             optim = get_optimizer_state_dict(self.model, self.optimizer, options=options)
-        rng = [None] * dist.get_world_size()
-        dist.all_gather_object(rng, _rng_state())
-        if dist.get_rank() == 0:
-            with atomic_directory(path) as tmp:
-                self._write_checkpoint(tmp, weights, optim, rng)
-        dist.barrier()
-
-    def _write_checkpoint(self, tmp: Path, weights: dict, optim: dict | None, rng: list) -> None:
         if self.model.config.tie_word_embeddings:
             weights.pop("lm_head.weight", None)
-        weights = {k: v.contiguous() for k, v in weights.items()}
-        save_file(weights, tmp / WEIGHTS_FILE, metadata={"format": "pt"})
-        config = self.model.config.to_dict()
-        config.pop("_attn_implementation_autoset", None)
-        config["torch_dtype"] = config["dtype"] = "float32"
-        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
         scheduler = self.scheduler.state_dict() if self.scheduler is not None else None
-        torch.save(
-            {"optimizer": optim, "scheduler": scheduler, "rng": rng}, tmp / TRAINING_STATE_FILE
-        )
-        (tmp / META_FILE).write_text(json.dumps({"step": self.step}))
+        rng = gather_rng_states()
+        if dist.get_rank() == 0:
+            with atomic_directory(path) as tmp:
+                config = self.model.config.to_dict()
+                write_checkpoint(tmp, weights, config, optim, scheduler, rng, self.step)
+        dist.barrier()
 
     def load(self, path: str) -> None:
         """Restore what save() wrote (the same world size is needed for the RNG states)."""
@@ -219,32 +201,13 @@ class DTensorEngine(Engine):
             weights.setdefault("lm_head.weight", weights["model.embed_tokens.weight"])
         options = StateDictOptions(full_state_dict=True)
         set_model_state_dict(self.model, weights, options=options)
-        state_file = root / TRAINING_STATE_FILE
-        if state_file.exists():
-            state = torch.load(state_file, weights_only=False)
+        state = read_training_state(root)
+        if state is not None:
             if self.optimizer is not None and state["optimizer"] is not None:
                 set_optimizer_state_dict(
                     self.model, self.optimizer, state["optimizer"], options=options
                 )
                 self.scheduler.load_state_dict(state["scheduler"])
-            rng = state["rng"]
-            if len(rng) == dist.get_world_size():
-                _set_rng_state(rng[dist.get_rank()])
-        meta = root / META_FILE
-        if meta.exists():
-            self.step = json.loads(meta.read_text())["step"]
+            restore_rng(state["rng"])
+        self.step = read_step(root, self.step)
         dist.barrier()
-
-
-def _rng_state() -> dict:
-    """This process's torch (and CUDA) RNG state."""
-    state = {"cpu": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def _set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["cpu"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])

@@ -43,7 +43,6 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
 from safetensors import safe_open
-from safetensors.torch import save_file
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from transformers import AutoConfig
 
@@ -53,14 +52,6 @@ from nemo_opd.distributed.parallel_dims import ParallelDims
 from nemo_opd.models import resolve_pretrained
 from nemo_opd.models.hf_megatron import GPTShape, Rule, conversion_rules, to_hf, to_megatron
 from nemo_opd.policy.engines.base import Engine
-from nemo_opd.policy.engines.dtensor import (
-    DTYPES,
-    META_FILE,
-    TRAINING_STATE_FILE,
-    WEIGHTS_FILE,
-    _rng_state,
-    _set_rng_state,
-)
 from nemo_opd.policy.engines.megatron_model import (
     build_gpt_model,
     check_supported,
@@ -68,6 +59,16 @@ from nemo_opd.policy.engines.megatron_model import (
     rope_angles,
     rope_frequencies,
     transformer_config,
+)
+from nemo_opd.policy.engines.training_state import (
+    DTYPES,
+    WEIGHTS_FILE,
+    gather_rng_states,
+    move_training_state,
+    read_step,
+    read_training_state,
+    restore_rng,
+    write_checkpoint,
 )
 from nemo_opd.policy.optim import build_optimizer, build_scheduler
 from nemo_opd.utils.checkpoint import atomic_directory
@@ -236,20 +237,10 @@ class MegatronEngine(Engine):
     # ---------------------------------------------------------------- memory primitives
 
     def offload(self) -> None:
-        self._move(torch.device("cpu"))
+        move_training_state(self.model, self.optimizer, torch.device("cpu"))
 
     def onload(self) -> None:
-        self._move(self.device)
-
-    def _move(self, device: torch.device) -> None:
-        """Move parameters, gradients and optimizer state to `device`."""
-        self.model.to(device)
-        if self.optimizer is None:
-            return
-        for state in self.optimizer.state.values():
-            for key, value in state.items():
-                if isinstance(value, torch.Tensor) and key != "step":
-                    state[key] = value.to(device)
+        move_training_state(self.model, self.optimizer, self.device)
 
     # ---------------------------------------------------------------- weights and checkpoints
 
@@ -292,24 +283,13 @@ class MegatronEngine(Engine):
             for name, full in self._gather_to_hf(rule, self.params[rule.megatron_name].detach())
         }
         optim = self._full_optimizer_state() if self.optimizer is not None else None
-        rng = [None] * dist.get_world_size()
-        dist.all_gather_object(rng, _rng_state())
+        scheduler = self.scheduler.state_dict() if self.scheduler is not None else None
+        rng = gather_rng_states()
         if dist.get_rank() == 0:
             with atomic_directory(path) as tmp:
-                self._write_checkpoint(tmp, weights, optim, rng)
+                config = self.hf_config.to_dict()
+                write_checkpoint(tmp, weights, config, optim, scheduler, rng, self.step)
         dist.barrier()
-
-    def _write_checkpoint(self, tmp: Path, weights: dict, optim: dict | None, rng: list) -> None:
-        weights = {k: v.contiguous() for k, v in weights.items()}
-        save_file(weights, tmp / WEIGHTS_FILE, metadata={"format": "pt"})
-        config = self.hf_config.to_dict()
-        config["torch_dtype"] = config["dtype"] = "float32"
-        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
-        scheduler = self.scheduler.state_dict() if self.scheduler is not None else None
-        torch.save(
-            {"optimizer": optim, "scheduler": scheduler, "rng": rng}, tmp / TRAINING_STATE_FILE
-        )
-        (tmp / META_FILE).write_text(json.dumps({"step": self.step}))
 
     def _full_optimizer_state(self) -> dict:
         """AdamW state as torch's full optimizer state dict keyed by HF parameter name
@@ -355,18 +335,13 @@ class MegatronEngine(Engine):
         """Restore what save() wrote (the same world size is needed for the RNG states)."""
         root = Path(path)
         self._load_weights(_hf_reader(root))
-        state_file = root / TRAINING_STATE_FILE
-        if state_file.exists():
-            state = torch.load(state_file, weights_only=False)
+        state = read_training_state(root)
+        if state is not None:
             if self.optimizer is not None and state["optimizer"] is not None:
                 self._load_optimizer_state(state["optimizer"])
                 self.scheduler.load_state_dict(state["scheduler"])
-            rng = state["rng"]
-            if len(rng) == dist.get_world_size():
-                _set_rng_state(rng[dist.get_rank()])
-        meta = root / META_FILE
-        if meta.exists():
-            self.step = json.loads(meta.read_text())["step"]
+            restore_rng(state["rng"])
+        self.step = read_step(root, self.step)
         dist.barrier()
 
 
