@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from nemo_opd.models.tiny_assets import ensure_tiny_assets
 from nemo_opd.models.tiny_recipe import micro_recipe
@@ -113,6 +114,21 @@ def read_metrics(run_dir: Path) -> dict[int, dict]:
     return by_step
 
 
+def assert_exported_student_is_trained(final: Path, last_checkpoint: Path, initial: Path):
+    """The exported student loads with from_pretrained, equals the last checkpoint's weights and
+    differs from the initial student."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(final)
+    exported = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    saved = load_file(last_checkpoint / "model.safetensors")
+    start = load_file(initial / "model.safetensors")
+    for name, tensor in exported.items():
+        assert torch.equal(tensor, saved[name].to(tensor.dtype)), name
+    assert any(not torch.equal(exported[n], start[n].to(exported[n].dtype)) for n in start)
+
+
 def test_tiny_distillation_runs_and_resumes(micro_assets, tmp_path):
     straight = tmp_path / "straight"
     straight.mkdir()
@@ -143,6 +159,9 @@ def test_tiny_distillation_runs_and_resumes(micro_assets, tmp_path):
     assert (straight / "logs" / "curves.png").stat().st_size > 0
     final = straight / "checkpoints" / "final_model"
     assert (final / "config.json").exists() and (final / "tokenizer.json").exists()
+    assert_exported_student_is_trained(
+        final, straight / "checkpoints" / f"step_{STEPS}" / "policy", micro_assets.student
+    )
     print(result.stdout[-2000:])
 
     # SIGKILL after the step-2 checkpoint, run the same command again: same final metrics.
