@@ -67,14 +67,12 @@ def check_backend_features_available(cfg: "DistillationConfig") -> list[str]:
             wanted["distributed_optimizer"] = section.distributed_optimizer
         for key, used in wanted.items():
             if used:
+                off = "false" if isinstance(getattr(section, key), bool) else "1"
                 problems.append(
                     f"{prefix}.{key} is not supported yet by the {model.backend} backend; "
-                    f"set it to {'false' if key in _FLAGS else 1}"
+                    f"set it to {off}"
                 )
     return problems
-
-
-_FLAGS = ("sequence_parallel", "distributed_optimizer")
 
 
 def check_policy_trains_teacher_frozen(cfg: "DistillationConfig") -> list[str]:
