@@ -35,7 +35,10 @@ def test_one_override_switches_parallelism(layout, model_dirs, ray_session):
     assert cfg.cluster.world_size == 2
     assert cfg.policy.sequence_packing.enabled == (layout == "packing")
     batch = make_batch(4, seed=5, teacher=False)
-    policy = Policy(cfg.policy, cfg.cluster, name=f"tiny_{layout}")
+    # The tiny config decays its learning rate, which needs the run's length (the loop passes
+    # the real one; this test only scores).
+    steps = cfg.distillation.max_num_steps
+    policy = Policy(cfg.policy, cfg.cluster, name=f"tiny_{layout}", total_steps=steps)
     try:
         assert (policy.dims.dp, policy.dims.tp, policy.dims.cp) == sizes
         logprobs = policy.get_logprobs(batch)
