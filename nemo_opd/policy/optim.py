@@ -51,3 +51,16 @@ def build_scheduler(
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(step, cfg, total_steps)
     )
+
+
+def build_training_optimizer(
+    params: list[torch.nn.Parameter],
+    optimizer: OptimizerConfig | None,
+    scheduler: SchedulerConfig | None,
+    total_steps: int | None,
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """An engine's optimizer and schedule; a trainable policy must have an optimizer section."""
+    if optimizer is None:
+        raise ValueError("a trainable policy needs an optimizer section")
+    built = build_optimizer(params, optimizer)
+    return built, build_scheduler(built, scheduler, total_steps)

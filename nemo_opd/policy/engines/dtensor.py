@@ -44,7 +44,7 @@ from nemo_opd.policy.engines.training_state import (
     restore_rng,
     write_checkpoint,
 )
-from nemo_opd.policy.optim import build_optimizer, build_scheduler
+from nemo_opd.policy.optim import build_training_optimizer
 from nemo_opd.utils.checkpoint import atomic_directory
 
 
@@ -72,10 +72,9 @@ class DTensorEngine(Engine):
         self.optimizer = None
         self.scheduler = None
         if with_optimizer:
-            if cfg.optimizer is None:
-                raise ValueError("a trainable policy needs an optimizer section")
-            self.optimizer = build_optimizer(list(self.model.parameters()), cfg.optimizer)
-            self.scheduler = build_scheduler(self.optimizer, cfg.scheduler, total_steps)
+            self.optimizer, self.scheduler = build_training_optimizer(
+                list(self.model.parameters()), cfg.optimizer, cfg.scheduler, total_steps
+            )
 
     def _build_model(self) -> torch.nn.Module:
         if self.cfg.dtensor_cfg.sequence_parallel:

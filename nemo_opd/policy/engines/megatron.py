@@ -70,7 +70,7 @@ from nemo_opd.policy.engines.training_state import (
     restore_rng,
     write_checkpoint,
 )
-from nemo_opd.policy.optim import build_optimizer, build_scheduler
+from nemo_opd.policy.optim import build_training_optimizer
 from nemo_opd.utils.checkpoint import atomic_directory
 
 # Gradients are all-reduced over dp x cp in flattened buckets of about this many bytes.
@@ -116,10 +116,9 @@ class MegatronEngine(Engine):
         self.optimizer = None
         self.scheduler = None
         if with_optimizer:
-            if cfg.optimizer is None:
-                raise ValueError("a trainable policy needs an optimizer section")
-            self.optimizer = build_optimizer(list(self.params.values()), cfg.optimizer)
-            self.scheduler = build_scheduler(self.optimizer, cfg.scheduler, total_steps)
+            self.optimizer, self.scheduler = build_training_optimizer(
+                list(self.params.values()), cfg.optimizer, cfg.scheduler, total_steps
+            )
         else:
             self.model.requires_grad_(False)
 
