@@ -79,6 +79,29 @@ def quiet_vllm_logs() -> None:
     reload_logger.addFilter(_RotaryReloadFilter())
 
 
+# vLLM's default per-step token budget on CPU (its scheduler's DEFAULT_MAX_NUM_BATCHED_TOKENS).
+CPU_STEP_TOKENS = 4096
+
+
+def cpu_scheduler_args(device_type: str, max_model_len: int) -> dict[str, Any]:
+    """LLM() arguments that keep seeded sampling working on CPU.
+
+    With chunked prefill, a prompt that does not fit the step's token budget is prefilled in
+    pieces and the token sampled after a partial piece is discarded; vLLM then rewinds that
+    request's seeded generator with ``Generator.set_offset``, which CPU generators do not
+    support ("CPU Generator does not use offset"). That happens as soon as one generate() call
+    holds more prompt tokens than the budget (e.g. a few hundred prompts). Without chunked
+    prefill a prompt is always prefilled whole, so nothing is discarded; the budget must then
+    hold the longest sequence.
+    """
+    if device_type != "cpu":
+        return {}
+    return {
+        "enable_chunked_prefill": False,
+        "max_num_batched_tokens": max(CPU_STEP_TOKENS, max_model_len),
+    }
+
+
 class VllmWorker:
     """One vLLM engine on one device (a GPU, or this process's CPU threads).
 
@@ -114,6 +137,7 @@ class VllmWorker:
         self.device_type = "cuda" if torch.cuda.is_available() else "cpu"
         started = time.perf_counter()
         self.llm = LLM(
+            **cpu_scheduler_args(self.device_type, vllm_cfg["max_model_len"]),
             model=model_path,
             tokenizer=tokenizer_path or model_path,
             skip_tokenizer_init=tokenizer_path is None,

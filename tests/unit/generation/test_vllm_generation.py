@@ -65,6 +65,20 @@ def test_seeds_do_not_depend_on_the_split(generation):
     assert tail.token_ids == full.token_ids[4:]
 
 
+def test_seeded_sampling_of_more_prompt_tokens_than_one_scheduler_step(generation):
+    """Hundreds of seeded prompts in one call (more prompt tokens than vLLM's per-step budget on
+    CPU, which with chunked prefill made vLLM rewind CPU generators and fail) sample the same
+    tokens as when sent a few at a time."""
+    from nemo_opd.generation.vllm_worker import CPU_STEP_TOKENS
+
+    prompts = random_prompts(640, seed=5, min_len=20, max_len=40)
+    assert sum(map(len, prompts)) > 2 * CPU_STEP_TOKENS  # each engine gets half
+    full = generation.generate(prompts, seed=11, max_new_tokens=2)
+    assert all(1 <= len(t) <= 2 for t in full.token_ids)
+    tail = generation.generate(prompts[-3:], seed=11 + len(prompts) - 3, max_new_tokens=2)
+    assert tail.token_ids == full.token_ids[-3:]
+
+
 def test_per_prompt_budgets_and_finish_reasons(generation):
     prompts = random_prompts(5, seed=1)
     budgets = [1, 7, 0, 16, 3]
