@@ -171,6 +171,9 @@ def setup(cfg: DistillationConfig) -> DistillationRun:
     placement = build_placement_group(
         split.training, WorkerResources(device, cfg.cluster.cpus_per_worker)
     )
+    # vLLM loads while the training workers do (importing it alone takes ~20 s of CPU); loading
+    # student and teacher at the same time too was slower on 2 cores.
+    generation = _build_generation(cfg, device, split.generation, placement)
     student = Policy(
         cfg.policy,
         cfg.cluster,
@@ -189,7 +192,7 @@ def setup(cfg: DistillationConfig) -> DistillationRun:
         placement=placement,
         share=SHARE,
     )
-    generation = _build_generation(cfg, device, split.generation, placement)
+    generation.wait_until_ready()
     _print_temperatures(cfg)
 
     run_state = DistillationRun(
@@ -264,6 +267,7 @@ def _build_generation(
         cpus_per_engine=cfg.cluster.cpus_per_worker * SHARE if colocated else None,
         gpus_per_engine=SHARE if colocated else None,
         placement=placement if colocated else None,
+        wait=False,
     )
 
 
@@ -398,10 +402,16 @@ def _step_seed(cfg: DistillationConfig, step: int) -> int:
 
 
 def _logprob_mismatch(state: DistillationRun, batch: TensorBatch, rollout: RolloutResult) -> float:
-    """Mean |vLLM log-prob - student log-prob| over the generated tokens of this step."""
-    temperature = state.cfg.policy.generation.temperature or 1.0
-    student = state.student.get_logprobs(batch, temperature=temperature)  # [B, S]
-    generated, mask = flatten_generation_logprobs(rollout.message_logs, batch["input_ids"].shape[1])
+    """Mean |vLLM log-prob - student log-prob| over the generated tokens of this step's first
+    generation.logprob_check_samples rollouts (all of them when null)."""
+    gen_cfg = state.cfg.policy.generation
+    rows = min(batch.size, gen_cfg.logprob_check_samples or batch.size)
+    checked = batch.slice(0, rows)
+    temperature = gen_cfg.temperature or 1.0
+    student = state.student.get_logprobs(checked, temperature=temperature)  # [rows, S]
+    generated, mask = flatten_generation_logprobs(
+        rollout.message_logs[:rows], checked["input_ids"].shape[1]
+    )
     # Position t of get_logprobs scores token t + 1.
     return logprob_mismatch(generated[:, 1:], student[:, :-1], mask[:, 1:])
 

@@ -81,6 +81,11 @@ class GenerationConfig(Section):
     difference from vLLM's log-probs (generation/logprob_mismatch): near 0 means the refit
     worked and both engines compute the same model."""
 
+    logprob_check_samples: int | None = Field(None, ge=1)
+    """Rollouts the check scores each step (the step's first ones); null scores all of them.
+    The check costs one student forward over the rows it scores, so a sample keeps it cheap
+    when steps are large."""
+
     vllm_cfg: VllmConfig
     """vLLM engine settings."""
 

@@ -68,6 +68,7 @@ class VllmGeneration:
         cpus_per_engine: float | None = None,
         gpus_per_engine: float | None = None,
         placement: PlacementGroup | None = None,
+        wait: bool = True,
     ) -> None:
         if not ray.is_initialized():
             raise RuntimeError("VllmGeneration needs Ray: call ray.init() first")
@@ -82,19 +83,29 @@ class VllmGeneration:
         self.last_refit_time_s = 0.0
         options = _actor_options(device_type, self.colocated, cpus_per_engine, gpus_per_engine)
         remote_cls = ray.remote(VllmWorker)
-        started = time.perf_counter()
+        self._started = time.perf_counter()
         self.engines = [
             remote_cls.options(**options, **_bundle(placement, i)).remote(
                 model_path, tokenizer_path, cfg.vllm_cfg.model_dump(), seed + i, self.colocated
             )
             for i in range(num_engines)
         ]
-        try:
-            ray.get([engine.ready.remote() for engine in self.engines])
-        except BaseException:
-            self.shutdown()
-            raise
-        self.start_time_s = time.perf_counter() - started
+        self.start_time_s: float | None = None
+        if wait:
+            self.wait_until_ready()
+
+    def wait_until_ready(self) -> float:
+        """Block until every engine has started (construct with wait=False to let the engines
+        start while other workers load); returns the seconds since construction. An engine
+        that failed to start raises here, after all engines are shut down."""
+        if self.start_time_s is None:
+            try:
+                ray.get([engine.ready.remote() for engine in self.engines])
+            except BaseException:
+                self.shutdown()
+                raise
+            self.start_time_s = time.perf_counter() - self._started
+        return self.start_time_s
 
     def generate(
         self,

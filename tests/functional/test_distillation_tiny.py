@@ -57,6 +57,7 @@ def overrides(assets, run_dir: Path) -> list[str]:
         "policy.train_global_batch_size=8",
         "policy.train_micro_batch_size=4",
         "policy.generation.max_new_tokens=12",
+        "policy.generation.logprob_check_samples=5",  # of 16 rollouts per step
         "policy.dtensor_cfg.tensor_parallel_size=2",
         "policy.sequence_packing.enabled=true",
         "teacher.sequence_packing.enabled=true",
