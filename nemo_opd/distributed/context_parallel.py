@@ -4,8 +4,17 @@ Each context-parallel rank holds a contiguous shard of every row's positions. It
 queries, keys and values of its shard, all-gathers the keys and values of the whole row (as in
 the Llama 3 paper), and attends its queries to them with the global causal offset. Packed rows
 carry segment ids, and a query only sees keys of its own segment, so attention never crosses a
-sequence boundary. Plain torch (scaled_dot_product_attention with a boolean mask): it runs on
-CPU with gloo as well as on CUDA.
+sequence boundary. Plain torch scaled_dot_product_attention: it runs on CPU with gloo as well as
+on CUDA.
+
+Which attention runs:
+- context parallel: one boolean [b, 1, s_local, s] mask (causal from the shard's offset, same
+  segment), over the gathered keys;
+- no context parallel, one segment per row (padded microbatches): plain causal attention
+  (is_causal, so the fused kernels apply);
+- no context parallel, packed rows: causal attention per segment (a segment is a contiguous run
+  of equal ids, as packing writes them), so the cost is the sum of the squared sequence lengths,
+  not the square of the packed row's.
 
 The function is registered with transformers' AttentionInterface under ATTENTION_NAME and
 receives the layout of the current microbatch through the model's forward kwargs
@@ -36,6 +45,19 @@ class AttentionLayout:
     segment_ids: torch.Tensor
     q_start: int = 0
     cp_group: dist.ProcessGroup | None = None
+    runs: list[list[tuple[int, int]]] | None = None
+    """Per row, the (start, end) of each run of equal segment ids (segment_runs), precomputed
+    by the engine when there is no context parallelism; None computes it where needed. (A plain
+    list: FSDP rebuilds tensor-holding kwargs before every layer, and copies it along.)"""
+
+
+def segment_runs(segment_ids: torch.Tensor) -> list[list[tuple[int, int]]]:
+    """[b, S] segment ids -> per row, the (start, end) of each run of equal ids."""
+    change = torch.ones_like(segment_ids, dtype=torch.bool)
+    change[:, 1:] = segment_ids[:, 1:] != segment_ids[:, :-1]
+    width = segment_ids.shape[1]
+    starts = [row.nonzero().flatten().tolist() for row in change.cpu()]
+    return [list(zip(row, [*row[1:], width], strict=True)) for row in starts]
 
 
 class _GatherSequence(torch.autograd.Function):
@@ -110,16 +132,46 @@ def segment_causal_attention(
     if repeats > 1:
         key = key.repeat_interleave(repeats, dim=1)
         value = value.repeat_interleave(repeats, dim=1)
-    mask = segment_causal_mask(layout, query.shape[2], key.shape[2])
-    out = F.scaled_dot_product_attention(
-        query,
-        key,
-        value,
-        attn_mask=mask,
-        dropout_p=dropout if module.training else 0.0,
-        scale=scaling,
-    )
+    dropout_p = dropout if module.training else 0.0
+    if key.shape[2] != query.shape[2]:  # context parallel: the shard attends to the whole row
+        mask = segment_causal_mask(layout, query.shape[2], key.shape[2])
+        out = F.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask, dropout_p=dropout_p, scale=scaling
+        )
+    else:
+        runs = layout.runs if layout.runs is not None else segment_runs(layout.segment_ids)
+        out = _causal_per_segment(query, key, value, runs, dropout_p, scaling)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _causal_per_segment(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    runs: list[list[tuple[int, int]]],
+    dropout_p: float,
+    scaling: float | None,
+) -> torch.Tensor:
+    """[b, h, s, d] causal attention within each run of every row (see segment_runs)."""
+    if all(len(row) == 1 for row in runs):
+        return F.scaled_dot_product_attention(
+            query, key, value, is_causal=True, dropout_p=dropout_p, scale=scaling
+        )
+    rows = []
+    for index, row in enumerate(runs):
+        pieces = [
+            F.scaled_dot_product_attention(
+                query[index : index + 1, :, start:end],
+                key[index : index + 1, :, start:end],
+                value[index : index + 1, :, start:end],
+                is_causal=True,
+                dropout_p=dropout_p,
+                scale=scaling,
+            )
+            for start, end in row
+        ]
+        rows.append(torch.cat(pieces, dim=2))
+    return torch.cat(rows, dim=0)
 
 
 def register_attention() -> str:
