@@ -82,6 +82,9 @@ class Engine(ABC):
         self.dims = dims
         self.device = device
         self.with_optimizer = with_optimizer
+        self.step = 0  # optimizer steps taken
+        self.optimizer: torch.optim.Optimizer | None = None  # set by the backend when training
+        self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
 
     # ---------------------------------------------------------------- primitives (backends)
 
@@ -103,8 +106,22 @@ class Engine(ABC):
         """Clear accumulated gradients."""
 
     @abstractmethod
+    def finish_gradients(self, max_norm: float | None) -> torch.Tensor:
+        """Complete this rank's accumulated gradients (the reductions the backend leaves to
+        the engine) and clip them to a global norm of max_norm (None: no clipping); returns
+        the global norm before clipping."""
+
     def optimizer_step(self) -> dict[str, float]:
-        """Clip, step the optimizer and scheduler; returns {"grad_norm": ..., "lr": ...}."""
+        """Finish the gradients, step the optimizer and the schedule (the backend's
+        `optimizer` and `scheduler`); returns {"grad_norm": ..., "lr": ...}."""
+        if self.optimizer is None:
+            raise RuntimeError("this engine was built without an optimizer (a frozen teacher)")
+        grad_norm = self.finish_gradients(self.cfg.max_grad_norm)
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.step += 1
+        return {"grad_norm": float(grad_norm), "lr": float(lr)}
 
     @abstractmethod
     def set_train_mode(self, train: bool) -> None:

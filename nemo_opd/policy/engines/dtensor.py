@@ -66,11 +66,8 @@ class DTensorEngine(Engine):
         total_steps: int | None = None,
     ) -> None:
         super().__init__(cfg, dims, device, with_optimizer)
-        self.step = 0
         self.model = self._build_model()
         self._tp_replicated = tp_replicated_parameters(self.model) if dims.tp > 1 else []
-        self.optimizer = None
-        self.scheduler = None
         if with_optimizer:
             self.optimizer, self.scheduler = build_training_optimizer(
                 list(self.model.parameters()), cfg.optimizer, cfg.scheduler, total_steps
@@ -134,18 +131,12 @@ class DTensorEngine(Engine):
     def zero_grad(self) -> None:
         self.model.zero_grad(set_to_none=True)
 
-    def optimizer_step(self) -> dict[str, float]:
-        if self.optimizer is None:
-            raise RuntimeError("this engine was built without an optimizer (a frozen teacher)")
+    def finish_gradients(self, max_norm: float | None) -> torch.Tensor:
+        # FSDP has reduced over dp; the per-head norms replicated under tp still need their sum.
         if self._tp_replicated:
             all_reduce_grads(self._tp_replicated, self.tp_group)
         params = [p for p in self.model.parameters() if p.requires_grad]
-        grad_norm = clip_grad_norm(params, self.cfg.max_grad_norm)
-        lr = self.optimizer.param_groups[0]["lr"]
-        self.optimizer.step()
-        self.scheduler.step()
-        self.step += 1
-        return {"grad_norm": float(grad_norm), "lr": float(lr)}
+        return clip_grad_norm(params, max_norm)
 
     # ---------------------------------------------------------------- memory primitives
 

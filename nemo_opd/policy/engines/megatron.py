@@ -97,7 +97,6 @@ class MegatronEngine(Engine):
         total_steps: int | None = None,
     ) -> None:
         super().__init__(cfg, dims, device, with_optimizer)
-        self.step = 0
         _check_supported_layout(cfg)
         if device.type == "cpu" and not torch.cuda.is_available():
             from nemo_opd.policy.engines.megatron_cpu_shim import apply_cpu_shim
@@ -113,8 +112,6 @@ class MegatronEngine(Engine):
         self.params = self._params_by_rule()
         self._load_weights(_hf_reader(Path(model_dir)))
         self.inv_freq = rope_frequencies(self.hf_config).to(device)
-        self.optimizer = None
-        self.scheduler = None
         if with_optimizer:
             self.optimizer, self.scheduler = build_training_optimizer(
                 list(self.params.values()), cfg.optimizer, cfg.scheduler, total_steps
@@ -177,16 +174,9 @@ class MegatronEngine(Engine):
     def zero_grad(self) -> None:
         self.model.zero_grad(set_to_none=True)
 
-    def optimizer_step(self) -> dict[str, float]:
-        if self.optimizer is None:
-            raise RuntimeError("this engine was built without an optimizer (a frozen teacher)")
+    def finish_gradients(self, max_norm: float | None) -> torch.Tensor:
         self._reduce_grads()
-        grad_norm = self._clip_grads(self.cfg.max_grad_norm)
-        lr = self.optimizer.param_groups[0]["lr"]
-        self.optimizer.step()
-        self.scheduler.step()
-        self.step += 1
-        return {"grad_norm": float(grad_norm), "lr": float(lr)}
+        return self._clip_grads(max_norm)
 
     def _reduce_grads(self) -> None:
         """Complete the gradients: per-head norms over tp, then everything over dp x cp."""
