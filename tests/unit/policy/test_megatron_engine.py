@@ -10,15 +10,18 @@ import torch
 from conftest import cpu_cluster, make_batch, policy_config
 from references import (
     load_reference,
-    reference_logits,
     reference_logprobs,
     reference_topk,
-    reference_train,
 )
-from test_policy_parallel import LOGPROB_ATOL, LOSS_RTOL, PARAM_ATOL, K, assert_topk_close
+from test_policy_parallel import (
+    LOGPROB_ATOL,
+    K,
+    assert_topk_close,
+    check_layout_against_reference,
+)
 from transformers import AutoModelForCausalLM
 
-from nemo_opd.losses import DistillationLossFn, build_loss_mask
+from nemo_opd.losses import DistillationLossFn
 from nemo_opd.policy.policy import Policy
 
 MEGATRON = {
@@ -58,53 +61,7 @@ def megatron_config(model_dir: str, **overrides):
 def test_layout_matches_reference(layout, model_dirs, ray_session):
     kind, workers, overrides = LAYOUTS[layout]
     cfg = megatron_config(model_dirs[kind], **overrides)
-    batch = make_batch(8, k=K, seed=3)
-    batch["sample_mask"][5] = 0.0
-    loss_fn = DistillationLossFn(kl_type="mixed", implementation="torch")
-    policy = Policy(cfg, cpu_cluster(workers), name=f"megatron_{layout}")
-    try:
-        logprobs = policy.get_logprobs(batch)
-        values, indices = policy.get_topk_logits(batch, K)
-        evaluated = policy.evaluate(batch, loss_fn)
-        metrics = policy.train(batch, loss_fn)
-        weights = policy.full_weights()
-    finally:
-        policy.shutdown()
-
-    reference = load_reference(model_dirs[kind])
-    logprob_err = (logprobs - reference_logprobs(reference, batch)).abs().max()
-    assert logprob_err < LOGPROB_ATOL, f"{layout}: logprobs differ by {logprob_err:.3g}"
-    ref_values, ref_indices = reference_topk(reference, batch, K)
-    assert_topk_close(
-        values, indices, ref_values, ref_indices, batch["input_lengths"], LOGPROB_ATOL
-    )
-
-    with torch.no_grad():
-        count = build_loss_mask(batch["token_mask"], batch["sample_mask"]).sum()
-        ref_eval, _ = loss_fn(reference_logits(reference, batch), batch, count)
-    close = {"rtol": LOSS_RTOL, "atol": 0.0}
-    torch.testing.assert_close(torch.tensor(evaluated["loss"]), ref_eval.float(), **close)
-
-    ref_losses, ref_norms, ref_params = reference_train(
-        reference, batch, loss_fn, cfg, cfg.train_global_batch_size
-    )
-    assert len(metrics["loss"]) == 2
-    torch.testing.assert_close(torch.tensor(metrics["loss"]), torch.tensor(ref_losses), **close)
-    torch.testing.assert_close(torch.tensor(metrics["grad_norm"]), torch.tensor(ref_norms), **close)
-    worst = 0.0
-    for name, ref in ref_params.items():
-        err = float((weights[name] - ref.detach()).abs().max())
-        assert err < PARAM_ATOL, f"{layout}: {name} differs by {err:.3g} after 2 steps"
-        worst = max(worst, err)
-    ref_head = ref_params.get("lm_head.weight", ref_params["model.embed_tokens.weight"])
-    torch.testing.assert_close(
-        weights["lm_head.weight"], ref_head.detach(), atol=PARAM_ATOL, rtol=0
-    )
-    loss_err = max(abs(a / b - 1) for a, b in zip(metrics["loss"], ref_losses, strict=True))
-    print(
-        f"\nmegatron {layout}: logprob err {float(logprob_err):.2g}, "
-        f"loss rel err {loss_err:.2g}, param err {worst:.2g}"
-    )
+    check_layout_against_reference(cfg, model_dirs[kind], workers, f"megatron_{layout}")
 
 
 def test_checkpoint_loads_in_transformers_and_resumes_in_another_layout(

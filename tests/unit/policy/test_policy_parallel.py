@@ -83,10 +83,10 @@ def assert_topk_close(values, indices, ref_values, ref_indices, lengths, atol):
     assert not bad.any(), f"{int(bad.sum())} top-k ids differ without a near-tie"
 
 
-@pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_layout_matches_reference(layout, model_dirs, ray_session):
-    kind, workers, overrides = LAYOUTS[layout]
-    cfg = policy_config(model_dirs[kind], **overrides)
+def check_layout_against_reference(cfg, model_dir: str, workers: int, layout: str) -> None:
+    """One Policy of `cfg` on `workers` CPU workers against the single-process HF fp32
+    reference of `model_dir`: get_logprobs, get_topk_logits, evaluate, the loss and gradient
+    norm of two AdamW steps and the parameters after them (the Megatron tests use it too)."""
     batch = make_batch(8, k=K, seed=3)
     batch["sample_mask"][5] = 0.0
     loss_fn = DistillationLossFn(kl_type="mixed", implementation="torch")
@@ -100,7 +100,7 @@ def test_layout_matches_reference(layout, model_dirs, ray_session):
     finally:
         policy.shutdown()
 
-    reference = load_reference(model_dirs[kind])
+    reference = load_reference(model_dir)
     ref_logprobs = reference_logprobs(reference, batch)
     ref_values, ref_indices = reference_topk(reference, batch, K)
     logprob_err = (logprobs - ref_logprobs).abs().max()
@@ -139,3 +139,10 @@ def test_layout_matches_reference(layout, model_dirs, ray_session):
     torch.testing.assert_close(
         weights["lm_head.weight"], ref_head.detach(), atol=PARAM_ATOL, rtol=0
     )
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_layout_matches_reference(layout, model_dirs, ray_session):
+    kind, workers, overrides = LAYOUTS[layout]
+    cfg = policy_config(model_dirs[kind], **overrides)
+    check_layout_against_reference(cfg, model_dirs[kind], workers, layout)
