@@ -45,7 +45,7 @@ exit with status 2 and an `error:` message. From Python:
 from nemo_opd.config import load_config, to_yaml
 
 cfg = load_config("examples/configs/distillation_tiny.yaml", ["distillation.max_num_steps=5"])
-print(to_yaml(cfg))        # each component gets only its section: cfg.policy, cfg.loss_fn, ...
+print(to_yaml(cfg))  # each component gets only its section: cfg.policy, cfg.loss_fn, ...
 ```
 
 ## Inheritance: `defaults:`
