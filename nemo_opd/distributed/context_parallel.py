@@ -47,8 +47,8 @@ class AttentionLayout:
     cp_group: dist.ProcessGroup | None = None
     runs: list[list[tuple[int, int]]] | None = None
     """Per row, the (start, end) of each run of equal segment ids (segment_runs), precomputed
-    by the engine when there is no context parallelism; None computes it where needed. (A plain
-    list: FSDP rebuilds tensor-holding kwargs before every layer, and copies it along.)"""
+    by the DTensor engine when there is no context parallelism; None computes it where needed.
+    (A plain list: FSDP rebuilds tensor-holding kwargs before every layer, and copies it.)"""
 
 
 def segment_runs(segment_ids: torch.Tensor) -> list[list[tuple[int, int]]]:

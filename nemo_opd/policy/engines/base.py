@@ -31,7 +31,7 @@ from nemo_opd.data.batching import (
     round_up,
 )
 from nemo_opd.data.packing import PackedRow, pack_row, plan_packing, unpack_row
-from nemo_opd.distributed.context_parallel import AttentionLayout, segment_runs
+from nemo_opd.distributed.context_parallel import AttentionLayout
 from nemo_opd.distributed.parallel_dims import ParallelDims
 from nemo_opd.distributed.vocab_parallel import vocab_parallel_logprobs, vocab_parallel_topk
 from nemo_opd.losses import build_loss_mask, validate_teacher_topk
@@ -462,7 +462,6 @@ class Engine(ABC):
             segment_ids=mb.segment_ids,
             q_start=q_start,
             cp_group=self.cp_group if self.dims.cp > 1 else None,
-            runs=segment_runs(mb.segment_ids) if self.dims.cp == 1 else None,
         )
         return self.forward_logits(
             self._cp_shard(mb.input_ids), self._cp_shard(mb.position_ids), layout

@@ -7,6 +7,7 @@ code path serves every layout.
 """
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -23,7 +24,12 @@ from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM
 
 from nemo_opd.config.policy import PolicyConfig
-from nemo_opd.distributed.context_parallel import LAYOUT_KWARG, AttentionLayout, register_attention
+from nemo_opd.distributed.context_parallel import (
+    LAYOUT_KWARG,
+    AttentionLayout,
+    register_attention,
+    segment_runs,
+)
 from nemo_opd.distributed.grad_norm import all_reduce_grads, clip_grad_norm
 from nemo_opd.distributed.parallel_dims import ParallelDims
 from nemo_opd.models import resolve_pretrained
@@ -116,6 +122,9 @@ class DTensorEngine(Engine):
     def forward_logits(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, layout: AttentionLayout
     ) -> torch.Tensor:
+        if layout.cp_group is None:
+            # Once per microbatch: FSDP hands every layer a rebuilt copy of the layout.
+            layout = replace(layout, runs=segment_runs(layout.segment_ids))
         output = self.model(
             input_ids=input_ids,
             position_ids=position_ids,
