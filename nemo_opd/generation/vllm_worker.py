@@ -71,10 +71,11 @@ class _RotaryReloadFilter(logging.Filter):
 
 def quiet_vllm_logs() -> None:
     """vLLM logs several INFO lines per refit and per generate call; keep its warnings and
-    errors only, unless the user chose a level with VLLM_LOGGING_LEVEL."""
-    vllm_logger = logging.getLogger("vllm")
-    if "VLLM_LOGGING_LEVEL" not in os.environ:
-        vllm_logger.setLevel(logging.WARNING)
+    errors only, unless the user chose a level with VLLM_LOGGING_LEVEL.
+
+    Through VLLM_LOGGING_LEVEL itself: vLLM re-applies its logging config (level included)
+    when an engine is built, which undoes a level set on its logger beforehand."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     reload_logger = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
     reload_logger.addFilter(_RotaryReloadFilter())
 
@@ -130,9 +131,8 @@ class VllmWorker:
                 "in-process (weights are refit by reference); use more engines instead"
             )
         set_engine_env()
-        from vllm import LLM  # after set_engine_env, on purpose
-
         quiet_vllm_logs()
+        from vllm import LLM  # after set_engine_env and quiet_vllm_logs, on purpose
 
         self.device_type = "cuda" if torch.cuda.is_available() else "cpu"
         started = time.perf_counter()

@@ -1,9 +1,20 @@
-"""The one vLLM warning the worker drops: rotary embeddings 'failing' to reload (they hold no
-checkpoint weight); every other warning passes."""
+"""vLLM's log volume in the worker: warnings and errors only unless the user chose a level, and
+the one warning dropped (rotary embeddings 'failing' to reload: they hold no checkpoint weight)."""
 
 import logging
+import os
 
-from nemo_opd.generation.vllm_worker import _RotaryReloadFilter
+from nemo_opd.generation.vllm_worker import _RotaryReloadFilter, quiet_vllm_logs
+
+
+def test_vllm_level_is_warning_unless_the_user_chose_one(monkeypatch):
+    # vLLM re-reads VLLM_LOGGING_LEVEL whenever it (re)configures logging, e.g. in LLM().
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
+    quiet_vllm_logs()
+    assert os.environ["VLLM_LOGGING_LEVEL"] == "WARNING"
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "DEBUG")
+    quiet_vllm_logs()
+    assert os.environ["VLLM_LOGGING_LEVEL"] == "DEBUG"
 
 
 def record(layer: str, msg: str = "%s: Failed to load weights") -> logging.LogRecord:
