@@ -112,6 +112,15 @@ def versions() -> dict[str, str]:
     }
 
 
+def write_data_splits(recipe: TinyRecipe, out_dir: Path) -> dict[str, list[dict]]:
+    """Generate the task's splits and write them to ``out_dir/data/<split>.jsonl``."""
+    splits = build_tiny_math_splits(recipe.task)
+    (out_dir / "data").mkdir()
+    for split, records in splits.items():
+        save_jsonl(records, out_dir / "data" / f"{split}.jsonl")
+    return splits
+
+
 def build_tiny_assets(
     recipe: TinyRecipe, out_dir: Path, log: Callable[[str], None] = print
 ) -> dict:
@@ -120,10 +129,7 @@ def build_tiny_assets(
     timings: dict[str, float] = {}
     with torch_threads(recipe.torch_threads), quiet_progress_bars():
         # 1. data: both splits, as jsonl
-        splits = build_tiny_math_splits(recipe.task)
-        (out_dir / "data").mkdir()
-        for split, records in splits.items():
-            save_jsonl(records, out_dir / "data" / f"{split}.jsonl")
+        splits = write_data_splits(recipe, out_dir)
         timings["data"] = time.perf_counter() - start
         log(f"data: {len(splits['train']):,} train, {len(splits['validation']):,} held-out")
 

@@ -20,8 +20,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from nemo_opd.data.tiny_math import build_tiny_math_splits, save_jsonl
-from nemo_opd.models.tiny_build import MANIFEST
+from nemo_opd.models.tiny_build import MANIFEST, write_data_splits
 from nemo_opd.models.tiny_recipe import TinyRecipe, recipe_key
 
 PREBUILT_ROOT = Path(__file__).resolve().parent / "prebuilt"
@@ -64,12 +63,8 @@ def install_prebuilt(
             f"(first mismatch: {damaged[0][0]}); reinstall nemo_opd or build them with "
             "`python -m nemo_opd.models.tiny_assets --rebuild`"
         )
-    for name in SHIPPED[:-1]:
-        shutil.copytree(source / name, build_dir / name)
-    splits = build_tiny_math_splits(recipe.task)
-    (build_dir / "data").mkdir()
-    for split, records in splits.items():
-        save_jsonl(records, build_dir / "data" / f"{split}.jsonl")
+    _copy_models(source, build_dir)
+    write_data_splits(recipe, build_dir)
     shutil.copy2(source / MANIFEST, build_dir / MANIFEST)
     log(f"installed the prebuilt tiny assets shipped with nemo_opd ({recipe_key(recipe)})")
 
@@ -81,8 +76,13 @@ def export_prebuilt(assets_root: Path, root: Path = PREBUILT_ROOT) -> Path:
     if root.exists():
         shutil.rmtree(root)
     target.mkdir(parents=True)
-    for name in SHIPPED[:-1]:
-        shutil.copytree(assets_root / name, target / name)
+    _copy_models(assets_root, target)
     shutil.copy2(assets_root / MANIFEST, target / MANIFEST)
     (target / CHECKSUMS).write_text(json.dumps(file_checksums(target), indent=2) + "\n")
     return target
+
+
+def _copy_models(source: Path, target: Path) -> None:
+    """The shipped directories (tokenizer, teacher, student), without the manifest."""
+    for name in SHIPPED[:-1]:
+        shutil.copytree(source / name, target / name)
