@@ -454,21 +454,25 @@ def validate(state: DistillationRun, timers: Timers) -> dict:
     length, and the divergence between student and teacher on those rollouts."""
     cfg, loop = state.cfg, state.cfg.distillation
     with timers.time("validation"):
-        _refit_if_stale(state)
+        with timers.time("refit"):
+            _refit_if_stale(state)
         samples = state.val_prompts.samples
         rewards, lengths, kl_sums, count = [], [], {}, 0
         for start in range(0, len(samples), loop.val_batch_size):
             chunk = samples[start : start + loop.val_batch_size]
             logs, metadata = repeat_samples(chunk, 1)
-            rollout = _rollout(state, logs, metadata, greedy=True, seed=None)
+            with timers.time("generation"):
+                rollout = _rollout(state, logs, metadata, greedy=True, seed=None)
             batch = flatten_message_logs(
                 rollout.message_logs, state.formatter.tokenizer.pad_token_id
             )
-            values, indices = state.teacher.get_topk_logits(
-                batch, loop.topk_logits_k, temperature=_teacher_temperature(cfg)
-            )
+            with timers.time("teacher_topk"):
+                values, indices = state.teacher.get_topk_logits(
+                    batch, loop.topk_logits_k, temperature=_teacher_temperature(cfg)
+                )
             batch["teacher_topk_logprobs"], batch["teacher_topk_indices"] = values, indices
-            evaluated = state.student.evaluate(batch, state.loss_fn)
+            with timers.time("student_eval"):
+                evaluated = state.student.evaluate(batch, state.loss_fn)
             tokens = evaluated["global_valid_toks"]
             for name in ("loss", "forward_kl", "reverse_kl", "top1_agreement"):
                 kl_sums[name] = kl_sums.get(name, 0.0) + evaluated[name] * tokens

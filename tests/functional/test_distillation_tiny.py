@@ -156,6 +156,9 @@ def test_tiny_distillation_runs_and_resumes(micro_assets, tmp_path):
     assert metrics[STEPS]["rollout/mean_turns"] > 1.0 or metrics[1]["rollout/mean_turns"] > 1.0
     for step in (0, 2, 4):
         assert "validation/accuracy" in metrics[step]
+        phases = ("generation", "teacher_topk", "student_eval")
+        parts = [metrics[step][f"timing/validation/{phase}"] for phase in phases]
+        assert 0 < sum(parts) <= metrics[step]["timing/validation"]
     assert (straight / "logs" / "rollouts" / "step_2.jsonl").exists()
     assert (straight / "logs" / "curves.png").stat().st_size > 0
     final = straight / "checkpoints" / "final_model"
