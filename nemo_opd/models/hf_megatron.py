@@ -68,6 +68,13 @@ class Rule:
         """Split over tensor-parallel ranks (its gradient norm is summed over them)."""
         return self.kind != "replicated"
 
+    @property
+    def partition_dim(self) -> int | None:
+        """The dimension split over tensor-parallel ranks (None when replicated)."""
+        if not self.sharded:
+            return None
+        return 1 if self.kind == "cols" else 0
+
 
 def conversion_rules(shape: GPTShape) -> list[Rule]:
     """Every Megatron parameter of the model, in a fixed order, with its rule."""

@@ -106,19 +106,18 @@ class Engine(ABC):
         """Clear accumulated gradients."""
 
     @abstractmethod
-    def finish_gradients(self, max_norm: float | None) -> torch.Tensor:
+    def apply_gradients(self) -> float:
         """Complete this rank's accumulated gradients (the reductions the backend leaves to
-        the engine) and clip them to a global norm of max_norm (None: no clipping); returns
-        the global norm before clipping."""
+        the engine), clip them to a global norm of cfg.max_grad_norm (None: no clipping) and
+        step the optimizer; returns the global norm before clipping."""
 
     def optimizer_step(self) -> dict[str, float]:
-        """Finish the gradients, step the optimizer and the schedule (the backend's
-        `optimizer` and `scheduler`); returns {"grad_norm": ..., "lr": ...}."""
+        """Apply the gradients and step the schedule (the backend's `scheduler`, over the
+        torch optimizer `optimizer`); returns {"grad_norm": ..., "lr": ...}."""
         if self.optimizer is None:
             raise RuntimeError("this engine was built without an optimizer (a frozen teacher)")
-        grad_norm = self.finish_gradients(self.cfg.max_grad_norm)
         lr = self.optimizer.param_groups[0]["lr"]
-        self.optimizer.step()
+        grad_norm = self.apply_gradients()
         self.scheduler.step()
         self.step += 1
         return {"grad_norm": float(grad_norm), "lr": float(lr)}

@@ -140,12 +140,14 @@ class DTensorEngine(Engine):
     def zero_grad(self) -> None:
         self.model.zero_grad(set_to_none=True)
 
-    def finish_gradients(self, max_norm: float | None) -> torch.Tensor:
+    def apply_gradients(self) -> float:
         # FSDP has reduced over dp; the per-head norms replicated under tp still need their sum.
         if self._tp_replicated:
             all_reduce_grads(self._tp_replicated, self.tp_group)
         params = [p for p in self.model.parameters() if p.requires_grad]
-        return clip_grad_norm(params, max_norm)
+        norm = clip_grad_norm(params, self.cfg.max_grad_norm)
+        self.optimizer.step()
+        return float(norm)
 
     # ---------------------------------------------------------------- memory primitives
 

@@ -3,7 +3,8 @@
 Build steps: CPU shim (CPU only) -> Megatron model-parallel state (tensor parallel; the
 groups must coincide with ParallelDims') -> GPTModel from the Hugging Face config
 (megatron_model.py) -> load the Hugging Face checkpoint through the conversion rules
-(models/hf_megatron.py) -> optimizer and scheduler.
+(models/hf_megatron.py) -> Megatron DDP and optimizer (megatron_optimizer.py) and the
+learning-rate schedule.
 
 Parallelism:
 - Tensor parallel: Megatron's column/row-parallel linears, the vocab-parallel embedding and a
@@ -13,16 +14,15 @@ Parallelism:
 - Context parallel and sequence packing: the core attention (megatron_model.
   SegmentCausalAttention) all-gathers keys and values over cp and masks by segment, as the
   DTensor engine does; RoPE angles come from the position ids.
-- Data parallel: gradients are SUMMED over the dp x cp ranks (the loss is already globally
-  normalized) with one all-reduce per bucket of flattened gradients after the last
-  microbatch, i.e. a DDP without overlap.
+- Data parallel: Megatron's DistributedDataParallel accumulates gradients in its fp32
+  buffers and SUMS them over the dp x cp ranks after the last microbatch (the loss is
+  already globally normalized).
 
-Optimizer: torch AdamW from nemo_opd.policy.optim (and its schedule), over fp32 parameters,
-with the global gradient norm clipped here. Megatron's own optimizer and DDP are not used:
-on CPU they allocate on torch.cuda.current_device() (grad buffers, found_inf, clip_grads), and
-its distributed optimizer does not run there; using one optimizer for both backends also makes
-the DTensor and Megatron engines agree step for step. Optimizer state is replicated over data-
-parallel ranks (megatron_cfg.distributed_optimizer is not implemented; the config rejects it).
+Optimizer: Megatron's (get_megatron_optimizer: Adam with decoupled weight decay, fp32, its
+global-norm clipping), with the schedule of nemo_opd.policy.optim driving the torch optimizer
+inside it. On CPU every call into Megatron's DDP and optimizer runs inside the shim's
+cuda_free() block. Optimizer state is replicated over data-parallel ranks: Megatron's
+distributed optimizer does not run on CPU (megatron_cfg.distributed_optimizer is rejected).
 
 Precision: parameters, gradients and optimizer state are fp32; with precision bfloat16 or
 float16 the forward runs under torch.autocast.
@@ -43,7 +43,6 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
 from safetensors import safe_open
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from transformers import AutoConfig
 
 from nemo_opd.config.policy import PolicyConfig
@@ -60,6 +59,7 @@ from nemo_opd.policy.engines.megatron_model import (
     rope_frequencies,
     transformer_config,
 )
+from nemo_opd.policy.engines.megatron_optimizer import build_megatron_optimizer, wrap_ddp
 from nemo_opd.policy.engines.training_state import (
     DTYPES,
     WEIGHTS_FILE,
@@ -70,11 +70,9 @@ from nemo_opd.policy.engines.training_state import (
     restore_rng,
     write_checkpoint,
 )
-from nemo_opd.policy.optim import build_training_optimizer
+from nemo_opd.policy.optim import build_scheduler
 from nemo_opd.utils.checkpoint import atomic_directory
 
-# Gradients are all-reduced over dp x cp in flattened buckets of about this many bytes.
-GRAD_BUCKET_BYTES = 64 * 2**20
 # Replicated parameters whose gradient each tensor-parallel rank computes only in part.
 PER_HEAD_NORMS = ("self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight")
 
@@ -98,7 +96,8 @@ class MegatronEngine(Engine):
     ) -> None:
         super().__init__(cfg, dims, device, with_optimizer)
         _check_supported_layout(cfg)
-        if device.type == "cpu" and not torch.cuda.is_available():
+        self.on_cpu = device.type == "cpu" and not torch.cuda.is_available()
+        if self.on_cpu:
             from nemo_opd.policy.engines.megatron_cpu_shim import apply_cpu_shim
 
             apply_cpu_shim()
@@ -112,12 +111,27 @@ class MegatronEngine(Engine):
         self.params = self._params_by_rule()
         self._load_weights(_hf_reader(Path(model_dir)))
         self.inv_freq = rope_frequencies(self.hf_config).to(device)
+        self.ddp = None
         if with_optimizer:
-            self.optimizer, self.scheduler = build_training_optimizer(
-                list(self.params.values()), cfg.optimizer, cfg.scheduler, total_steps
-            )
+            if cfg.optimizer is None:
+                raise ValueError("a trainable policy needs an optimizer section")
+            with self._megatron_calls():
+                self.ddp = wrap_ddp(self.model, self.model.config)
+                self.megatron_optimizer, self.optimizer = build_megatron_optimizer(
+                    self.ddp, cfg.optimizer, cfg.max_grad_norm
+                )
+            self.scheduler = build_scheduler(self.optimizer, cfg.scheduler, total_steps)
         else:
             self.model.requires_grad_(False)
+
+    def _megatron_calls(self) -> contextlib.AbstractContextManager:
+        """The context every call into Megatron's DDP and optimizer runs in: the CPU shim's
+        cuda_free() on a machine without a GPU, nothing otherwise."""
+        if not self.on_cpu:
+            return contextlib.nullcontext()
+        from nemo_opd.policy.engines.megatron_cpu_shim import cuda_free
+
+        return cuda_free()
 
     def _build_model(self) -> torch.nn.Module:
         config = transformer_config(
@@ -139,6 +153,8 @@ class MegatronEngine(Engine):
                 f"unexpected {sorted(set(named) - set(expected))}, "
                 f"missing {sorted(set(expected) - set(named))}"
             )
+        for rule in self.rules:
+            _mark_tensor_parallel(named[rule.megatron_name], rule)
         return {name: named[name] for name in expected}
 
     # ---------------------------------------------------------------- compute primitives
@@ -172,63 +188,33 @@ class MegatronEngine(Engine):
         loss.backward()
 
     def zero_grad(self) -> None:
+        if self.ddp is not None:
+            self.ddp.zero_grad_buffer()
         self.model.zero_grad(set_to_none=True)
 
-    def finish_gradients(self, max_norm: float | None) -> torch.Tensor:
-        self._reduce_grads()
-        return self._clip_grads(max_norm)
-
-    def _reduce_grads(self) -> None:
-        """Complete the gradients: per-head norms over tp, then everything over dp x cp."""
-        for name, param in self.params.items():
-            param.grad = param.grad if param.grad is not None else torch.zeros_like(param)
-            if self.dims.tp > 1 and name.endswith(PER_HEAD_NORMS):
-                dist.all_reduce(param.grad, group=self.tp_group)
-        if self.dims.dp * self.dims.cp == 1:
-            return
-        bucket: list[torch.Tensor] = []
-        size = 0
-        for param in self.params.values():
-            bucket.append(param.grad)
-            size += param.grad.numel() * param.grad.element_size()
-            if size >= GRAD_BUCKET_BYTES:
-                self._all_reduce_bucket(bucket)
-                bucket, size = [], 0
-        if bucket:
-            self._all_reduce_bucket(bucket)
-
-    def _all_reduce_bucket(self, grads: list[torch.Tensor]) -> None:
-        flat = _flatten_dense_tensors(grads)
-        dist.all_reduce(flat, group=self.dp_cp_group)
-        for grad, reduced in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
-            grad.copy_(reduced)
-
-    def _clip_grads(self, max_norm: float | None) -> torch.Tensor:
-        """Global L2 norm of the full gradients (tp shards summed, replicated ones counted
-        once); scales them to at most max_norm. Returns the norm before clipping."""
-        sharded = torch.zeros((), dtype=torch.float32, device=self.device)
-        replicated = torch.zeros((), dtype=torch.float32, device=self.device)
-        for rule in self.rules:
-            square = self.params[rule.megatron_name].grad.float().pow(2).sum()
-            if rule.sharded:
-                sharded += square
-            else:
-                replicated += square
+    def apply_gradients(self) -> float:
+        """Sum the per-head norm gradients over tp (each rank saw only its heads), let DDP sum
+        the buffers over dp x cp, then Megatron's optimizer clips (cfg.max_grad_norm, set at
+        build) and steps. Returns the global norm before clipping."""
         if self.dims.tp > 1:
-            dist.all_reduce(sharded, group=self.tp_group)
-        norm = (sharded + replicated).sqrt()
-        if max_norm is not None:
-            scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)
-            for param in self.params.values():
-                param.grad.mul_(scale)
-        return norm
+            for name, param in self.params.items():
+                if name.endswith(PER_HEAD_NORMS):
+                    dist.all_reduce(param.main_grad, group=self.tp_group)
+        with self._megatron_calls():
+            self.ddp.finish_grad_sync()
+            _, grad_norm, _ = self.megatron_optimizer.step()
+        return float(grad_norm)
 
     # ---------------------------------------------------------------- memory primitives
 
     def offload(self) -> None:
         move_training_state(self.model, self.optimizer, torch.device("cpu"))
+        if self.ddp is not None and self.device.type == "cuda":
+            self.ddp.offload_grad_buffers()
 
     def onload(self) -> None:
+        if self.ddp is not None and self.device.type == "cuda":
+            self.ddp.restore_grad_buffers()
         move_training_state(self.model, self.optimizer, self.device)
 
     # ---------------------------------------------------------------- weights and checkpoints
@@ -297,8 +283,11 @@ class MegatronEngine(Engine):
                     entry["step"] = local["step"].detach().cpu().clone()
             state.update({name: entry for name, entry in per_name.items() if entry})
         names = [name for rule in self.rules for name in rule.hf_names]
+        # Only torch AdamW's hyperparameters (and the schedule's initial_lr): Megatron's own
+        # group keys (wd_mult, is_expert_parallel, ...) would not load into the DTensor engine.
+        portable = set(torch.optim.AdamW([torch.zeros(1)]).defaults) | {"initial_lr"}
         groups = [
-            {**{k: v for k, v in group.items() if k != "params"}, "params": names}
+            {**{k: v for k, v in group.items() if k in portable}, "params": names}
             for group in self.optimizer.param_groups
         ]
         return {"state": state, "param_groups": groups}
@@ -307,17 +296,22 @@ class MegatronEngine(Engine):
         """Inverse of _full_optimizer_state: this rank's AdamW state from the full one."""
         rank, tp = self.dims.local_rank("tp"), self.dims.tp
         saved = full["state"]
+        # torch keys a state dict by position in the group, which is Megatron's order
+        params = self.optimizer.param_groups[0]["params"]
+        position = {id(param): index for index, param in enumerate(params)}
         state = {}
-        for index, rule in enumerate(self.rules):
+        for rule in self.rules:
             if rule.hf_names[0] not in saved:
                 continue
             entry = {"step": saved[rule.hf_names[0]]["step"].clone()}
             for key in ("exp_avg", "exp_avg_sq"):
                 hf = [saved[name][key] for name in rule.hf_names]
                 entry[key] = to_megatron(rule, hf, self.shape, rank, tp)
-            state[index] = entry
-        group = {k: v for k, v in full["param_groups"][0].items() if k != "params"}
-        group["params"] = list(range(len(self.rules)))
+            state[position[id(self.params[rule.megatron_name])]] = entry
+        # Keep Megatron's own group keys (wd_mult, ...) next to the saved hyperparameters.
+        current = {k: v for k, v in self.optimizer.param_groups[0].items() if k != "params"}
+        hyper = {k: v for k, v in full["param_groups"][0].items() if k != "params"}
+        group = {**current, **hyper, "params": list(range(len(params)))}
         self.optimizer.load_state_dict({"state": state, "param_groups": [group]})
 
     def load(self, path: str) -> None:
@@ -347,6 +341,17 @@ def _check_supported_layout(cfg: PolicyConfig) -> None:
     for key, used in unsupported.items():
         if used:
             raise NotImplementedError(f"megatron_cfg.{key} is not supported yet")
+
+
+def _mark_tensor_parallel(param: torch.nn.Parameter, rule: Rule) -> None:
+    """Give a sharded parameter Megatron's tensor-parallel attributes where Megatron left them
+    unset: its parallel layers set them only while initializing weights, which this engine
+    skips (weights are loaded), and its optimizer's gradient norm relies on them (a parameter
+    without them counts on tp rank 0 only)."""
+    if rule.sharded and not getattr(param, "tensor_model_parallel", False):
+        param.tensor_model_parallel = True
+        param.partition_dim = rule.partition_dim
+        param.partition_stride = 1
 
 
 def _init_megatron_parallel(dims: ParallelDims) -> None:

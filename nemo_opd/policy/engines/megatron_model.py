@@ -101,6 +101,7 @@ def transformer_config(
         persist_layer_norm=False,
         apply_rope_fusion=False,
         gradient_accumulation_fusion=False,
+        calculate_per_token_loss=True,  # DDP sums gradients: the loss is globally normalized
         **recompute,
     )
 

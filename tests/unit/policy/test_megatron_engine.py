@@ -67,9 +67,9 @@ def test_layout_matches_reference(layout, model_dirs, ray_session):
 def test_checkpoint_loads_in_transformers_and_resumes_in_another_layout(
     model_dirs, ray_session, tmp_path
 ):
-    """Saved at tp=2: from_pretrained gives the same log-probs; a world-size-1 engine resumes
-    with the same loss, gradient norm and lr as the tp=2 engine that kept going (the optimizer
-    state is stored unsharded under HF names)."""
+    """Saved at tp=2: from_pretrained gives the same log-probs; a world-size-1 Megatron engine
+    and a world-size-1 DTensor engine resume with the same loss, gradient norm and lr as the
+    tp=2 engine that kept going (the optimizer state is stored unsharded under HF names)."""
     first, second = make_batch(4, k=K, seed=11), make_batch(4, k=K, seed=12)
     loss_fn = DistillationLossFn(kl_type="reverse", implementation="torch")
     checkpoint = tmp_path / "step_1"
@@ -91,17 +91,27 @@ def test_checkpoint_loads_in_transformers_and_resumes_in_another_layout(
     valid = torch.arange(hf_logprobs.shape[1]) < second["input_lengths"].unsqueeze(1) - 1
     assert (hf_logprobs - saved_logprobs).abs()[valid].max() < LOGPROB_ATOL
 
-    resumed = Policy(megatron_config(model_dirs["untied"]), cpu_cluster(1), name="megatron_load")
-    try:
-        resumed.load(str(checkpoint))
-        assert resumed.step == 1
-        again = resumed.train(second, loss_fn)
-    finally:
-        resumed.shutdown()
-    for name in ("loss", "grad_norm", "lr"):
-        torch.testing.assert_close(
-            torch.tensor(again[name]), torch.tensor(continued[name]), rtol=1e-5, atol=0
-        )
+    # The same checkpoint resumes in either backend (the DTensor engine reads the optimizer
+    # state Megatron's optimizer wrote).
+    for backend, cfg in (
+        ("megatron", megatron_config(model_dirs["untied"])),
+        ("dtensor", policy_config(model_dirs["untied"])),
+    ):
+        resumed = Policy(cfg, cpu_cluster(1), name=f"{backend}_load")
+        try:
+            resumed.load(str(checkpoint))
+            assert resumed.step == 1
+            again = resumed.train(second, loss_fn)
+        finally:
+            resumed.shutdown()
+        for name in ("loss", "grad_norm", "lr"):
+            torch.testing.assert_close(
+                torch.tensor(again[name]),
+                torch.tensor(continued[name]),
+                rtol=1e-5,
+                atol=0,
+                msg=lambda m, backend=backend, name=name: f"{backend} resume, {name}: {m}",
+            )
 
 
 def test_frozen_teacher_topk(model_dirs, ray_session):
