@@ -29,10 +29,12 @@ stop strings are set.
 On CPU, vLLM 0.32's attention kernels reject head_dim 16 at the first forward (32 works).
 """
 
+import json
 import logging
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -103,6 +105,36 @@ def cpu_scheduler_args(device_type: str, max_model_len: int) -> dict[str, Any]:
     }
 
 
+def vllm_tokenizer_source(tokenizer_path: str | None, model_path: str) -> str:
+    """What to hand vLLM as `tokenizer`: the model directory when the tokenizer is a local
+    directory without a model config.json and the model directory holds the same tokenizer
+    (every file of the tokenizer directory, equal; in tokenizer.json the padding and truncation
+    settings may differ): the project's tiny assets. vLLM reads a model config from the
+    tokenizer source and, without one, logs two errors and waits 2 s before retrying; the
+    tokenizer it loads is the same either way."""
+    if tokenizer_path is None:
+        return model_path
+    tokenizer_dir, model_dir = Path(tokenizer_path), Path(model_path)
+    if not tokenizer_dir.is_dir() or (tokenizer_dir / "config.json").exists():
+        return tokenizer_path
+    files = [path for path in tokenizer_dir.iterdir() if path.is_file()]
+    same = bool(files) and all(_same_tokenizer_file(path, model_dir / path.name) for path in files)
+    return model_path if same else tokenizer_path
+
+
+def _same_tokenizer_file(path: Path, other: Path) -> bool:
+    if not other.is_file():
+        return False
+    if path.name != "tokenizer.json":
+        return path.read_bytes() == other.read_bytes()
+    runtime = ("padding", "truncation")  # call-time settings, not the vocabulary
+
+    def content(file: Path) -> dict:
+        return {k: v for k, v in json.loads(file.read_text()).items() if k not in runtime}
+
+    return content(path) == content(other)
+
+
 class VllmWorker:
     """One vLLM engine on one device (a GPU, or this process's CPU threads).
 
@@ -139,7 +171,7 @@ class VllmWorker:
         self.llm = LLM(
             **cpu_scheduler_args(self.device_type, vllm_cfg["max_model_len"]),
             model=model_path,
-            tokenizer=tokenizer_path or model_path,
+            tokenizer=vllm_tokenizer_source(tokenizer_path, model_path),
             skip_tokenizer_init=tokenizer_path is None,
             dtype=vllm_cfg["precision"],
             max_model_len=vllm_cfg["max_model_len"],
