@@ -78,6 +78,22 @@ def cpu_cluster(workers: int) -> ClusterConfig:
     return ClusterConfig(num_nodes=1, gpus_per_node=workers, device="cpu", cpus_per_worker=1)
 
 
+def train_after_resume(
+    cfg: PolicyConfig, workers: int, checkpoint: str, batch: dict, loss_fn, *, step: int
+) -> dict:
+    """Load `checkpoint` into a fresh Policy (checked to be at optimizer step `step`), train one
+    call on `batch` and return its metrics; the workers are shut down either way."""
+    from nemo_opd.policy.policy import Policy
+
+    resumed = Policy(cfg, cpu_cluster(workers), name=f"resumed_{cfg.backend}")
+    try:
+        resumed.load(checkpoint)
+        assert resumed.step == step
+        return resumed.train(batch, loss_fn)
+    finally:
+        resumed.shutdown()
+
+
 def make_batch(num_rows: int, k: int = 4, seed: int = 0, teacher: bool = True) -> dict:
     """Rows of different lengths (right-padded with id 0), random masks and teacher top-k."""
     gen = torch.Generator().manual_seed(seed)

@@ -7,7 +7,7 @@ tolerances as test_policy_parallel.py for the DTensor engine).
 
 import pytest
 import torch
-from conftest import cpu_cluster, make_batch, policy_config
+from conftest import cpu_cluster, make_batch, policy_config, train_after_resume
 from references import (
     load_reference,
     reference_logprobs,
@@ -97,13 +97,7 @@ def test_checkpoint_loads_in_transformers_and_resumes_in_another_layout(
         ("megatron", megatron_config(model_dirs["untied"])),
         ("dtensor", policy_config(model_dirs["untied"])),
     ):
-        resumed = Policy(cfg, cpu_cluster(1), name=f"{backend}_load")
-        try:
-            resumed.load(str(checkpoint))
-            assert resumed.step == 1
-            again = resumed.train(second, loss_fn)
-        finally:
-            resumed.shutdown()
+        again = train_after_resume(cfg, 1, str(checkpoint), second, loss_fn, step=1)
         for name in ("loss", "grad_norm", "lr"):
             torch.testing.assert_close(
                 torch.tensor(again[name]),

@@ -5,7 +5,7 @@ import time
 import pytest
 import ray
 import torch
-from conftest import cpu_cluster, make_batch, policy_config
+from conftest import cpu_cluster, make_batch, policy_config, train_after_resume
 from references import (
     load_reference,
     reference_logits,
@@ -51,13 +51,7 @@ def test_save_loads_in_transformers_and_resume_is_exact(model_dirs, ray_session,
     valid = torch.arange(hf_logprobs.shape[1]) < second["input_lengths"].unsqueeze(1) - 1
     assert (hf_logprobs - saved_logprobs).abs()[valid].max() < 2e-5
 
-    resumed = Policy(cfg, cpu_cluster(2))
-    try:
-        resumed.load(str(checkpoint))
-        assert resumed.step == 1
-        again = resumed.train(second, loss_fn)
-    finally:
-        resumed.shutdown()
+    again = train_after_resume(cfg, 2, str(checkpoint), second, loss_fn, step=1)
     for name in ("loss", "grad_norm", "lr"):
         torch.testing.assert_close(
             torch.tensor(again[name]), torch.tensor(continued[name]), rtol=1e-6, atol=0
