@@ -31,6 +31,7 @@ import torch
 from ray.util.placement_group import PlacementGroup
 
 from nemo_opd.algorithms.model_checks import (
+    check_megatron_training_precision,
     check_tensor_parallel,
     check_vocab_sizes,
     load_model_config,
@@ -168,6 +169,7 @@ def setup(cfg: DistillationConfig) -> DistillationRun:
     environments = {"math": MathEnvironment(cfg.env.math)}
     split = worker_split(cfg.cluster, cfg.policy.generation)
     device = resolve_device_type(cfg.cluster)
+    check_megatron_training_precision(cfg.policy, device)
     placement = build_placement_group(
         split.training, WorkerResources(device, cfg.cluster.cpus_per_worker)
     )

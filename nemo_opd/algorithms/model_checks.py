@@ -48,3 +48,15 @@ def check_tensor_parallel(cfg: PolicyConfig, config: PretrainedConfig, section: 
                 f"{section}: tensor_parallel_size {tp} must divide the model's {name} ({size}); "
                 f"choose a divisor of {size}"
             )
+
+
+def check_megatron_training_precision(cfg: PolicyConfig, device_type: str) -> None:
+    """A Megatron-trained student on CPU must be fp32: megatron-core's linear layers restore
+    only CUDA autocast in their backward, so under CPU autocast their bf16 gradients meet fp32
+    weights and training fails at the first step (a frozen teacher only runs forward)."""
+    if device_type == "cpu" and cfg.backend == "megatron" and cfg.precision != "float32":
+        raise SetupError(
+            f"policy.precision={cfg.precision} cannot train with the Megatron backend on CPU "
+            "(megatron-core's linear layers support autocast training on GPU only); set "
+            "policy.precision=float32 (the teacher may keep its precision)"
+        )

@@ -97,6 +97,13 @@ class MegatronEngine(Engine):
         super().__init__(cfg, dims, device, with_optimizer)
         _check_supported_layout(cfg)
         self.on_cpu = device.type == "cpu" and not torch.cuda.is_available()
+        if self.on_cpu and with_optimizer and cfg.precision != "float32":
+            raise ValueError(
+                f"policy.precision={cfg.precision}: megatron-core's linear layers cannot train "
+                "under autocast on a CPU (their backward restores CUDA autocast only, so "
+                f"{cfg.precision} gradients meet fp32 weights). Use policy.precision=float32 on "
+                "CPU; a frozen teacher may keep bfloat16"
+            )
         if self.on_cpu:
             from nemo_opd.policy.engines.megatron_cpu_shim import apply_cpu_shim
 

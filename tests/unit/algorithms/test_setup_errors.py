@@ -94,3 +94,21 @@ def test_tensor_parallel_must_divide_heads(assets, tmp_path, capsys):
     )
     out = capsys.readouterr().out
     assert "policy: tensor_parallel_size 4 must divide the model's num_attention_heads (2)" in out
+
+
+def test_megatron_student_on_cpu_must_train_in_fp32():
+    from pathlib import Path
+
+    from nemo_opd.algorithms.model_checks import check_megatron_training_precision
+    from nemo_opd.config.loader import load_config
+    from nemo_opd.errors import SetupError
+
+    config = Path(__file__).parents[3] / "examples/configs/distillation_tiny_megatron.yaml"
+    bf16 = load_config(config, ["policy.precision=bfloat16", "teacher.precision=bfloat16"])
+    refused = r"policy\.precision=bfloat16 .* policy\.precision=float32"
+    with pytest.raises(SetupError, match=refused):
+        check_megatron_training_precision(bf16.policy, "cpu")
+    check_megatron_training_precision(bf16.policy, "cuda")  # autocast training works on GPU
+    check_megatron_training_precision(load_config(config).policy, "cpu")  # fp32
+    dtensor = load_config(config.with_name("distillation_tiny.yaml"), ["policy.precision=bfloat16"])
+    check_megatron_training_precision(dtensor.policy, "cpu")  # DTensor's autocast trains on CPU

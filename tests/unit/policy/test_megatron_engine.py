@@ -21,6 +21,7 @@ from test_policy_parallel import (
 )
 from transformers import AutoModelForCausalLM
 
+from nemo_opd.distributed.worker_group import WorkerError
 from nemo_opd.losses import DistillationLossFn
 from nemo_opd.policy.policy import Policy
 
@@ -122,3 +123,21 @@ def test_frozen_teacher_topk(model_dirs, ray_session):
     assert_topk_close(
         values, indices, ref_values, ref_indices, batch["input_lengths"], LOGPROB_ATOL
     )
+
+
+def test_bf16_on_cpu_scores_but_refuses_to_train(model_dirs, ray_session):
+    """megatron-core's linear layers restore only CUDA autocast in their backward: a bf16
+    student is refused at build on CPU, naming the key; a bf16 frozen teacher scores."""
+    batch = make_batch(3, teacher=False, seed=5)
+    cfg = megatron_config(model_dirs["tied"], precision="bfloat16", optimizer=None)
+    teacher = Policy(cfg, cpu_cluster(1), optimizer=False, name="megatron_bf16_teacher")
+    try:
+        values, _ = teacher.get_topk_logits(batch, K)
+    finally:
+        teacher.shutdown()
+    ref_values, _ = reference_topk(load_reference(model_dirs["tied"]), batch, K)
+    valid = torch.arange(values.shape[1]) < batch["input_lengths"].unsqueeze(1)
+    assert (values - ref_values).abs()[valid].max() < 0.1  # bf16 matmuls
+
+    with pytest.raises(WorkerError, match=r"policy\.precision=bfloat16.*float32"):
+        Policy(megatron_config(model_dirs["tied"], precision="bfloat16"), cpu_cluster(1))
