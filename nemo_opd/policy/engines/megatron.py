@@ -25,7 +25,9 @@ cuda_free() block. Optimizer state is replicated over data-parallel ranks: Megat
 distributed optimizer does not run on CPU (megatron_cfg.distributed_optimizer is rejected).
 
 Precision: parameters, gradients and optimizer state are fp32; with precision bfloat16 or
-float16 the forward runs under torch.autocast.
+float16 the forward runs under torch.autocast. On CPU only a frozen teacher may do so:
+megatron-core's linear layers restore CUDA autocast alone in their backward, so a reduced-
+precision student is refused there.
 
 Checkpoints use the DTensor engine's format (docs/policy.md): Hugging Face weights loadable by
 from_pretrained, and the optimizer state unsharded by Hugging Face parameter name, so a
