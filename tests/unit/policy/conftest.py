@@ -94,6 +94,18 @@ def train_after_resume(
         resumed.shutdown()
 
 
+def frozen_topk(cfg: PolicyConfig, workers: int, batch: dict, k: int) -> tuple:
+    """(values, indices) of get_topk_logits from a fresh frozen Policy (no optimizer), shut
+    down afterwards either way."""
+    from nemo_opd.policy.policy import Policy
+
+    teacher = Policy(cfg, cpu_cluster(workers), optimizer=False, name=f"teacher_{cfg.backend}")
+    try:
+        return teacher.get_topk_logits(batch, k)
+    finally:
+        teacher.shutdown()
+
+
 def make_batch(num_rows: int, k: int = 4, seed: int = 0, teacher: bool = True) -> dict:
     """Rows of different lengths (right-padded with id 0), random masks and teacher top-k."""
     gen = torch.Generator().manual_seed(seed)

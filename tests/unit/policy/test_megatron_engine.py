@@ -7,7 +7,7 @@ tolerances as test_policy_parallel.py for the DTensor engine).
 
 import pytest
 import torch
-from conftest import cpu_cluster, make_batch, policy_config, train_after_resume
+from conftest import cpu_cluster, frozen_topk, make_batch, policy_config, train_after_resume
 from references import (
     load_reference,
     reference_logprobs,
@@ -114,11 +114,7 @@ def test_frozen_teacher_topk(model_dirs, ray_session):
         model_dirs["untied"], megatron_cfg__tensor_model_parallel_size=2, optimizer=None
     )
     batch = make_batch(5, teacher=False, seed=4)
-    teacher = Policy(cfg, cpu_cluster(2), optimizer=False, name="megatron_teacher")
-    try:
-        values, indices = teacher.get_topk_logits(batch, K)
-    finally:
-        teacher.shutdown()
+    values, indices = frozen_topk(cfg, 2, batch, K)
     ref_values, ref_indices = reference_topk(load_reference(model_dirs["untied"]), batch, K)
     assert_topk_close(
         values, indices, ref_values, ref_indices, batch["input_lengths"], LOGPROB_ATOL
@@ -130,11 +126,7 @@ def test_bf16_on_cpu_scores_but_refuses_to_train(model_dirs, ray_session):
     student is refused at build on CPU, naming the key; a bf16 frozen teacher scores."""
     batch = make_batch(3, teacher=False, seed=5)
     cfg = megatron_config(model_dirs["tied"], precision="bfloat16", optimizer=None)
-    teacher = Policy(cfg, cpu_cluster(1), optimizer=False, name="megatron_bf16_teacher")
-    try:
-        values, _ = teacher.get_topk_logits(batch, K)
-    finally:
-        teacher.shutdown()
+    values, _ = frozen_topk(cfg, 1, batch, K)
     ref_values, _ = reference_topk(load_reference(model_dirs["tied"]), batch, K)
     valid = torch.arange(values.shape[1]) < batch["input_lengths"].unsqueeze(1)
     assert (values - ref_values).abs()[valid].max() < 0.1  # bf16 matmuls

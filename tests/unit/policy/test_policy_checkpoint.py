@@ -5,7 +5,7 @@ import time
 import pytest
 import ray
 import torch
-from conftest import cpu_cluster, make_batch, policy_config, train_after_resume
+from conftest import cpu_cluster, frozen_topk, make_batch, policy_config, train_after_resume
 from references import (
     load_reference,
     reference_logits,
@@ -67,11 +67,7 @@ def test_save_loads_in_transformers_and_resume_is_exact(model_dirs, ray_session,
 def test_teacher_topk_equals_hf_topk(model_dirs, ray_session):
     cfg = policy_config(model_dirs["untied"], dtensor_cfg__tensor_parallel_size=2, optimizer=None)
     batch = make_batch(5, teacher=False, seed=4)  # 5 rows: not a multiple of dp is fine
-    teacher = Policy(cfg, cpu_cluster(2), optimizer=False, name="teacher")
-    try:
-        values, indices = teacher.get_topk_logits(batch, K)
-    finally:
-        teacher.shutdown()
+    values, indices = frozen_topk(cfg, 2, batch, K)
     ref_values, ref_indices = reference_topk(load_reference(model_dirs["untied"]), batch, K)
     valid = torch.arange(values.shape[1]) < batch["input_lengths"].unsqueeze(1)
     assert values.dtype == torch.float32 and indices.dtype == torch.int32
