@@ -370,7 +370,7 @@ def _refit_if_stale(state: DistillationRun) -> None:
     """Push the student's weights into vLLM when they changed since the last push."""
     version = state.step
     if version != state.generation_version:
-        state.generation.refit(state.student.full_weights(), version)
+        state.generation.refit(state.student.full_weights_ref(), version)
         state.generation_version = version
 
 

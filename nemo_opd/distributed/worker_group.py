@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.exceptions import RayActorError, RayTaskError
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -85,8 +85,10 @@ class WorkerGroup:
         return self.get(refs, ranks)
 
     def get(self, refs: Sequence[ray.ObjectRef], ranks: Sequence[int]) -> list:
-        """Wait for every ref; the first failure (in completion order) raises WorkerError."""
+        """Wait for every ref; the first failure (in completion order) raises WorkerError.
+        Each result is fetched (deserialized) once, as it completes."""
         rank_of = {ref: rank for ref, rank in zip(refs, ranks, strict=True)}
+        results = {}
         pending = list(refs)
         while pending:
             done, pending = ray.wait(pending, num_returns=1, timeout=self.timeout_s)
@@ -95,12 +97,13 @@ class WorkerGroup:
                 raise WorkerError(
                     f"{self.name}: ranks {stuck} did not answer in {self.timeout_s} s"
                 )
-            self._raise_if_failed(done[0], rank_of[done[0]])
-        return ray.get(list(refs))
+            results[done[0]] = self._result(done[0], rank_of[done[0]])
+        return [results[ref] for ref in refs]
 
-    def _raise_if_failed(self, ref: ray.ObjectRef, rank: int) -> None:
+    def _result(self, ref: ray.ObjectRef, rank: int) -> Any:
+        """The value of a finished ref; a dead or failing worker raises WorkerError."""
         try:
-            ray.get(ref, timeout=0)
+            return ray.get(ref)
         except RayActorError as error:
             raise WorkerError(
                 f"{self.name}: worker rank {rank} died ({type(error).__name__}); the other "
@@ -108,8 +111,6 @@ class WorkerGroup:
             ) from error
         except RayTaskError as error:
             raise WorkerError(f"{self.name}: worker rank {rank} raised:\n{error}") from error
-        except GetTimeoutError:  # not possible after ray.wait said done; kept for safety
-            pass
 
     def shutdown(self) -> None:
         """Kill every actor and release the placement group."""

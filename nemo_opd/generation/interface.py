@@ -1,7 +1,7 @@
 """The generation interface the rollout loop talks to; vLLM implements it (vllm_generation.py)."""
 
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 
@@ -40,9 +40,10 @@ class GenerationInterface(Protocol):
         (the rollout shrinks it so a sequence never exceeds max_seq_len)."""
         ...
 
-    def refit(self, weights: dict[str, torch.Tensor], version: int) -> bool:
-        """Load `weights` (full tensors, Hugging Face names) unless `version` is already loaded.
-        Returns whether weights were pushed."""
+    def refit(self, weights: dict[str, torch.Tensor] | Any, version: int) -> bool:
+        """Load `weights` (full tensors, Hugging Face names, or an engine-specific handle on
+        them such as a Ray ObjectRef) unless `version` is already loaded. Returns whether
+        weights were pushed."""
         ...
 
     def prepare_for_generation(self) -> None:

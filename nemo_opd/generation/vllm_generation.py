@@ -1,7 +1,7 @@
 """VllmGeneration: the driver's handle on num_engines vLLM replicas (GenerationInterface).
 
     generation = VllmGeneration(cfg.generation, model_path, tokenizer_path, device_type="cpu")
-    generation.refit(policy.full_weights(), version=policy.step)   # only when stale
+    generation.refit(policy.full_weights_ref(), version=policy.step)   # only when stale
     generation.prepare_for_generation()
     out = generation.generate(prompt_ids, max_new_tokens=budgets, seed=step)
     generation.finish_generation()
@@ -21,9 +21,11 @@ Placement (one Ray actor per engine, see VllmWorker):
   finish_generation() puts the engines to sleep (weights to host memory, KV cache freed) so
   training gets the memory back, and prepare_for_generation() wakes them.
 
-Refit uses one path in both placements: the driver puts the full state dict into Ray's object
-store once (shared memory on a node; the non-colocated "channel") and every engine copies it
-into its model in place (VllmWorker.update_weights). Colocated on CUDA the same call runs
+Refit uses one path in both placements: the full state dict goes into Ray's object store once
+(shared memory on a node; the non-colocated "channel") and every engine copies it into its model
+in place (VllmWorker.update_weights). The loop hands refit the ObjectRef that the student's rank
+0 put there (Policy.full_weights_ref), so the tensors never pass through the driver; a dict is
+put by the driver. Colocated on CUDA the same call runs
 between training and wake-up: refit wakes sleeping engines first, since a sleeping engine's
 weights are not on the device.
 """
@@ -152,14 +154,16 @@ class VllmGeneration:
         ]
         return [row for rows in ray.get(refs) for row in rows]
 
-    def refit(self, weights: dict[str, torch.Tensor], version: int) -> bool:
-        """Push `weights` (full tensors, HF names, lm_head included even when tied) to every
-        engine unless `version` is already loaded. Returns whether weights were pushed."""
+    def refit(self, weights: dict[str, torch.Tensor] | ray.ObjectRef, version: int) -> bool:
+        """Push `weights` (full tensors, HF names, lm_head included even when tied), or an
+        ObjectRef of them (Policy.full_weights_ref), to every engine unless `version` is already
+        loaded. Returns whether weights were pushed."""
         if version == self.loaded_version:
             return False
         self.prepare_for_generation()  # a sleeping engine's weights are not on the device
         started = time.perf_counter()
-        ref = ray.put(weights)  # one copy in the object store, read by every engine
+        # One copy in the object store, read by every engine.
+        ref = weights if isinstance(weights, ray.ObjectRef) else ray.put(weights)
         ray.get([engine.update_weights.remote(ref) for engine in self.engines])
         self.last_refit_time_s = time.perf_counter() - started
         self.loaded_version = version

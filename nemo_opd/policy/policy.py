@@ -171,6 +171,11 @@ class Policy:
         tied), for refitting a generation engine."""
         return self.workers.run(lambda actor, rank: actor.full_weights.remote())[0]
 
+    def full_weights_ref(self) -> ray.ObjectRef:
+        """full_weights() as an ObjectRef in Ray's object store, put there by a worker: a
+        generation engine reads it directly, without a copy through the driver."""
+        return self.workers.run(lambda actor, rank: actor.full_weights_ref.remote())[0][0]
+
     @property
     def step(self) -> int:
         """Optimizer steps taken so far."""

@@ -4,6 +4,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+import ray
 import torch
 
 from nemo_opd.config.policy import PolicyConfig
@@ -105,6 +106,13 @@ class PolicyWorker:
         """Every weight in HF naming on rank 0 (None elsewhere); all ranks must be called."""
         weights = dict(self.engine.iter_weights())
         return weights if self.rank == 0 else None
+
+    def full_weights_ref(self) -> list[ray.ObjectRef] | None:
+        """full_weights() put into Ray's object store by rank 0: [its ObjectRef] (wrapped, so
+        that Ray hands the caller the ref, not the tensors); None elsewhere. All ranks must be
+        called."""
+        weights = self.full_weights()
+        return None if weights is None else [ray.put(weights)]
 
     def step(self) -> int:
         """Optimizer steps taken."""

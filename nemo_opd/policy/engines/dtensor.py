@@ -7,6 +7,7 @@ code path serves every layout.
 """
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM
 
@@ -163,14 +165,29 @@ class DTensorEngine(Engine):
         """(HF name, full tensor on CPU in the training precision) per weight; lm_head
         included even when tied to the embedding. A collective over all ranks."""
         dtype = DTYPES[self.cfg.precision]
-        names = dict(self.model.named_parameters())
-        for name, param in names.items():
-            full = param.full_tensor() if isinstance(param, DTensor) else param
-            yield name, full.detach().to("cpu", dtype)
-        if "lm_head.weight" not in names and self.model.config.tie_word_embeddings:
-            embedding = names["model.embed_tokens.weight"]
-            full = embedding.full_tensor() if isinstance(embedding, DTensor) else embedding
-            yield "lm_head.weight", full.detach().to("cpu", dtype)
+        with self._unsharded():
+            names = dict(self.model.named_parameters())
+            for name, param in names.items():
+                full = param.full_tensor() if isinstance(param, DTensor) else param
+                yield name, full.detach().to("cpu", dtype, copy=True)
+            if "lm_head.weight" not in names and self.model.config.tie_word_embeddings:
+                embedding = names["model.embed_tokens.weight"]
+                full = embedding.full_tensor() if isinstance(embedding, DTensor) else embedding
+                yield "lm_head.weight", full.detach().to("cpu", dtype, copy=True)
+
+    @contextmanager
+    def _unsharded(self) -> Iterator[None]:
+        """FSDP-gathered parameters inside the block: one all-gather per FSDP group (a decoder
+        layer, the root) instead of one per parameter; still DTensors over tp when tp > 1.
+        The gathered storage is freed on exit: copy what must outlive the block."""
+        groups = [module for module in self.model.modules() if isinstance(module, FSDPModule)]
+        for module in groups:
+            module.unshard()
+        try:
+            yield
+        finally:
+            for module in groups:
+                module.reshard()
 
     def save(self, path: str) -> None:
         """Write `path` atomically (rank 0 writes; every rank takes part in the gathers).

@@ -210,8 +210,9 @@ def as_batch(prompts: list, completions: list) -> tuple[dict, torch.Tensor]:
 
 
 def test_policy_weights_refit_into_vllm(generation, reference_a, model_dirs):
-    """Policy.full_weights() -> refit -> the engine's sampled-token log-probs equal
-    Policy.get_logprobs at the sampling temperature (the probe the loop runs)."""
+    """Policy.full_weights_ref() -> refit -> the engine's sampled-token log-probs equal
+    Policy.get_logprobs at the sampling temperature (the probe the loop runs). The restore at
+    the end refits from a plain dict, the other accepted form."""
     from nemo_opd.policy.policy import Policy
 
     # Two 1-CPU training workers take both CPUs of the 2-CPU Ray instance; the engines reserve
@@ -231,7 +232,7 @@ def test_policy_weights_refit_into_vllm(generation, reference_a, model_dirs):
 
     try:
         stale = mismatch()
-        assert generation.refit(policy.full_weights(), version=100 + policy.step) is True
+        assert generation.refit(policy.full_weights_ref(), version=100 + policy.step) is True
         fresh = mismatch()
         assert fresh < 1e-3 < 0.05 < stale
     finally:

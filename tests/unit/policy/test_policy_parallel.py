@@ -95,6 +95,7 @@ def check_layout_against_reference(cfg, model_dir: str, workers: int, layout: st
         logprobs = policy.get_logprobs(batch)
         values, indices = policy.get_topk_logits(batch, K)
         evaluated = policy.evaluate(batch, loss_fn)
+        policy.full_weights()  # as in the loop (refit, then train): gathering must not disturb
         metrics = policy.train(batch, loss_fn)
         weights = policy.full_weights()
     finally:
