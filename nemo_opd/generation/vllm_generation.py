@@ -25,9 +25,8 @@ Refit uses one path in both placements: the full state dict goes into Ray's obje
 (shared memory on a node; the non-colocated "channel") and every engine copies it into its model
 in place (VllmWorker.update_weights). The loop hands refit the ObjectRef that the student's rank
 0 put there (Policy.full_weights_ref), so the tensors never pass through the driver; a dict is
-put by the driver. Colocated on CUDA the same call runs
-between training and wake-up: refit wakes sleeping engines first, since a sleeping engine's
-weights are not on the device.
+put by the driver. Colocated on CUDA the same call runs between training and wake-up: refit
+wakes sleeping engines first, since a sleeping engine's weights are not on the device.
 """
 
 import time

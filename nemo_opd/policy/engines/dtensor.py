@@ -167,13 +167,13 @@ class DTensorEngine(Engine):
         dtype = DTYPES[self.cfg.precision]
         with self._unsharded():
             names = dict(self.model.named_parameters())
+            tied = "lm_head.weight" not in names and self.model.config.tie_word_embeddings
             for name, param in names.items():
                 full = param.full_tensor() if isinstance(param, DTensor) else param
-                yield name, full.detach().to("cpu", dtype, copy=True)
-            if "lm_head.weight" not in names and self.model.config.tie_word_embeddings:
-                embedding = names["model.embed_tokens.weight"]
-                full = embedding.full_tensor() if isinstance(embedding, DTensor) else embedding
-                yield "lm_head.weight", full.detach().to("cpu", dtype, copy=True)
+                full = full.detach().to("cpu", dtype, copy=True)
+                yield name, full
+                if tied and name == "model.embed_tokens.weight":
+                    yield "lm_head.weight", full
 
     @contextmanager
     def _unsharded(self) -> Iterator[None]:
