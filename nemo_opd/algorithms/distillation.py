@@ -38,8 +38,7 @@ from nemo_opd.algorithms.model_checks import (
 )
 from nemo_opd.algorithms.prompts import PromptSet, encode_prompts, repeat_samples
 from nemo_opd.algorithms.tokenizers import check_same_vocabulary, load_tokenizer
-from nemo_opd.config.placement import worker_split
-from nemo_opd.config.schema import DistillationConfig
+from nemo_opd.config import DistillationConfig
 from nemo_opd.data.batching import TensorBatch
 from nemo_opd.data.chat import ChatFormatter, read_text_file
 from nemo_opd.data.datasets import load_prompt_records
@@ -50,6 +49,7 @@ from nemo_opd.distributed.cluster import (
     build_placement_group,
     resolve_device_type,
 )
+from nemo_opd.distributed.placement import worker_split
 from nemo_opd.environments import MathEnvironment
 from nemo_opd.errors import SetupError
 from nemo_opd.generation import VllmGeneration, logprob_mismatch

@@ -3,7 +3,7 @@ starts, so that a mismatch is one clear message instead of a worker traceback.""
 
 from transformers import AutoConfig, PretrainedConfig
 
-from nemo_opd.config.policy import PolicyConfig
+from nemo_opd.config import PolicyConfig
 from nemo_opd.errors import SetupError
 
 

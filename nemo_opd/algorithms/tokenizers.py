@@ -5,7 +5,7 @@ from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from nemo_opd.config.policy import TokenizerConfig
+from nemo_opd.config import TokenizerConfig
 from nemo_opd.errors import SetupError
 
 

@@ -28,7 +28,6 @@ from nemo_opd.config.parallelism import (
     MegatronConfig,
     SequencePackingConfig,
 )
-from nemo_opd.config.placement import WorkerSplit, worker_split
 from nemo_opd.config.policy import (
     OptimizerConfig,
     PolicyConfig,
@@ -68,7 +67,6 @@ __all__ = [
     "TokenizerConfig",
     "VllmConfig",
     "WandbConfig",
-    "WorkerSplit",
     "apply_overrides",
     "compose_config",
     "load_config",
@@ -77,5 +75,4 @@ __all__ = [
     "to_dict",
     "to_yaml",
     "validate_config",
-    "worker_split",
 ]

@@ -11,8 +11,8 @@ the same tokenizer, and that distillation.topk_logits_k is at most the vocabular
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from nemo_opd.config.placement import worker_split
 from nemo_opd.config.policy import PolicyConfig
+from nemo_opd.distributed.placement import worker_split
 
 if TYPE_CHECKING:
     from nemo_opd.config.schema import DistillationConfig

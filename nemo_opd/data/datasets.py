@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
 
-from nemo_opd.config.data import DataConfig
+from nemo_opd.config import DataConfig
 from nemo_opd.errors import SetupError
 
 Split = Literal["train", "validation"]

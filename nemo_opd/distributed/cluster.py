@@ -5,7 +5,7 @@ from dataclasses import dataclass
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group
 
-from nemo_opd.config.runtime import ClusterConfig
+from nemo_opd.config import ClusterConfig
 
 
 class ClusterResourceError(RuntimeError):

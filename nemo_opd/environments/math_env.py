@@ -8,7 +8,7 @@ from collections.abc import Callable
 import ray
 from ray.exceptions import RayError
 
-from nemo_opd.config.data import MathEnvConfig
+from nemo_opd.config import MathEnvConfig
 from nemo_opd.environments.base import EnvironmentStep, Message
 from nemo_opd.environments.math_verify import verify
 

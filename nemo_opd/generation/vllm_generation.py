@@ -36,7 +36,7 @@ import torch
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from nemo_opd.config.generation import GenerationConfig
+from nemo_opd.config import GenerationConfig
 from nemo_opd.generation.interface import GenerationOutput
 from nemo_opd.generation.vllm_worker import ENGINE_ENV, VllmWorker
 

@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from nemo_opd.config.policy import OptimizerConfig, SchedulerConfig
+from nemo_opd.config import OptimizerConfig, SchedulerConfig
 
 
 def build_optimizer(

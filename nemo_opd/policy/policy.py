@@ -17,8 +17,7 @@ import ray
 import torch
 from ray.util.placement_group import PlacementGroup
 
-from nemo_opd.config.policy import PolicyConfig
-from nemo_opd.config.runtime import ClusterConfig
+from nemo_opd.config import ClusterConfig, PolicyConfig
 from nemo_opd.data.batching import TensorBatch, pad_batch_to_multiple, shard_for_data_parallel
 from nemo_opd.distributed.cluster import WorkerResources, resolve_device_type
 from nemo_opd.distributed.parallel_dims import ParallelDims

@@ -7,7 +7,7 @@ from typing import Any
 import ray
 import torch
 
-from nemo_opd.config.policy import PolicyConfig
+from nemo_opd.config import PolicyConfig
 from nemo_opd.data.batching import TensorBatch
 from nemo_opd.distributed.parallel_dims import ParallelDims
 from nemo_opd.distributed.process_group import find_free_port, init_distributed, node_address

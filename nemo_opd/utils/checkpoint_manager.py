@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from nemo_opd.config.runtime import CheckpointingConfig
+from nemo_opd.config import CheckpointingConfig
 from nemo_opd.utils.checkpoint import BACKUP_SUFFIX, atomic_directory, recover_checkpoint
 
 STATE_FILE = "training_state.json"

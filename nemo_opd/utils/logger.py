@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from nemo_opd.config.runtime import LoggerConfig, WandbConfig
+from nemo_opd.config import LoggerConfig, WandbConfig
 from nemo_opd.utils.checkpoint import atomic_file
 from nemo_opd.utils.console import StepConsole
 

@@ -22,8 +22,10 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
-from nemo_opd.config.policy import PolicyConfig  # noqa: E402
-from nemo_opd.config.runtime import ClusterConfig  # noqa: E402
+from nemo_opd.config import (
+    ClusterConfig,  # noqa: E402
+    PolicyConfig,  # noqa: E402
+)
 from nemo_opd.data.chat import ChatFormatter  # noqa: E402
 from nemo_opd.data.message_log import flatten_message_logs  # noqa: E402
 from nemo_opd.losses import DistillationLossFn  # noqa: E402

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from nemo_opd.config.policy import PolicyConfig
+from nemo_opd.config import PolicyConfig
 from nemo_opd.data.batching import (
     TensorBatch,
     dynamic_microbatches,

@@ -25,7 +25,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM
 
-from nemo_opd.config.policy import PolicyConfig
+from nemo_opd.config import PolicyConfig
 from nemo_opd.distributed.context_parallel import (
     LAYOUT_KWARG,
     AttentionLayout,

@@ -47,7 +47,7 @@ from megatron.core import parallel_state
 from safetensors import safe_open
 from transformers import AutoConfig
 
-from nemo_opd.config.policy import PolicyConfig
+from nemo_opd.config import PolicyConfig
 from nemo_opd.distributed.context_parallel import AttentionLayout, segment_causal_mask
 from nemo_opd.distributed.parallel_dims import ParallelDims
 from nemo_opd.models import resolve_pretrained

@@ -24,7 +24,7 @@ from megatron.core.optimizer.optimizer import MegatronOptimizer
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.module import MegatronModule
 
-from nemo_opd.config.policy import OptimizerConfig
+from nemo_opd.config import OptimizerConfig
 
 
 def wrap_ddp(model: MegatronModule, config: TransformerConfig) -> DistributedDataParallel:

@@ -100,7 +100,7 @@ def test_megatron_student_on_cpu_must_train_in_fp32():
     from pathlib import Path
 
     from nemo_opd.algorithms.model_checks import check_megatron_training_precision
-    from nemo_opd.config.loader import load_config
+    from nemo_opd.config import load_config
     from nemo_opd.errors import SetupError
 
     config = Path(__file__).parents[3] / "examples/configs/distillation_tiny_megatron.yaml"

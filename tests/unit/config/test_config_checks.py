@@ -2,8 +2,9 @@
 
 import pytest
 
-from nemo_opd.config import ConfigError, validate_config, worker_split
+from nemo_opd.config import ConfigError, validate_config
 from nemo_opd.config.checks import CHECKS
+from nemo_opd.distributed.placement import worker_split
 
 
 def problems(config) -> list[str]:

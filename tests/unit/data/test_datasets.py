@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from nemo_opd.config.data import DataConfig
+from nemo_opd.config import DataConfig
 from nemo_opd.data.datasets import load_prompt_records
 from nemo_opd.errors import SetupError
 

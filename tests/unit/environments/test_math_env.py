@@ -11,7 +11,7 @@ import time  # noqa: E402
 import pytest  # noqa: E402
 import ray  # noqa: E402
 
-from nemo_opd.config.data import MathEnvConfig  # noqa: E402
+from nemo_opd.config import MathEnvConfig  # noqa: E402
 from nemo_opd.environments import EnvironmentStep, MathEnvironment  # noqa: E402
 from nemo_opd.environments import math_env as math_env_module  # noqa: E402
 from nemo_opd.environments.math_env import _split_evenly  # noqa: E402

@@ -17,8 +17,7 @@ from vllm_testing import (
     reference_token_logprobs,
 )
 
-from nemo_opd.config.policy import PolicyConfig
-from nemo_opd.config.runtime import ClusterConfig
+from nemo_opd.config import ClusterConfig, PolicyConfig
 from nemo_opd.generation import logprob_mismatch
 
 pytestmark = pytest.mark.skipif(

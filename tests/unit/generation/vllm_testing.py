@@ -3,7 +3,7 @@
 import torch
 from transformers import AutoModelForCausalLM, Qwen3Config
 
-from nemo_opd.config.generation import GenerationConfig
+from nemo_opd.config import GenerationConfig
 
 VOCAB = 256
 MAX_LEN = 96

@@ -176,7 +176,7 @@ def test_metrics_are_sane():
 
 
 def test_configuration_from_a_section_an_object_or_keywords():
-    from nemo_opd.config.loss import LossConfig
+    from nemo_opd.config import LossConfig
 
     cfg = LossConfig(kl_type="jsd", jsd_beta=0.3, tail="renormalize", temperature=0.5)
     for loss_fn in (

@@ -10,8 +10,10 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, Qwen3Config  # noqa: E402
 
-from nemo_opd.config.policy import PolicyConfig  # noqa: E402
-from nemo_opd.config.runtime import ClusterConfig  # noqa: E402
+from nemo_opd.config import (
+    ClusterConfig,  # noqa: E402
+    PolicyConfig,  # noqa: E402
+)
 
 VOCAB = 256
 SEQ = 24

@@ -2,7 +2,7 @@
 
 import pytest
 
-from nemo_opd.config.policy import SchedulerConfig
+from nemo_opd.config import SchedulerConfig
 from nemo_opd.policy.optim import lr_factor
 from nemo_opd.utils.checkpoint import atomic_directory
 

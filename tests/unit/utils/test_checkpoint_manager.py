@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from nemo_opd.config.runtime import CheckpointingConfig
+from nemo_opd.config import CheckpointingConfig
 from nemo_opd.utils.checkpoint_manager import STATE_FILE, CheckpointManager
 
 

@@ -9,7 +9,7 @@ import types
 import pytest
 from rich.console import Console
 
-from nemo_opd.config.runtime import LoggerConfig
+from nemo_opd.config import LoggerConfig
 from nemo_opd.utils.console import StepConsole
 from nemo_opd.utils.logger import Logger
 

@@ -1,9 +1,13 @@
-"""How the cluster's workers are split between training and (non-colocated) generation."""
+"""How the cluster's workers are split between training and (non-colocated) generation.
 
-from typing import NamedTuple
+Pure arithmetic on the config (no Ray): the config's checks use it to validate a placement at
+load time, and setup uses it to place the workers.
+"""
 
-from nemo_opd.config.generation import GenerationConfig
-from nemo_opd.config.runtime import ClusterConfig
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:  # the config's checks import this module: no import back at run time
+    from nemo_opd.config import ClusterConfig, GenerationConfig
 
 
 class WorkerSplit(NamedTuple):
@@ -13,7 +17,9 @@ class WorkerSplit(NamedTuple):
     generation: int
 
 
-def worker_split(cluster: ClusterConfig, generation: GenerationConfig | None) -> WorkerSplit | None:
+def worker_split(
+    cluster: "ClusterConfig", generation: "GenerationConfig | None"
+) -> WorkerSplit | None:
     """Split the cluster's workers; None when the non-colocated resources do not fit the cluster.
 
     Colocated generation shares every worker with training. Non-colocated generation takes
