@@ -54,9 +54,9 @@ from nemo_opd.environments import MathEnvironment
 from nemo_opd.errors import SetupError
 from nemo_opd.generation import VllmGeneration, logprob_mismatch
 from nemo_opd.losses import DistillationLossFn
-from nemo_opd.models.resolve import resolve_pretrained
 from nemo_opd.policy.policy import Policy
 from nemo_opd.rollouts import RolloutResult, run_multi_turn_rollout
+from nemo_opd.tiny.assets import resolve_pretrained
 from nemo_opd.utils.checkpoint_manager import CheckpointManager
 from nemo_opd.utils.logger import Logger
 from nemo_opd.utils.plot import plot_metrics

@@ -32,7 +32,7 @@ def _load_rows(cfg: DataConfig, split: Split) -> tuple[Iterable[dict], str]:
         return _load_local(path, key), f"{key} ({path})"
     name = cfg.dataset_name if split == "train" else (cfg.val_dataset_name or cfg.dataset_name)
     if name == "tiny_math":
-        from nemo_opd.data.tiny_math import load_tiny_math
+        from nemo_opd.tiny.task import load_tiny_math
 
         return load_tiny_math(split), f"tiny_math ({split})"
     if name is None:

@@ -29,9 +29,9 @@ from nemo_opd.config import (
 from nemo_opd.data.chat import ChatFormatter  # noqa: E402
 from nemo_opd.data.message_log import flatten_message_logs  # noqa: E402
 from nemo_opd.losses import DistillationLossFn  # noqa: E402
-from nemo_opd.models.tiny_assets import ensure_tiny_assets  # noqa: E402
-from nemo_opd.models.tiny_recipe import micro_recipe  # noqa: E402
 from nemo_opd.policy.policy import Policy  # noqa: E402
+from nemo_opd.tiny.assets import ensure_tiny_assets  # noqa: E402
+from nemo_opd.tiny.recipe import micro_recipe  # noqa: E402
 
 STEPS = 4
 ROWS_PER_STEP = 8

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from nemo_opd.models.tiny_assets import ensure_tiny_assets
-from nemo_opd.models.tiny_recipe import micro_recipe
+from nemo_opd.tiny.assets import ensure_tiny_assets
+from nemo_opd.tiny.recipe import micro_recipe
 
 pytest.importorskip("vllm")
 

@@ -34,7 +34,6 @@ from nemo_opd.distributed.context_parallel import (
 )
 from nemo_opd.distributed.grad_norm import all_reduce_grads, clip_grad_norm
 from nemo_opd.distributed.parallel_dims import ParallelDims
-from nemo_opd.models import resolve_pretrained
 from nemo_opd.policy.engines.base import Engine
 from nemo_opd.policy.engines.dtensor_parallelize import (
     apply_activation_checkpointing,
@@ -53,6 +52,7 @@ from nemo_opd.policy.engines.training_state import (
     write_checkpoint,
 )
 from nemo_opd.policy.optim import build_training_optimizer
+from nemo_opd.tiny import resolve_pretrained
 from nemo_opd.utils.checkpoint import atomic_directory
 
 

@@ -50,7 +50,6 @@ from transformers import AutoConfig
 from nemo_opd.config import PolicyConfig
 from nemo_opd.distributed.context_parallel import AttentionLayout, segment_causal_mask
 from nemo_opd.distributed.parallel_dims import ParallelDims
-from nemo_opd.models import resolve_pretrained
 from nemo_opd.models.hf_megatron import GPTShape, Rule, conversion_rules, to_hf, to_megatron
 from nemo_opd.policy.engines.base import Engine
 from nemo_opd.policy.engines.megatron_model import (
@@ -73,6 +72,7 @@ from nemo_opd.policy.engines.training_state import (
     write_checkpoint,
 )
 from nemo_opd.policy.optim import build_scheduler
+from nemo_opd.tiny import resolve_pretrained
 from nemo_opd.utils.checkpoint import atomic_directory
 
 # Replicated parameters whose gradient each tensor-parallel rank computes only in part.

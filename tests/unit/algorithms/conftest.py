@@ -1,7 +1,7 @@
 import pytest
 
-from nemo_opd.data.tiny_math import TinyMathConfig, build_tiny_math_splits
-from nemo_opd.models.tiny_tokenizer import build_tiny_tokenizer
+from nemo_opd.tiny.task import TinyMathConfig, build_tiny_math_splits
+from nemo_opd.tiny.tokenizer import build_tiny_tokenizer
 
 
 @pytest.fixture(scope="session")

@@ -6,10 +6,10 @@ import json
 import pytest
 
 from nemo_opd.cli import main
-from nemo_opd.data.tiny_math import TinyMathConfig, build_tiny_math_splits
-from nemo_opd.models.tiny_assets import ensure_tiny_assets
-from nemo_opd.models.tiny_recipe import micro_recipe
-from nemo_opd.models.tiny_tokenizer import build_tiny_tokenizer
+from nemo_opd.tiny.assets import ensure_tiny_assets
+from nemo_opd.tiny.recipe import micro_recipe
+from nemo_opd.tiny.task import TinyMathConfig, build_tiny_math_splits
+from nemo_opd.tiny.tokenizer import build_tiny_tokenizer
 
 CONFIG = "examples/configs/distillation_tiny.yaml"
 

@@ -8,7 +8,7 @@ Layout written under ``out_dir``::
                           copy of the tokenizer, so each loads alone (transformers or vLLM)
     manifest.json         written last: recipe, accuracies, timings, versions
 
-The caller (``tiny_assets``) makes the directory appear atomically.
+The caller (``assets.py``) makes the directory appear atomically.
 """
 
 from __future__ import annotations
@@ -32,12 +32,12 @@ from transformers import PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
 import nemo_opd
-from nemo_opd.data.tiny_math import build_tiny_math_splits, save_jsonl
-from nemo_opd.models.tiny_eval import heldout_accuracy
-from nemo_opd.models.tiny_model import build_tiny_model, count_parameters
-from nemo_opd.models.tiny_recipe import ModelRecipe, TinyRecipe, TrainRecipe, recipe_key
-from nemo_opd.models.tiny_sft import SFTExample, encode_sft_examples, train_sft
-from nemo_opd.models.tiny_tokenizer import build_tiny_tokenizer
+from nemo_opd.tiny.evaluation import heldout_accuracy
+from nemo_opd.tiny.model import build_tiny_model, count_parameters
+from nemo_opd.tiny.recipe import ModelRecipe, TinyRecipe, TrainRecipe, recipe_key
+from nemo_opd.tiny.sft import SFTExample, encode_sft_examples, train_sft
+from nemo_opd.tiny.task import build_tiny_math_splits, save_jsonl
+from nemo_opd.tiny.tokenizer import build_tiny_tokenizer
 
 MANIFEST = "manifest.json"
 ROLES = ("teacher", "student")

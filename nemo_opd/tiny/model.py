@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import GenerationConfig, PreTrainedTokenizerBase, Qwen3Config, Qwen3ForCausalLM
 
-from nemo_opd.models.tiny_recipe import ModelRecipe
+from nemo_opd.tiny.recipe import ModelRecipe
 
 
 def build_qwen3_config(recipe: ModelRecipe, tokenizer: PreTrainedTokenizerBase) -> Qwen3Config:

@@ -3,11 +3,10 @@ import random
 import pytest
 import torch
 
-from nemo_opd.data.tiny_math import TinyMathConfig, build_tiny_math_splits
-from nemo_opd.models.tiny_eval import extract_boxed, generate_greedy, heldout_accuracy
-from nemo_opd.models.tiny_model import build_tiny_model
-from nemo_opd.models.tiny_recipe import ModelRecipe, TrainRecipe
-from nemo_opd.models.tiny_sft import (
+from nemo_opd.tiny.evaluation import extract_boxed, generate_greedy, heldout_accuracy
+from nemo_opd.tiny.model import build_tiny_model
+from nemo_opd.tiny.recipe import ModelRecipe, TrainRecipe
+from nemo_opd.tiny.sft import (
     SFTExample,
     bucketed_batches,
     collate,
@@ -15,7 +14,8 @@ from nemo_opd.models.tiny_sft import (
     lr_factor,
     train_sft,
 )
-from nemo_opd.models.tiny_tokenizer import build_tiny_tokenizer
+from nemo_opd.tiny.task import TinyMathConfig, build_tiny_math_splits
+from nemo_opd.tiny.tokenizer import build_tiny_tokenizer
 
 SPLITS = build_tiny_math_splits(TinyMathConfig(num_train=1000, num_validation=20, seed=5))
 MODEL = ModelRecipe(

@@ -8,10 +8,12 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from nemo_opd.data.tiny_math import load_jsonl, load_tiny_math
-from nemo_opd.models import TINY_PREFIX, resolve_pretrained, tiny_assets, tiny_build
-from nemo_opd.models.tiny_assets import assets_dir, ensure_tiny_assets, is_complete
-from nemo_opd.models.tiny_recipe import default_recipe, micro_recipe, recipe_key
+from nemo_opd.tiny import TINY_PREFIX, resolve_pretrained
+from nemo_opd.tiny import assets as tiny_assets
+from nemo_opd.tiny import build as tiny_build
+from nemo_opd.tiny.assets import assets_dir, ensure_tiny_assets, is_complete
+from nemo_opd.tiny.recipe import default_recipe, micro_recipe, recipe_key
+from nemo_opd.tiny.task import load_jsonl, load_tiny_math
 
 MICRO = micro_recipe()
 
@@ -98,7 +100,7 @@ def test_models_load_with_auto_classes(in_micro_cache, role):
 
 
 def test_models_are_trained_not_initial(in_micro_cache):
-    from nemo_opd.models.tiny_model import build_tiny_model
+    from nemo_opd.tiny.model import build_tiny_model
 
     tokenizer = AutoTokenizer.from_pretrained(in_micro_cache.tokenizer)
     initial = build_tiny_model(MICRO.teacher, tokenizer, seed=MICRO.teacher_train.seed)

@@ -6,14 +6,14 @@ directory next to the final one and is renamed into place only when complete (``
 written last), so a crash never leaves a directory that looks valid. A file lock per key makes
 concurrent callers wait for one build instead of racing.
 
-The default recipe's assets are also shipped prebuilt with the package (tiny_prebuilt.py): when
+The default recipe's assets are also shipped prebuilt with the package (prebuilt.py): when
 the cache lacks them, the shipped copy is checked and installed instead of training (seconds
 instead of minutes). ``rebuild=True`` always trains from scratch.
 
 Command line (install or build if needed, print the table; ``--eval`` re-measures accuracy from
 disk; ``--rebuild`` trains from scratch; ``--export-prebuilt`` copies the build into the package)::
 
-    python -m nemo_opd.models.tiny_assets [--rebuild] [--eval] [--export-prebuilt]
+    python -m nemo_opd.tiny [--rebuild] [--eval] [--export-prebuilt]
 """
 
 from __future__ import annotations
@@ -31,20 +31,21 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from nemo_opd.models.resolve import TINY_PREFIX
-from nemo_opd.models.tiny_build import (
+from nemo_opd.tiny.build import (
     MANIFEST,
     ROLES,
     build_tiny_assets,
     quiet_progress_bars,
     torch_threads,
 )
-from nemo_opd.models.tiny_prebuilt import export_prebuilt, install_prebuilt, prebuilt_dir
-from nemo_opd.models.tiny_recipe import TinyRecipe, default_recipe, micro_recipe, recipe_key
+from nemo_opd.tiny.prebuilt import export_prebuilt, install_prebuilt, prebuilt_dir
+from nemo_opd.tiny.recipe import TinyRecipe, default_recipe, micro_recipe, recipe_key
 
-__all__ = ["TINY_PREFIX", "TinyAssets", "cache_root", "ensure_tiny_assets"]
+__all__ = ["TINY_NAMES", "TINY_PREFIX", "TinyAssets", "cache_root", "ensure_tiny_assets"]
 
 CACHE_ENV = "NEMO_OPD_CACHE"
+TINY_PREFIX = "tiny:"
+TINY_NAMES = ("teacher", "student", "tokenizer")
 
 
 @dataclass(frozen=True)
@@ -181,8 +182,8 @@ def evaluate_from_disk(
     load it."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from nemo_opd.data.tiny_math import load_jsonl
-    from nemo_opd.models.tiny_eval import heldout_accuracy
+    from nemo_opd.tiny.evaluation import heldout_accuracy
+    from nemo_opd.tiny.task import load_jsonl
 
     start = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(assets.tokenizer)
@@ -217,6 +218,22 @@ def print_table(assets: TinyAssets, measured: dict[str, tuple[float, float]]) ->
     )
 
 
+def resolve_pretrained(name_or_path: str) -> str:
+    """A directory or hub name that ``from_pretrained`` (or vLLM) can load.
+
+    ``"tiny:teacher"``, ``"tiny:student"`` and ``"tiny:tokenizer"`` become directories of the
+    default tiny assets, installed from the shipped copy or built on first use, and cached. Any
+    other string (a hub name, a local path) is returned unchanged.
+    """
+    if not name_or_path.startswith(TINY_PREFIX):
+        return name_or_path
+    name = name_or_path[len(TINY_PREFIX) :]
+    if name not in TINY_NAMES:
+        expected = ", ".join(TINY_PREFIX + n for n in TINY_NAMES)
+        raise ValueError(f"unknown tiny asset {name_or_path!r}; expected one of {expected}")
+    return str(getattr(ensure_tiny_assets(), name))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Build (if needed) and report the tiny assets.")
     parser.add_argument("--rebuild", action="store_true", help="build again and replace")
@@ -240,7 +257,3 @@ def main(argv: list[str] | None = None) -> None:
                     assets, role, recipe.eval_batch_size, recipe.eval_max_new_tokens
                 )
     print_table(assets, measured)
-
-
-if __name__ == "__main__":
-    main()

@@ -10,7 +10,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field, replace
 
-from nemo_opd.data.tiny_math import TinyMathConfig
+from nemo_opd.tiny.task import TinyMathConfig
 
 FORMAT_VERSION = 1
 

@@ -1,7 +1,7 @@
 """Prebuilt tiny assets shipped with the package, so the embedded default starts in seconds.
 
 Building the default tiny assets trains two models (minutes on a 2-core CPU). The package ships
-the result of one such build under ``nemo_opd/models/prebuilt/<key>/`` (tokenizer, teacher,
+the result of one such build under ``nemo_opd/tiny/prebuilt/<key>/`` (tokenizer, teacher,
 student, manifest and a SHA-256 of every file); ``ensure_tiny_assets`` installs it into the cache
 when the cache has no build of that key. The data splits are not shipped: they are regenerated
 from the recipe (deterministic, under a second). ``--rebuild`` on the command line ignores the
@@ -9,7 +9,7 @@ shipped copy and trains everything from scratch with project code.
 
 Maintainers refresh the shipped copy after changing the recipe with::
 
-    python -m nemo_opd.models.tiny_assets --rebuild --export-prebuilt
+    python -m nemo_opd.tiny --rebuild --export-prebuilt
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from nemo_opd.models.tiny_build import MANIFEST, write_data_splits
-from nemo_opd.models.tiny_recipe import TinyRecipe, recipe_key
+from nemo_opd.tiny.build import MANIFEST, write_data_splits
+from nemo_opd.tiny.recipe import TinyRecipe, recipe_key
 
 PREBUILT_ROOT = Path(__file__).resolve().parent / "prebuilt"
 CHECKSUMS = "checksums.json"
@@ -61,7 +61,7 @@ def install_prebuilt(
         raise PrebuiltError(
             f"the prebuilt tiny assets in {source} do not match {CHECKSUMS} "
             f"(first mismatch: {damaged[0][0]}); reinstall nemo_opd or build them with "
-            "`python -m nemo_opd.models.tiny_assets --rebuild`"
+            "`python -m nemo_opd.tiny --rebuild`"
         )
     _copy_models(source, build_dir)
     write_data_splits(recipe, build_dir)

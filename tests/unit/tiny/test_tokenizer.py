@@ -1,9 +1,9 @@
 import pytest
 from transformers import AutoTokenizer
 
-from nemo_opd.data.tiny_math import TinyMathConfig, build_tiny_math_splits
-from nemo_opd.models.tiny_sft import encode_sft_examples
-from nemo_opd.models.tiny_tokenizer import IM_END, IM_START, PAD_TOKEN, build_tiny_tokenizer
+from nemo_opd.tiny.sft import encode_sft_examples
+from nemo_opd.tiny.task import TinyMathConfig, build_tiny_math_splits
+from nemo_opd.tiny.tokenizer import IM_END, IM_START, PAD_TOKEN, build_tiny_tokenizer
 
 RECORDS = build_tiny_math_splits(TinyMathConfig(num_train=2000, num_validation=50, seed=3))
 

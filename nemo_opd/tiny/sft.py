@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedTokenizerBase, Qwen3ForCausalLM
 
-from nemo_opd.models.tiny_recipe import TrainRecipe
+from nemo_opd.tiny.recipe import TrainRecipe
 
 SENTINEL = "\x00PROMPT\x00"
 

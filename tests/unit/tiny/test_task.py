@@ -2,7 +2,7 @@ import re
 
 import pytest
 
-from nemo_opd.data.tiny_math import (
+from nemo_opd.tiny.task import (
     TinyMathConfig,
     build_tiny_math_splits,
     load_jsonl,

@@ -6,11 +6,12 @@ import shutil
 
 import pytest
 
-from nemo_opd.data.tiny_math import load_jsonl
-from nemo_opd.models import tiny_assets, tiny_prebuilt
-from nemo_opd.models.tiny_assets import ensure_tiny_assets
-from nemo_opd.models.tiny_prebuilt import CHECKSUMS, PrebuiltError, export_prebuilt, prebuilt_dir
-from nemo_opd.models.tiny_recipe import default_recipe, micro_recipe, recipe_key
+from nemo_opd.tiny import assets as tiny_assets
+from nemo_opd.tiny import prebuilt as tiny_prebuilt
+from nemo_opd.tiny.assets import ensure_tiny_assets
+from nemo_opd.tiny.prebuilt import CHECKSUMS, PrebuiltError, export_prebuilt, prebuilt_dir
+from nemo_opd.tiny.recipe import default_recipe, micro_recipe, recipe_key
+from nemo_opd.tiny.task import load_jsonl
 
 MICRO = micro_recipe()
 
@@ -92,7 +93,7 @@ def test_the_default_recipe_is_shipped_intact(tmp_path, monkeypatch):
     shipped = prebuilt_dir(default_recipe())
     assert shipped is not None, (
         "no prebuilt copy of the default recipe: run "
-        "`python -m nemo_opd.models.tiny_assets --rebuild --export-prebuilt`"
+        "`python -m nemo_opd.tiny --rebuild --export-prebuilt`"
     )
     monkeypatch.setenv("NEMO_OPD_CACHE", str(tmp_path))
     monkeypatch.setattr(tiny_assets, "build_tiny_assets", _fake_build)
