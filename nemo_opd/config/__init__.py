@@ -5,43 +5,48 @@ command-line overrides, and a strict pydantic schema with one model per section.
     policy = Policy(cfg.policy)          # each component receives only its own section
     print(to_yaml(cfg))                  # the fully resolved, validated config
 
+Modules: schema.py (every section), loader.py (reading, inheritance, overrides,
+interpolation, validation, dumping), checks.py (the cross-field rules), errors.py (ConfigError
+and its messages), reference.py (docs/config.md, generated from the schema).
+
 Every problem is raised as ConfigError with a message naming the full key path.
 """
 
-from nemo_opd.config.data import DataConfig, EnvConfig, MathEnvConfig
-from nemo_opd.config.dump import to_dict, to_yaml
 from nemo_opd.config.errors import ConfigError
-from nemo_opd.config.generation import (
-    ColocatedConfig,
-    GenerationConfig,
-    ResourcesConfig,
-    VllmConfig,
+from nemo_opd.config.loader import (
+    apply_overrides,
+    compose_config,
+    load_config,
+    parse_override,
+    register_resolvers,
+    to_dict,
+    to_yaml,
+    validate_config,
 )
-from nemo_opd.config.interpolation import register_resolvers
-from nemo_opd.config.loader import compose_config, load_config
-from nemo_opd.config.loop import DistillationLoopConfig
-from nemo_opd.config.loss import LossConfig
-from nemo_opd.config.overrides import apply_overrides, parse_override
-from nemo_opd.config.parallelism import (
-    DTensorConfig,
-    DynamicBatchingConfig,
-    MegatronConfig,
-    SequencePackingConfig,
-)
-from nemo_opd.config.policy import (
-    OptimizerConfig,
-    PolicyConfig,
-    SchedulerConfig,
-    TokenizerConfig,
-)
-from nemo_opd.config.runtime import (
+from nemo_opd.config.schema import (
     CheckpointingConfig,
     ClusterConfig,
+    ColocatedConfig,
+    DataConfig,
+    DistillationConfig,
+    DistillationLoopConfig,
+    DTensorConfig,
+    DynamicBatchingConfig,
+    EnvConfig,
+    GenerationConfig,
     LoggerConfig,
+    LossConfig,
+    MathEnvConfig,
+    MegatronConfig,
+    OptimizerConfig,
+    PolicyConfig,
+    ResourcesConfig,
+    SchedulerConfig,
+    SequencePackingConfig,
+    TokenizerConfig,
+    VllmConfig,
     WandbConfig,
 )
-from nemo_opd.config.schema import DistillationConfig
-from nemo_opd.config.validation import validate_config
 
 __all__ = [
     "CheckpointingConfig",

@@ -11,16 +11,15 @@ the same tokenizer, and that distillation.topk_logits_k is at most the vocabular
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from nemo_opd.config.policy import PolicyConfig
 from nemo_opd.distributed.placement import worker_split
 
-if TYPE_CHECKING:
-    from nemo_opd.config.schema import DistillationConfig
+if TYPE_CHECKING:  # the schema runs these checks when it validates: no import back at run time
+    from nemo_opd.config.schema import DistillationConfig, PolicyConfig
 
 MODEL_SECTIONS = ("policy", "teacher")
 
 
-def _models(cfg: "DistillationConfig") -> Iterator[tuple[str, PolicyConfig]]:
+def _models(cfg: "DistillationConfig") -> Iterator[tuple[str, "PolicyConfig"]]:
     """(section name, section) for the student and the teacher."""
     for name in MODEL_SECTIONS:
         yield name, getattr(cfg, name)
@@ -32,7 +31,7 @@ def _training_world(cfg: "DistillationConfig") -> int | None:
     return split.training if split else None
 
 
-def _backend_prefix(name: str, model: PolicyConfig) -> str:
+def _backend_prefix(name: str, model: "PolicyConfig") -> str:
     """Key path of the enabled backend's section, e.g. `policy.dtensor_cfg`."""
     return f"{name}.{model.backend}_cfg"
 
@@ -89,8 +88,8 @@ def check_policy_trains_teacher_frozen(cfg: "DistillationConfig") -> list[str]:
 
 
 def check_generation_placement(cfg: "DistillationConfig") -> list[str]:
-    """Non-colocated generation must leave workers for training; vLLM's tensor_parallel_size
-    divides the generation workers."""
+    """Non-colocated generation must leave workers for training; vLLM's tensor_parallel_size is
+    1 (each generation worker runs one single-device vLLM engine)."""
     generation = cfg.policy.generation
     if generation is None:
         return []
@@ -107,10 +106,11 @@ def check_generation_placement(cfg: "DistillationConfig") -> list[str]:
             "(the same gpus_per_node) and fewer than num_nodes"
         ]
     vllm_tp = generation.vllm_cfg.tensor_parallel_size
-    if split.generation % vllm_tp:
+    if vllm_tp != 1:
         return [
-            f"policy.generation.vllm_cfg.tensor_parallel_size ({vllm_tp}) must divide the "
-            f"{split.generation} generation workers"
+            f"policy.generation.vllm_cfg.tensor_parallel_size ({vllm_tp}) is not supported yet: "
+            "each generation worker runs one single-device vLLM engine (data parallel over "
+            "the generation workers); set it to 1"
         ]
     return []
 
@@ -210,7 +210,7 @@ def check_microbatching(cfg: "DistillationConfig") -> list[str]:
 
 
 def _token_budget_problems(
-    section_key: str, budget: str, tokens: int | None, model: PolicyConfig
+    section_key: str, budget: str, tokens: int | None, model: "PolicyConfig"
 ) -> list[str]:
     """Problems with one microbatch token budget of an enabled packing/batching scheme."""
     longest = model.max_total_sequence_length

@@ -1,22 +1,57 @@
-"""load_config: YAML file (with `defaults:`) + overrides -> interpolated -> validated config.
+"""load_config: a YAML file (with `defaults:`) + command-line overrides -> a validated config.
 
-The steps, in order:
-1. read the file and everything it inherits through `defaults:`, deep-merged;
-2. apply the command-line overrides to that merged dict;
+The steps, in order, each a part of this module:
+1. read the file strictly (duplicate keys are errors, syntax errors carry file:line) and
+   everything it inherits through `defaults:`, deep-merged;
+2. apply the Hydra-style command-line overrides to that merged dict;
 3. resolve `${...}` interpolations (so an override changes every value that refers to it);
 4. validate against the schema, fields first, then the cross-field checks.
-Every failure along the way is a ConfigError.
+Every failure along the way is a ConfigError with one message naming the key path. to_yaml
+turns a validated config back into YAML that load_config reads to an equal config.
+
+YAML, two departures from PyYAML's YAML 1.1 defaults, both to match what users expect: `1e-5`
+is a float (YAML 1.1 reads it as a string because it has no dot), and dates such as
+`2024-01-01` stay strings (a run name is not a datetime).
+
+`defaults:` inheritance: a file may start with `defaults: base.yaml` or `defaults: [a.yaml,
+b.yaml]`, paths relative to the including file. The listed files are loaded (recursively) and
+deep-merged in order, then the including file is merged on top: later wins, mappings merge key
+by key, anything else (lists included) is replaced whole. A file that includes itself,
+directly or not, is an error.
+
+Overrides:
+    a.b=v      set a key; it must be set in the YAML or be a key of the schema
+    +a.b=v     add a key that is not set yet
+    ++a.b=v    set or add, whichever applies
+    ~a.b       delete a key;  ~a.b=v deletes it only if its value is v
+Values are parsed as YAML: `3`, `1e-5`, `true`, `null`, `[1, 2]`, `{x: 1}`, `'quoted'`,
+`${policy.max_total_sequence_length}`. An empty value (`a.b=`) is the empty string.
+
+Interpolation: OmegaConf's `${a.b}` and `${..sibling}`, plus the arithmetic resolvers
+`${mul:a,b,...}`, `${add:a,b,...}`, `${max:a,b,...}` and `${div:a,b}`. Arguments are numbers or
+interpolations, e.g. `${mul:${policy.max_total_sequence_length},2}`. `div` returns an int when
+both arguments are ints and the division is exact, a float otherwise. A value of `???` marks a
+key that must be set by a child file or an override.
 """
 
-from collections.abc import Sequence
+import copy
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import reduce
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, NoReturn
 
-from nemo_opd.config.inheritance import load_with_defaults
-from nemo_opd.config.interpolation import interpolated_keys, resolve_interpolations
-from nemo_opd.config.overrides import apply_overrides
-from nemo_opd.config.schema import DistillationConfig
-from nemo_opd.config.validation import validate_config
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException, UnsupportedInterpolationType
+from pydantic import BaseModel, ValidationError
+
+from nemo_opd.config.errors import ConfigError, closest, join_path, show, suggest
+from nemo_opd.config.schema import DistillationConfig, has_path, keys_at
+
+# -------- the steps -------------------------------------------------------------------------------
 
 
 def compose_config(path: str | Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
@@ -36,3 +71,462 @@ def _merge_and_override(path: str | Path, overrides: Sequence[str]) -> dict[str,
     if isinstance(overrides, str):
         raise TypeError("overrides must be a sequence of strings, not a single string")
     return apply_overrides(load_with_defaults(path), overrides)
+
+
+# -------- 1. reading YAML -------------------------------------------------------------------------
+
+
+_FLOAT_WITHOUT_DOT = re.compile(r"^[-+]?[0-9]+[eE][-+]?[0-9]+$")
+
+
+class StrictLoader(yaml.SafeLoader):
+    """SafeLoader that rejects duplicate keys and keeps dates as strings."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, yaml.Mark] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, str | int | float | bool | None):
+                continue  # unhashable keys are left for the schema to reject
+            if key in seen:
+                first = seen[key].line + 1
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"duplicate key {key!r} (first defined on line {first})",
+                    key_node.start_mark,
+                )
+            seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
+
+
+StrictLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", _FLOAT_WITHOUT_DOT, list("-+0123456789")
+)
+StrictLoader.add_constructor("tag:yaml.org,2002:timestamp", yaml.SafeLoader.construct_yaml_str)
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """Parse one YAML document; `source` names it in error messages (a file path or 'override')."""
+    try:
+        return yaml.load(text, Loader=StrictLoader)
+    except yaml.MarkedYAMLError as error:
+        raise ConfigError(_describe_yaml_error(error, source)) from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{source}: invalid YAML: {error}") from None
+
+
+def read_yaml_file(path: Path) -> Any:
+    """Read and parse a YAML file, turning a missing or unreadable file into a ConfigError."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config path is a directory, not a file: {path}") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"cannot read config file {path}: {error}") from None
+    return parse_yaml(text, str(path))
+
+
+def _describe_yaml_error(error: yaml.MarkedYAMLError, source: str) -> str:
+    """One-line description of a YAML syntax error: `file:line:column: problem`."""
+    mark = error.problem_mark or error.context_mark
+    where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
+    problem = error.problem or error.context or "syntax error"
+    return f"{where}: invalid YAML: {problem}"
+
+
+# -------- 1. `defaults:` inheritance --------------------------------------------------------------
+
+
+DEFAULTS_KEY = "defaults"
+
+
+def load_with_defaults(path: str | Path) -> dict[str, Any]:
+    """Load a YAML config file and everything it inherits, merged into one plain dict."""
+    return _load(Path(path), chain=())
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Return a new dict: `override` merged into `base`, recursing where both sides are dicts."""
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _load(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
+    """Load `path` with its defaults; `chain` is the stack of files that led here."""
+    resolved = path.resolve()
+    if resolved in chain:
+        cycle = " -> ".join(p.name for p in (*chain[chain.index(resolved) :], resolved))
+        raise ConfigError(f"circular `defaults:` inheritance: {cycle}")
+    content = read_yaml_file(path)
+    if content is None:
+        return {}
+    if not isinstance(content, dict):
+        kind = type(content).__name__
+        raise ConfigError(f"{path}: a config file must be a mapping of keys, got a {kind}")
+    merged: dict[str, Any] = {}
+    for parent in _parents(content.pop(DEFAULTS_KEY, None), path):
+        merged = deep_merge(merged, _load(parent, (*chain, resolved)))
+    return deep_merge(merged, content)
+
+
+def _parents(entry: Any, path: Path) -> list[Path]:
+    """The files listed under `defaults:` in `path`, resolved relative to its directory."""
+    if entry is None:
+        return []
+    entries = entry if isinstance(entry, list) else [entry]
+    for item in entries:
+        if not isinstance(item, str) or not item.strip():
+            raise ConfigError(
+                f"{path}: `defaults:` must be a file name or a list of file names, got {item!r}"
+            )
+    parents = [path.parent / item for item in entries]
+    for item, parent in zip(entries, parents, strict=True):
+        if not parent.is_file():
+            raise ConfigError(f"{path}: `defaults:` entry {item!r} not found (looked for {parent})")
+    return parents
+
+
+# -------- 2. overrides ----------------------------------------------------------------------------
+
+
+Operation = Literal["set", "add", "force", "delete"]
+
+_KEY = re.compile(r"^[A-Za-z_][\w-]*(\.[A-Za-z_][\w-]*)*$")
+_NO_VALUE = object()
+
+
+@dataclass(frozen=True)
+class Override:
+    """One parsed override: what to do, at which key path, with which value."""
+
+    operation: Operation
+    path: tuple[str, ...]
+    value: Any
+    text: str
+
+    @property
+    def key(self) -> str:
+        """The dotted key path."""
+        return ".".join(self.path)
+
+
+def parse_override(text: str) -> Override:
+    """Parse `a.b=v`, `+a.b=v`, `++a.b=v`, `~a.b` or `~a.b=v`."""
+    operation, rest = _split_prefix(text)
+    key, sep, raw_value = rest.partition("=")
+    key = key.strip()
+    if not sep and operation != "delete":
+        raise ConfigError(
+            f"override {text!r} has no '=': write key=value (or ~key to delete a key)"
+        )
+    if not key:
+        raise ConfigError(f"override {text!r} has an empty key: write key=value")
+    if not _KEY.match(key):
+        raise ConfigError(
+            f"override {text!r}: {key!r} is not a key path "
+            "(dotted names such as policy.optimizer.lr)"
+        )
+    value = _parse_value(raw_value, text) if sep else _NO_VALUE
+    return Override(operation, tuple(key.split(".")), value, text)
+
+
+def apply_overrides(
+    config: dict[str, Any],
+    overrides: Iterable[str],
+    schema: type[BaseModel] = DistillationConfig,
+) -> dict[str, Any]:
+    """Return a copy of `config` with the overrides applied in order."""
+    result = copy.deepcopy(config)
+    for text in overrides:
+        _apply(result, parse_override(text), schema)
+    return result
+
+
+def _split_prefix(text: str) -> tuple[Operation, str]:
+    """Separate the operation prefix (~, ++, +) from the rest of the override."""
+    if text.startswith("~"):
+        return "delete", text[1:]
+    if text.startswith("++"):
+        return "force", text[2:]
+    if text.startswith("+"):
+        return "add", text[1:]
+    return "set", text
+
+
+def _parse_value(raw: str, text: str) -> Any:
+    """Parse the value as YAML; the empty value is the empty string."""
+    if raw == "":
+        return ""
+    try:
+        return yaml.load(raw, Loader=StrictLoader)
+    except yaml.YAMLError as error:
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise ConfigError(
+            f"override {text!r}: cannot parse the value {raw!r} as YAML ({problem}); "
+            "quote strings, e.g. key='a: b'"
+        ) from None
+
+
+def _apply(config: dict[str, Any], override: Override, schema: type[BaseModel]) -> None:
+    """Apply one override to `config` in place."""
+    parent = _parent_section(config, override, schema)
+    key, path = override.path[-1], override.path
+    if override.operation == "set" and key not in parent and not has_path(schema, path):
+        _fail(override, f"unknown key {override.key}{_hint(key, parent, path[:-1], schema)}")
+    elif override.operation == "add" and key in parent:
+        _fail(
+            override,
+            f"{override.key} is already set (to {show(parent[key])}); use "
+            f"{override.key}=... to change it, or ++{override.key}=...",
+        )
+    elif override.operation == "delete":
+        _delete(parent, override, schema)
+        return
+    parent[key] = override.value
+
+
+def _parent_section(
+    config: dict[str, Any], override: Override, schema: type[BaseModel]
+) -> dict[str, Any]:
+    """The dict that holds the override's last key, creating missing sections where allowed."""
+    node = config
+    for depth, part in enumerate(override.path[:-1]):
+        here = override.path[: depth + 1]
+        child = node.get(part)
+        if child is None:
+            if override.operation == "delete":
+                hint = _hint(part, node, here[:-1], schema)
+                _fail(override, f"cannot delete {override.key}: {'.'.join(here)} is not set{hint}")
+            if override.operation == "set" and part not in node and not has_path(schema, here):
+                hint = _hint(part, node, here[:-1], schema)
+                _fail(override, f"unknown key {'.'.join(here)}{hint}")
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            _fail(override, f"{'.'.join(here)} is {show(child)}, not a section with keys")
+        node = child
+    return node
+
+
+def _delete(parent: dict[str, Any], override: Override, schema: type[BaseModel]) -> None:
+    """Delete the override's key, if present and (when a value is given) equal to it."""
+    key = override.path[-1]
+    if key not in parent:
+        hint = _hint(key, parent, override.path[:-1], schema)
+        _fail(override, f"cannot delete {override.key}: it is not set{hint}")
+    if override.value is not _NO_VALUE and parent[key] != override.value:
+        _fail(
+            override,
+            f"not deleted: {override.key} is {show(parent[key])}, not {show(override.value)}",
+        )
+    del parent[key]
+
+
+def _hint(key: str, section: dict[str, Any], path: tuple[str, ...], schema: type[BaseModel]) -> str:
+    """'; did you mean ...?' from the keys set in `section` and those the schema allows."""
+    return suggest(key, [*section, *keys_at(schema, path)])
+
+
+def _fail(override: Override, message: str) -> NoReturn:
+    """Raise a ConfigError that quotes the override."""
+    raise ConfigError(f"override {override.text!r}: {message}")
+
+
+# -------- 3. interpolation ------------------------------------------------------------------------
+
+
+def _numbers(name: str, args: tuple[Any, ...], arity: int | None = None) -> tuple[Any, ...]:
+    """Check resolver arguments: at least one (or exactly `arity`), all int or float."""
+    if arity is not None and len(args) != arity:
+        raise ValueError(f"'{name}' takes {arity} arguments, got {len(args)}")
+    if not args:
+        raise ValueError(f"'{name}' needs at least one argument")
+    for arg in args:
+        if isinstance(arg, bool) or not isinstance(arg, int | float):
+            raise ValueError(f"'{name}' takes numbers, got {show(arg)}")
+    return args
+
+
+def _mul(*args: Any) -> Any:
+    return math.prod(_numbers("mul", args))
+
+
+def _add(*args: Any) -> Any:
+    return sum(_numbers("add", args))
+
+
+def _max(*args: Any) -> Any:
+    return reduce(max, _numbers("max", args))
+
+
+def _div(*args: Any) -> Any:
+    numerator, denominator = _numbers("div", args, arity=2)
+    if denominator == 0:
+        raise ValueError("'div' by zero")
+    both_ints = isinstance(numerator, int) and isinstance(denominator, int)
+    if both_ints and numerator % denominator == 0:
+        return numerator // denominator
+    return numerator / denominator
+
+
+RESOLVERS: dict[str, Callable[..., Any]] = {"mul": _mul, "add": _add, "div": _div, "max": _max}
+
+
+def register_resolvers() -> None:
+    """Register the resolvers with OmegaConf; calling it again is a no-op."""
+    register = getattr(OmegaConf, "register_resolver", None) or OmegaConf.register_new_resolver
+    for name, function in RESOLVERS.items():
+        if not OmegaConf.has_resolver(name):
+            register(name, function)
+
+
+def resolve_interpolations(config: dict[str, Any]) -> dict[str, Any]:
+    """Return a plain dict with every `${...}` replaced by its value.
+
+    Raises ConfigError naming the key whose interpolation failed, the expression, and why.
+    """
+    register_resolvers()
+    try:
+        node = OmegaConf.create(config)
+        return OmegaConf.to_container(node, resolve=True, throw_on_missing=True)
+    except OmegaConfBaseException as error:
+        raise ConfigError(_describe_interpolation_error(error, config)) from None
+
+
+def _describe_interpolation_error(error: OmegaConfBaseException, config: dict[str, Any]) -> str:
+    """A one-line message for an OmegaConf failure while resolving `config`."""
+    key = getattr(error, "full_key", None) or "<config>"
+    reason = str(getattr(error, "msg", None) or error).splitlines()[0]
+    reason = reason.removeprefix("ValueError raised while resolving interpolation: ")
+    if isinstance(error, UnsupportedInterpolationType):
+        name = reason.split()[-1]
+        reason = f"unknown resolver {name!r}{suggest(name, RESOLVERS)} (nemo_opd provides: "
+        reason += ", ".join(sorted(RESOLVERS)) + ")"
+    raw = _lookup(config, str(key))
+    if raw == "???":
+        return f"{key}: mandatory value '???' was never set; set it in a YAML file or as {key}=..."
+    expression = f" {show(raw, limit=120)}" if isinstance(raw, str) else ""
+    return f"{key}: cannot resolve interpolation{expression}: {reason}"
+
+
+def _lookup(config: Any, dotted: str) -> Any:
+    """The raw value at a dotted OmegaConf key such as `a.b[0].c`, or None if absent."""
+    node = config
+    for part in dotted.replace("[", ".").replace("]", "").split("."):
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
+
+
+def interpolated_keys(config: Any, path: tuple[str | int, ...] = ()) -> dict[str, str]:
+    """Map each key path whose raw value contains `${` to that raw value.
+
+    Used to say, when a validated value is wrong, which interpolation produced it.
+    """
+    if isinstance(config, dict):
+        items = config.items()
+    elif isinstance(config, list):
+        items = enumerate(config)
+    else:
+        return {join_path(path): config} if isinstance(config, str) and "${" in config else {}
+    found: dict[str, str] = {}
+    for key, value in items:
+        found.update(interpolated_keys(value, (*path, key)))
+    return found
+
+
+# -------- 4. validation ---------------------------------------------------------------------------
+
+
+def validate_config(
+    data: Mapping[str, Any], interpolations: Mapping[str, str] | None = None
+) -> DistillationConfig:
+    """Build a DistillationConfig from a plain (already resolved) dict.
+
+    `interpolations` maps key paths to the `${...}` expression their value came from, so that
+    a message about such a key can say so. Raises ConfigError listing every problem, one per
+    line, each naming its full key path.
+    """
+    try:
+        return DistillationConfig.model_validate(dict(data))
+    except ValidationError as error:
+        problems = describe_validation_error(error, interpolations or {})
+        raise ConfigError(format_problems(problems)) from None
+
+
+def format_problems(problems: list[str]) -> str:
+    """One problem as is; several under a header, one per line."""
+    if len(problems) == 1:
+        return problems[0]
+    return f"invalid configuration ({len(problems)} problems):\n" + "\n".join(
+        f"  {problem}" for problem in problems
+    )
+
+
+def describe_validation_error(
+    error: ValidationError, interpolations: Mapping[str, str]
+) -> list[str]:
+    """One human line per pydantic error (several for a failed cross-field check)."""
+    problems: list[str] = []
+    for item in error.errors(include_url=False):
+        loc = tuple(item["loc"])
+        if not loc:  # a cross-field check: its message already names the keys
+            message = item["msg"].removeprefix("Value error, ")
+            problems += message.splitlines()
+        else:
+            path = join_path(loc)
+            origin = interpolations.get(path)
+            source = f" (from {origin})" if origin else ""
+            problems.append(f"{path}: {_explain(item, loc)}{source}")
+    return problems
+
+
+def _explain(item: Mapping[str, Any], loc: tuple[str | int, ...]) -> str:
+    """What is wrong at `loc` and what is allowed, in words."""
+    kind, value = item["type"], item.get("input")
+    if kind == "extra_forbidden":
+        return _unknown_key(str(loc[-1]), keys_at(DistillationConfig, loc[:-1]))
+    if kind == "missing":
+        return "required key is missing"
+    if kind in ("model_type", "model_attributes_type", "dict_type"):
+        return f"must be a section (a mapping of keys); got {show(value)}"
+    message = re.sub(r"^(Input|String|Value|List|Tuple) should ", "must ", item["msg"])
+    message = message.removeprefix("Value error, ").replace(", got a ", ", not a ")
+    hint = ""
+    if kind == "literal_error" and isinstance(value, str):
+        choices = re.findall(r"'([^']*)'", item.get("ctx", {}).get("expected", ""))
+        match = closest(value, choices)
+        hint = f" (did you mean '{match}'?)" if match else ""
+    return f"{message}; got {show(value)}{hint}"
+
+
+def _unknown_key(key: str, valid: list[str]) -> str:
+    """Message for a key the section does not accept, with the closest valid key if any."""
+    hint = suggest(key, valid)
+    if hint:
+        return f"unknown key{hint}"
+    return f"unknown key; valid keys here: {', '.join(valid)}"
+
+
+# -------- back to plain data and YAML -------------------------------------------------------------
+
+
+def to_dict(cfg: BaseModel) -> dict[str, Any]:
+    """The config (or any section) as plain JSON-compatible data, every default filled in."""
+    return cfg.model_dump(mode="json")
+
+
+def to_yaml(cfg: BaseModel) -> str:
+    """The config (or any section) as YAML that load_config reads back to an equal config."""
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False, default_flow_style=False, width=100)

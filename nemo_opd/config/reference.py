@@ -21,8 +21,7 @@ from typing import Any
 from pydantic.fields import FieldInfo
 
 from nemo_opd.config.checks import CHECKS
-from nemo_opd.config.schema import DistillationConfig
-from nemo_opd.config.schema_paths import section_model
+from nemo_opd.config.schema import DistillationConfig, section_model
 
 INTRO = """\
 # Configuration reference

