@@ -1,20 +1,18 @@
 """Command line of the example scripts: `--config FILE [overrides...] [--print-config]`.
 
-Exit codes: 0 success, 2 configuration error (printed as `error: ...`, no traceback),
-3 the training loop is not available in this installation.
+Exit codes: 0 success; 2 a configuration error (the config file or an override) or a setup
+error (data, tokenizers, models), printed to stderr as `error: ...` without a traceback.
 """
 
 import argparse
-import importlib
 import os
 import sys
 from collections.abc import Sequence
 
 from nemo_opd.config import ConfigError, DistillationConfig, load_config, to_yaml
+from nemo_opd.errors import SetupError
 
 EXIT_CONFIG_ERROR = 2
-EXIT_NO_TRAINER = 3
-TRAINER_MODULE = "nemo_opd.algorithms.distillation"
 
 
 def build_parser(description: str | None = None) -> argparse.ArgumentParser:
@@ -44,27 +42,19 @@ def main(argv: Sequence[str] | None = None, description: str | None = None) -> i
             sys.stdout.write(to_yaml(cfg))
             return 0
         return _train(cfg)
-    except ConfigError as error:
+    except (ConfigError, SetupError) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
 
 
 def _train(cfg: DistillationConfig) -> int:
-    """Hand the config to the distillation loop, if this installation has one."""
+    """Hand the config to the distillation loop."""
     # Read by Ray at import time: under `uv run`, Ray would otherwise build a fresh virtual
-    # environment for every worker (about a minute); the workers use this one as it is.
+    # environment for every worker; the workers use this one as it is.
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-    try:
-        trainer = importlib.import_module(TRAINER_MODULE)
-    except ModuleNotFoundError as error:
-        parents = {TRAINER_MODULE.rsplit(".", depth)[0] for depth in range(3)}
-        if error.name not in parents:
-            raise  # the trainer exists but one of its own imports is missing
-        print(
-            f"error: the config is valid, but the distillation training loop ({TRAINER_MODULE}) "
-            "is not available yet; use --print-config to inspect the resolved config",
-            file=sys.stderr,
-        )
-        return EXIT_NO_TRAINER
-    result = trainer.run(cfg)
-    return result if isinstance(result, int) else 0
+    # Imported here, not at the top: the loop pulls in Ray, vLLM and the engines, which
+    # --print-config and configuration errors never need.
+    from nemo_opd.algorithms.distillation import run
+
+    run(cfg)
+    return 0

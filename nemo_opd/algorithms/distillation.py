@@ -16,8 +16,8 @@ Resuming is automatic: when checkpointing.checkpoint_dir holds a checkpoint, the
 optimizer, data position and step are restored, and sampling seeds depend only on (seed, step),
 so the resumed run continues exactly as an uninterrupted one would.
 
-Left out on purpose: overlapping generation with teacher scoring, asynchronous rollouts, and
-mixing off-policy data (see docs/design.md, "Coming later").
+Left out on purpose, for now: overlapping generation with teacher scoring, asynchronous
+rollouts, and mixing off-policy data (docs/distillation.md, "Not yet").
 """
 
 from __future__ import annotations
@@ -100,19 +100,14 @@ class DistillationRun:
             self.logger.close()
 
 
-def run(cfg: DistillationConfig) -> int:
-    """Set up, train, export; returns the process exit status."""
-    try:
-        state = setup(cfg)
-    except SetupError as error:
-        print(f"error: {error}")
-        return 2
+def run(cfg: DistillationConfig) -> None:
+    """Set up, train, export. Bad input found at setup raises SetupError before any training."""
+    state = setup(cfg)
     try:
         distillation_train(state)
         export_final_model(state)
     finally:
         state.shutdown()
-    return 0
 
 
 # ------------------------------------------------------------------------------------------ setup
@@ -173,8 +168,8 @@ def setup(cfg: DistillationConfig) -> DistillationRun:
     placement = build_placement_group(
         split.training, WorkerResources(device, cfg.cluster.cpus_per_worker)
     )
-    # vLLM loads while the training workers do (importing it alone takes ~20 s of CPU); loading
-    # student and teacher at the same time too was slower on 2 cores.
+    # vLLM loads while the training workers do (its import alone is long); loading student and
+    # teacher at the same time too was measured slower on 2 cores.
     generation = _build_generation(cfg, device, split.generation, placement)
     student = Policy(
         cfg.policy,
@@ -336,14 +331,8 @@ def _train_step(state: DistillationRun, samples: list, step: int, timers: Timers
     with timers.time("generation"):
         logs, metadata = repeat_samples(samples, loop.num_generations_per_prompt)
         rollout = _rollout(state, logs, metadata, greedy=False, seed=_step_seed(cfg, step))
-    # 3. flatten
-    batch = flatten_message_logs(rollout.message_logs, state.formatter.tokenizer.pad_token_id)
-    # 4. teacher
-    with timers.time("teacher_topk"):
-        values, indices = state.teacher.get_topk_logits(
-            batch, loop.topk_logits_k, temperature=_teacher_temperature(cfg)
-        )
-        batch["teacher_topk_logprobs"], batch["teacher_topk_indices"] = values, indices
+    # 3. flatten and 4. teacher
+    batch = _scored_batch(state, rollout, timers)
     metrics = {}
     if cfg.policy.generation.logprob_check:
         with timers.time("logprob_check"):
@@ -354,6 +343,19 @@ def _train_step(state: DistillationRun, samples: list, step: int, timers: Timers
     metrics.update(_train_metrics(history, batch, rollout))
     state.logger.log_rollouts(_rollout_records(rollout), step=step)
     return metrics
+
+
+def _scored_batch(state: DistillationRun, rollout: RolloutResult, timers: Timers) -> TensorBatch:
+    """Steps 3-4: the rollouts flattened into a batch (input_ids, input_lengths, token_mask,
+    sample_mask) with the teacher's top-k log-probs and ids of every position."""
+    cfg = state.cfg
+    batch = flatten_message_logs(rollout.message_logs, state.formatter.tokenizer.pad_token_id)
+    with timers.time("teacher_topk"):
+        values, indices = state.teacher.get_topk_logits(
+            batch, cfg.distillation.topk_logits_k, temperature=_teacher_temperature(cfg)
+        )
+    batch["teacher_topk_logprobs"], batch["teacher_topk_indices"] = values, indices
+    return batch
 
 
 def _timing_metrics(timers: Timers, num_tokens: float) -> dict:
@@ -454,7 +456,7 @@ def _rollout_records(rollout: RolloutResult) -> list[dict]:
 def validate(state: DistillationRun, timers: Timers) -> dict:
     """Greedy rollouts of the validation prompts: accuracy (mean env reward), average generated
     length, and the divergence between student and teacher on those rollouts."""
-    cfg, loop = state.cfg, state.cfg.distillation
+    loop = state.cfg.distillation
     with timers.time("validation"):
         with timers.time("refit"):
             _refit_if_stale(state)
@@ -465,14 +467,7 @@ def validate(state: DistillationRun, timers: Timers) -> dict:
             logs, metadata = repeat_samples(chunk, 1)
             with timers.time("generation"):
                 rollout = _rollout(state, logs, metadata, greedy=True, seed=None)
-            batch = flatten_message_logs(
-                rollout.message_logs, state.formatter.tokenizer.pad_token_id
-            )
-            with timers.time("teacher_topk"):
-                values, indices = state.teacher.get_topk_logits(
-                    batch, loop.topk_logits_k, temperature=_teacher_temperature(cfg)
-                )
-            batch["teacher_topk_logprobs"], batch["teacher_topk_indices"] = values, indices
+            batch = _scored_batch(state, rollout, timers)
             with timers.time("student_eval"):
                 evaluated = state.student.evaluate(batch, state.loss_fn)
             tokens = evaluated["global_valid_toks"]

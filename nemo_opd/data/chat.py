@@ -15,9 +15,8 @@ from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase
 
+from nemo_opd.data.message_log import Message
 from nemo_opd.errors import SetupError
-
-Message = dict
 
 
 class ChatFormatter:

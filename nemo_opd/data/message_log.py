@@ -1,10 +1,13 @@
-"""From message logs to the tensors the policy trains on."""
+"""Message logs (one conversation per rollout) and the tensors the policy trains on."""
 
 import torch
 
 from nemo_opd.data.batching import TensorBatch
 
 Message = dict
+"""One turn of a message log: {"role": "system" | "user" | "assistant", "content": str,
+"token_ids": [the turn's tokens as the model saw them], ...}; generated turns also carry
+"generation_logprobs"."""
 
 
 def flatten_message_logs(

@@ -4,7 +4,7 @@ optionally reply with a new user message (for example a request to try again).""
 from dataclasses import dataclass
 from typing import Protocol
 
-Message = dict  # {"role": "system" | "user" | "assistant", "content": str, ...}
+from nemo_opd.data.message_log import Message
 
 
 @dataclass

@@ -2,14 +2,14 @@
 
 The engine runs inside the actor's own process: vLLM's V1 engine core in-process
 (VLLM_ENABLE_V1_MULTIPROCESSING=0) with the single-process executor (backend "uni"). Building
-the engine then takes ~3 s on CPU instead of ~19 s (importing vLLM itself costs another ~20 s of
-CPU per process either way), and update_weights hands tensors to the model runner by reference:
-nothing is pickled, so no callable has to be serialized and VLLM_ALLOW_INSECURE_SERIALIZATION
-stays unset. The price is tensor_parallel_size == 1 per engine (a tp > 1 engine needs vLLM's
-multiprocess executor, where an iterator of tensors cannot cross the process boundary); scale
-out with more engines instead. Keeping vLLM in its own actor also keeps its process-wide
-changes (on CPU it drops torch to one thread and disables torch.set_num_threads) away from the
-training workers.
+the engine then skips starting and connecting an engine-core process (several times faster on
+CPU; docs/generation.md has the figures), and update_weights hands tensors to the model runner
+by reference: nothing is pickled, so no callable has to be serialized and
+VLLM_ALLOW_INSECURE_SERIALIZATION stays unset. The price is tensor_parallel_size == 1 per
+engine (a tp > 1 engine needs vLLM's multiprocess executor, where an iterator of tensors cannot
+cross the process boundary); scale out with more engines instead. Keeping vLLM in its own actor
+also keeps its process-wide changes (on CPU it drops torch to one thread and disables
+torch.set_num_threads) away from the training workers.
 
 Which distribution the returned log-probs come from: the engine is built with
 logprobs_mode="processed_logprobs", so each sampled token's log-prob is taken from the

@@ -15,11 +15,10 @@ from dataclasses import dataclass, field
 import torch
 
 from nemo_opd.data.chat import ChatFormatter
-from nemo_opd.data.message_log import log_length
+from nemo_opd.data.message_log import Message, log_length
 from nemo_opd.environments.base import Environment
 from nemo_opd.generation.interface import GenerationInterface
 
-Message = dict
 DEFAULT_TASK = "math"
 
 

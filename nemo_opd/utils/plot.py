@@ -2,7 +2,7 @@
 
 Uses matplotlib's Figure with the Agg canvas directly rather than pyplot, so no display or
 global backend state is touched (safe on headless nodes and inside a training process).
-matplotlib is imported when a plot is drawn (it costs ~2 s of a run's start-up otherwise).
+matplotlib is imported when a plot is drawn, not at start-up (its import is slow).
 """
 
 from collections.abc import Sequence

@@ -1,5 +1,6 @@
 """Bad inputs stop the run at setup with one clear message (exit status 2), before any worker
-starts: wrong tokenizer pairs, missing or malformed datasets, prompts that are all too long."""
+starts: wrong tokenizer pairs, missing or malformed datasets, prompts that are all too long.
+The message goes to stderr, as configuration errors do."""
 
 import json
 
@@ -40,7 +41,7 @@ def test_different_teacher_tokenizer(assets, tmp_path, capsys):
     other = build_tiny_tokenizer(records["train"], 260, 2, 128)
     other.save_pretrained(tmp_path / "other")
     assert run(assets, tmp_path, f"teacher.tokenizer.name={tmp_path / 'other'}") == 2
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err
     assert "the student and teacher tokenizers differ" in out
     assert "student id" in out and "teacher id" in out
 
@@ -48,7 +49,7 @@ def test_different_teacher_tokenizer(assets, tmp_path, capsys):
 def test_missing_dataset_path(assets, tmp_path, capsys):
     missing = tmp_path / "missing.jsonl"
     assert run(assets, tmp_path, "data.dataset_name=null", f"data.train_path={missing}") == 2
-    assert f"data.train_path: file not found: {missing}" in capsys.readouterr().out
+    assert f"data.train_path: file not found: {missing}" in capsys.readouterr().err
 
 
 def test_dataset_without_the_columns(assets, tmp_path, capsys):
@@ -62,7 +63,7 @@ def test_dataset_without_the_columns(assets, tmp_path, capsys):
         f"data.val_path={path}",
     )
     assert code == 2
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err
     assert "no column 'prompt' (data.prompt_key); columns: question, solution" in out
 
 
@@ -70,18 +71,18 @@ def test_empty_dataset(assets, tmp_path, capsys):
     path = tmp_path / "empty.jsonl"
     path.write_text("")
     assert run(assets, tmp_path, "data.dataset_name=null", f"data.train_path={path}") == 2
-    assert "has no rows" in capsys.readouterr().out
+    assert "has no rows" in capsys.readouterr().err
 
 
 def test_all_prompts_too_long(assets, tmp_path, capsys):
     assert run(assets, tmp_path, "data.max_input_seq_length=4") == 2
-    assert "all 50000 prompts are longer than 4 tokens" in capsys.readouterr().out
+    assert "all 50000 prompts are longer than 4 tokens" in capsys.readouterr().err
 
 
 def test_topk_larger_than_vocabulary(assets, tmp_path, capsys):
     assert run(assets, tmp_path, "distillation.topk_logits_k=100000") == 2
     assert "distillation.topk_logits_k (100000) exceeds the vocabulary size" in (
-        capsys.readouterr().out
+        capsys.readouterr().err
     )
 
 
@@ -92,7 +93,7 @@ def test_tensor_parallel_must_divide_heads(assets, tmp_path, capsys):
         )
         == 2
     )
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err
     assert "policy: tensor_parallel_size 4 must divide the model's num_attention_heads (2)" in out
 
 
