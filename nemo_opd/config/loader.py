@@ -9,6 +9,13 @@ The steps, in order, each a part of this module:
 Every failure along the way is a ConfigError with one message naming the key path. to_yaml
 turns a validated config back into YAML that load_config reads to an equal config.
 
+Loading is bounded whatever the input: a config file must be a regular file of at most
+MAX_FILE_BYTES; a parsed file, an override's value and the merged config may hold at most
+MAX_VALUES values once every YAML alias is expanded, nested at most MAX_DEPTH deep; `defaults:`
+loads at most MAX_DEFAULTS_LOADS files in all; and no interpolation may resolve to more than
+MAX_INTERPOLATED_CHARS characters. Each check costs at most its bound, so an alias bomb, a
+diamond of includes or an interpolation that doubles at every step is refused at once.
+
 YAML, two departures from PyYAML's YAML 1.1 defaults, both to match what users expect: `1e-5`
 is a float (YAML 1.1 reads it as a string because it has no dot), and dates such as
 `2024-01-01` stay strings (a run name is not a datetime).
@@ -37,6 +44,7 @@ key that must be set by a child file or an override.
 import copy
 import math
 import re
+import stat
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import reduce
@@ -70,7 +78,26 @@ def _merge_and_override(path: str | Path, overrides: Sequence[str]) -> dict[str,
     """Steps 1-2: the file merged with its `defaults:`, then the overrides applied."""
     if isinstance(overrides, str):
         raise TypeError("overrides must be a sequence of strings, not a single string")
-    return apply_overrides(load_with_defaults(path), overrides)
+    merged = apply_overrides(load_with_defaults(path), overrides)
+    check_size(merged, "the merged config")
+    return merged
+
+
+MAX_FILE_BYTES = 1 << 20
+"""Largest config file read (configs are a few kilobytes)."""
+
+MAX_VALUES = 100_000
+"""Most values (mappings, lists and scalars, each alias use counted again) in a parsed file, an
+override's value, or the merged config."""
+
+MAX_DEPTH = 64
+"""Deepest nesting of mappings and lists."""
+
+MAX_DEFAULTS_LOADS = 256
+"""Most files `defaults:` may load for one config, counting a file each time it is listed."""
+
+MAX_INTERPOLATED_CHARS = 1 << 20
+"""Longest text (or expanded section) an interpolation may resolve to."""
 
 
 # -------- 1. reading YAML -------------------------------------------------------------------------
@@ -107,26 +134,74 @@ StrictLoader.add_constructor("tag:yaml.org,2002:timestamp", yaml.SafeLoader.cons
 
 
 def parse_yaml(text: str, source: str) -> Any:
-    """Parse one YAML document; `source` names it in error messages (a file path or 'override')."""
+    """Parse one YAML document and check its size (check_size); `source` names it in error
+    messages (a file path or an override)."""
     try:
-        return yaml.load(text, Loader=StrictLoader)
+        data = yaml.load(text, Loader=StrictLoader)
     except yaml.MarkedYAMLError as error:
         raise ConfigError(_describe_yaml_error(error, source)) from None
     except yaml.YAMLError as error:
         raise ConfigError(f"{source}: invalid YAML: {error}") from None
+    except RecursionError:
+        raise ConfigError(f"{source}: values nested more than {MAX_DEPTH} levels deep") from None
+    except ValueError as error:  # an integer of more digits than Python converts, for one
+        raise ConfigError(f"{source}: invalid value: {_first_clause(error)}") from None
+    check_size(data, source)
+    return data
 
 
 def read_yaml_file(path: Path) -> Any:
-    """Read and parse a YAML file, turning a missing or unreadable file into a ConfigError."""
+    """Read and parse a YAML file; anything but a readable regular UTF-8 file of at most
+    MAX_FILE_BYTES (a directory, a device, a FIFO, a huge file) is a ConfigError."""
     try:
-        text = path.read_text(encoding="utf-8")
+        info = path.stat()
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
-    except IsADirectoryError:
-        raise ConfigError(f"config path is a directory, not a file: {path}") from None
+    except OSError as error:
+        raise ConfigError(f"cannot read config file {path}: {error}") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise ConfigError(f"config path is a directory, not a file: {path}")
+    if not stat.S_ISREG(info.st_mode):
+        raise ConfigError(f"config path is not a regular file (a device, FIFO or socket): {path}")
+    if info.st_size > MAX_FILE_BYTES:
+        raise ConfigError(
+            f"config file {path} has {info.st_size:,} bytes, more than the {MAX_FILE_BYTES:,} "
+            "a config may have"
+        )
+    try:
+        with open(path, "rb") as handle:
+            text = handle.read(MAX_FILE_BYTES + 1).decode("utf-8")
     except (OSError, UnicodeDecodeError) as error:
         raise ConfigError(f"cannot read config file {path}: {error}") from None
+    if len(text) > MAX_FILE_BYTES:  # it grew after the stat
+        raise ConfigError(f"config file {path} has more than {MAX_FILE_BYTES:,} bytes")
     return parse_yaml(text, str(path))
+
+
+def _first_clause(error: Exception) -> str:
+    """The error's message up to its first ';' (Python's advice to programmers follows it)."""
+    return str(error).split(";")[0]
+
+
+def check_size(data: Any, source: str) -> None:
+    """ConfigError when `data`, with every shared (aliased) value counted at each use, holds
+    more than MAX_VALUES values or nests deeper than MAX_DEPTH. Stops at the first excess, so
+    its cost is bounded however large the expansion would be (a self-referencing alias too)."""
+    count, stack = 0, [(data, 0)]
+    while stack:
+        node, depth = stack.pop()
+        count += 1
+        if count > MAX_VALUES:
+            raise ConfigError(
+                f"{source}: more than {MAX_VALUES:,} values once YAML aliases are expanded; "
+                "a config this large is a mistake (an alias used too often, for one)"
+            )
+        if depth > MAX_DEPTH:
+            raise ConfigError(f"{source}: values nested more than {MAX_DEPTH} levels deep")
+        if isinstance(node, dict):
+            stack.extend((value, depth + 1) for value in node.values())
+        elif isinstance(node, list):
+            stack.extend((value, depth + 1) for value in node)
 
 
 def _describe_yaml_error(error: yaml.MarkedYAMLError, source: str) -> str:
@@ -145,7 +220,7 @@ DEFAULTS_KEY = "defaults"
 
 def load_with_defaults(path: str | Path) -> dict[str, Any]:
     """Load a YAML config file and everything it inherits, merged into one plain dict."""
-    return _load(Path(path), chain=())
+    return _Inheritance().load(Path(path), chain=())
 
 
 def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -159,22 +234,43 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
     return merged
 
 
-def _load(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
-    """Load `path` with its defaults; `chain` is the stack of files that led here."""
-    resolved = path.resolve()
-    if resolved in chain:
-        cycle = " -> ".join(p.name for p in (*chain[chain.index(resolved) :], resolved))
-        raise ConfigError(f"circular `defaults:` inheritance: {cycle}")
-    content = read_yaml_file(path)
-    if content is None:
-        return {}
-    if not isinstance(content, dict):
-        kind = type(content).__name__
-        raise ConfigError(f"{path}: a config file must be a mapping of keys, got a {kind}")
-    merged: dict[str, Any] = {}
-    for parent in _parents(content.pop(DEFAULTS_KEY, None), path):
-        merged = deep_merge(merged, _load(parent, (*chain, resolved)))
-    return deep_merge(merged, content)
+class _Inheritance:
+    """One load_with_defaults call: each file is read and merged with its parents once (a file
+    listed again, as in a diamond of includes, reuses that result), and at most
+    MAX_DEFAULTS_LOADS files are loaded in all."""
+
+    def __init__(self) -> None:
+        self.loads = 0
+        self.done: dict[Path, dict[str, Any]] = {}
+
+    def load(self, path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
+        """Load `path` with its defaults; `chain` is the stack of files that led here."""
+        resolved = path.resolve()
+        if resolved in chain:
+            cycle = " -> ".join(p.name for p in (*chain[chain.index(resolved) :], resolved))
+            raise ConfigError(f"circular `defaults:` inheritance: {cycle}")
+        self.loads += 1
+        if self.loads > MAX_DEFAULTS_LOADS:
+            raise ConfigError(
+                f"{path}: `defaults:` loaded more than {MAX_DEFAULTS_LOADS} files (counting a "
+                "file each time it is listed); flatten the inheritance"
+            )
+        if resolved not in self.done:
+            self.done[resolved] = self._merged(path, resolved, chain)
+        return self.done[resolved]
+
+    def _merged(self, path: Path, resolved: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
+        """The file's content merged on top of its parents (loaded in order)."""
+        content = read_yaml_file(path)
+        if content is None:
+            return {}
+        if not isinstance(content, dict):
+            kind = type(content).__name__
+            raise ConfigError(f"{path}: a config file must be a mapping of keys, got a {kind}")
+        merged: dict[str, Any] = {}
+        for parent in _parents(content.pop(DEFAULTS_KEY, None), path):
+            merged = deep_merge(merged, self.load(parent, (*chain, resolved)))
+        return deep_merge(merged, content)
 
 
 def _parents(entry: Any, path: Path) -> list[Path]:
@@ -266,13 +362,19 @@ def _parse_value(raw: str, text: str) -> Any:
     if raw == "":
         return ""
     try:
-        return yaml.load(raw, Loader=StrictLoader)
+        value = yaml.load(raw, Loader=StrictLoader)
     except yaml.YAMLError as error:
         problem = getattr(error, "problem", None) or str(error).splitlines()[0]
         raise ConfigError(
-            f"override {text!r}: cannot parse the value {raw!r} as YAML ({problem}); "
+            f"override {text!r}: cannot parse the value {show(raw)} as YAML ({problem}); "
             "quote strings, e.g. key='a: b'"
         ) from None
+    except RecursionError:
+        raise ConfigError(f"override {show(text)}: nested more than {MAX_DEPTH} levels") from None
+    except ValueError as error:  # an integer of more digits than Python converts, for one
+        raise ConfigError(f"override {show(text)}: invalid value: {_first_clause(error)}") from None
+    check_size(value, f"override {show(text)}")
+    return value
 
 
 def _apply(config: dict[str, Any], override: Override, schema: type[BaseModel]) -> None:
@@ -393,11 +495,93 @@ def resolve_interpolations(config: dict[str, Any]) -> dict[str, Any]:
     Raises ConfigError naming the key whose interpolation failed, the expression, and why.
     """
     register_resolvers()
+    check_interpolation_sizes(config)
     try:
         node = OmegaConf.create(config)
         return OmegaConf.to_container(node, resolve=True, throw_on_missing=True)
     except OmegaConfBaseException as error:
         raise ConfigError(_describe_interpolation_error(error, config)) from None
+
+
+_INNERMOST = re.compile(r"\$\{([^${}]*)\}")
+_RESOLVER_RESULT_CHARS = 32  # a number from mul/add/max/div, as text
+
+
+def check_interpolation_sizes(config: dict[str, Any]) -> None:
+    """ConfigError when an interpolation would resolve to more than MAX_INTERPOLATED_CHARS
+    characters (or values of an interpolated section), before OmegaConf builds any of it.
+
+    Sizes are estimated bottom-up, once per key: a text's size is its literal part plus the
+    sizes of what it refers to, a section's the sum of its values'. So a chain of keys that
+    each refer to the previous one twice is refused at the first key over the limit, at the cost
+    of one pass over the config, instead of doubling until memory runs out.
+    """
+    sizes: dict[tuple, int] = {}
+
+    def size_of(path: tuple) -> int:
+        if path in sizes:
+            return sizes[path]
+        sizes[path] = 0  # a cycle counts as empty here; OmegaConf reports it by name
+        value = _node_at(config, path)
+        if isinstance(value, dict):
+            size = sum(size_of((*path, key)) for key in value)
+        elif isinstance(value, list):
+            size = sum(size_of((*path, index)) for index in range(len(value)))
+        elif isinstance(value, str) and "${" in value:
+            size = _interpolated_size(value, path, size_of)
+        else:
+            size = len(str(value))
+        if size > MAX_INTERPOLATED_CHARS:
+            raise ConfigError(
+                f"{join_path(path)}: its interpolations resolve to more than "
+                f"{MAX_INTERPOLATED_CHARS:,} characters; a config does not need this much"
+            )
+        sizes[path] = size
+        return size
+
+    try:
+        size_of(())
+    except RecursionError:
+        raise ConfigError("interpolations refer to one another too many levels deep") from None
+
+
+def _interpolated_size(text: str, path: tuple, size_of: Callable[[tuple], int]) -> int:
+    """The size of `text` at `path` once its `${...}` are resolved (innermost first)."""
+    total = 0
+    while match := _INNERMOST.search(text):
+        inner = match.group(1).strip()
+        if ":" in inner.split(".", 1)[0]:  # a resolver call, e.g. mul:8,2
+            total += _RESOLVER_RESULT_CHARS
+        else:
+            target = _reference_path(path, inner)
+            total += size_of(target) if target is not None else 0
+        text = text[: match.start()] + text[match.end() :]
+        if total > MAX_INTERPOLATED_CHARS:
+            break
+    return total + len(text)
+
+
+def _reference_path(path: tuple, reference: str) -> tuple | None:
+    """The key path `${reference}` names from the value at `path`: absolute (`a.b`) or
+    relative (`.sibling`, `..key_of_parent`), as OmegaConf reads it; None if malformed."""
+    dots = len(reference) - len(reference.lstrip("."))
+    rest = reference[dots:]
+    base = path[: len(path) - dots] if dots else ()
+    if dots > len(path):
+        return None
+    return (*base, *_key_parts(rest)) if rest else base
+
+
+def _node_at(config: Any, path: tuple) -> Any:
+    """The value at a key path, or None when there is none."""
+    node = config
+    for part in path:
+        in_dict = isinstance(node, dict) and part in node
+        in_list = isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node)
+        if not (in_dict or in_list):
+            return None
+        node = node[part]
+    return node
 
 
 def _describe_interpolation_error(error: OmegaConfBaseException, config: dict[str, Any]) -> str:
@@ -418,15 +602,12 @@ def _describe_interpolation_error(error: OmegaConfBaseException, config: dict[st
 
 def _lookup(config: Any, dotted: str) -> Any:
     """The raw value at a dotted OmegaConf key such as `a.b[0].c`, or None if absent."""
-    node = config
-    for part in dotted.replace("[", ".").replace("]", "").split("."):
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            return None
-    return node
+    return _node_at(config, _key_parts(dotted.replace("[", ".").replace("]", "")))
+
+
+def _key_parts(dotted: str) -> tuple:
+    """`a.b.0` -> ("a", "b", 0): digits index lists."""
+    return tuple(int(part) if part.isdigit() else part for part in dotted.split("."))
 
 
 def interpolated_keys(config: Any, path: tuple[str | int, ...] = ()) -> dict[str, str]:

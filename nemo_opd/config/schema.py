@@ -28,16 +28,29 @@ from nemo_opd.config.checks import find_problems
 
 Precision = Literal["float32", "bfloat16", "float16"]
 
+# Upper bounds of sizes (shown in docs/config.md): generous for any real run, and small enough
+# that a typo (10^12 tokens) is refused when the config loads instead of when memory runs out.
+MAX_TOKENS = 1 << 20  # a sequence, a generation, a vocabulary id count
+MAX_MICROBATCH_TOKENS = 1 << 24  # a packed or dynamic microbatch
+MAX_ROWS = 1 << 20  # sequences or prompts in a batch
+MAX_RANKS = 1024  # nodes, workers per node, parallel sizes, CPUs
+MAX_TURNS = 1024
+MAX_STEPS = 10**9
+MAX_SEED = 2**32 - 1
+MAX_SECONDS = 86_400
+
 
 class Section(BaseModel):
-    """A configuration section: unknown keys are rejected, field docstrings become descriptions.
+    """A configuration section: unknown keys are rejected, field docstrings become descriptions,
+    and every number must be finite (no inf or nan).
 
     Every section is its own model so a component can be handed only the section it needs
-    (`Policy(cfg.policy)`, `topk_kl(..., **cfg.loss_fn.model_dump())`).
+    (`Policy(cfg.policy)`, `DistillationLossFn.from_config(cfg.loss_fn)`).
     """
 
     model_config = ConfigDict(
         extra="forbid",
+        allow_inf_nan=False,
         use_attribute_docstrings=True,
         validate_assignment=True,
         protected_namespaces=(),
@@ -86,13 +99,13 @@ class SchedulerConfig(Section):
     name: Literal["constant", "cosine", "linear"] = "constant"
     """Shape of the schedule after warmup."""
 
-    warmup_steps: int = Field(0, ge=0)
+    warmup_steps: int = Field(0, ge=0, le=MAX_STEPS)
     """Optimizer steps of linear warmup from 0 to lr."""
 
     min_lr_ratio: float = Field(0.0, ge=0, le=1)
     """For cosine and linear: the final learning rate as a fraction of lr."""
 
-    decay_steps: int | None = Field(None, gt=0)
+    decay_steps: int | None = Field(None, gt=0, le=MAX_STEPS)
     """For cosine and linear: optimizer steps from the end of warmup to the final learning rate;
     null means until the end of training."""
 
@@ -106,10 +119,10 @@ class DTensorConfig(Section):
     enabled: bool = True
     """Use the DTensor backend. Exactly one of dtensor_cfg.enabled and megatron_cfg.enabled."""
 
-    tensor_parallel_size: int = Field(1, ge=1)
+    tensor_parallel_size: int = Field(1, ge=1, le=MAX_RANKS)
     """Tensor-parallel ranks per model replica (the vocab dimension of the logits is split too)."""
 
-    context_parallel_size: int = Field(1, ge=1)
+    context_parallel_size: int = Field(1, ge=1, le=MAX_RANKS)
     """Context-parallel ranks: each holds a slice of every sequence's tokens."""
 
     sequence_parallel: bool = False
@@ -129,16 +142,16 @@ class MegatronConfig(Section):
     enabled: bool = False
     """Use the Megatron backend. Exactly one of dtensor_cfg.enabled and megatron_cfg.enabled."""
 
-    tensor_model_parallel_size: int = Field(1, ge=1)
+    tensor_model_parallel_size: int = Field(1, ge=1, le=MAX_RANKS)
     """Tensor-parallel ranks per model replica."""
 
-    pipeline_model_parallel_size: int = Field(1, ge=1)
+    pipeline_model_parallel_size: int = Field(1, ge=1, le=MAX_RANKS)
     """Pipeline stages per model replica."""
 
-    context_parallel_size: int = Field(1, ge=1)
+    context_parallel_size: int = Field(1, ge=1, le=MAX_RANKS)
     """Context-parallel ranks: each holds a slice of every sequence's tokens."""
 
-    expert_model_parallel_size: int = Field(1, ge=1)
+    expert_model_parallel_size: int = Field(1, ge=1, le=MAX_RANKS)
     """Expert-parallel ranks for mixture-of-experts layers (1 for dense models)."""
 
     sequence_parallel: bool = False
@@ -159,11 +172,11 @@ class SequencePackingConfig(Section):
     enabled: bool = False
     """Pack sequences into rows of up to train_mb_tokens / logprob_mb_tokens tokens."""
 
-    train_mb_tokens: int | None = Field(None, gt=0)
+    train_mb_tokens: int | None = Field(None, gt=0, le=MAX_MICROBATCH_TOKENS)
     """Tokens per packed training microbatch; required when enabled and at least
     max_total_sequence_length, so that any single sequence fits."""
 
-    logprob_mb_tokens: int | None = Field(None, gt=0)
+    logprob_mb_tokens: int | None = Field(None, gt=0, le=MAX_MICROBATCH_TOKENS)
     """Tokens per packed microbatch for log-prob and top-k passes; required when enabled and at
     least max_total_sequence_length."""
 
@@ -175,7 +188,7 @@ class SequencePackingConfig(Section):
     ] = "modified_first_fit_decreasing"
     """Bin-packing algorithm that assigns sequences to rows."""
 
-    sequence_length_round: int = Field(64, ge=1)
+    sequence_length_round: int = Field(64, ge=1, le=MAX_TOKENS)
     """Each packed sequence's length is rounded up to a multiple of this."""
 
 
@@ -185,15 +198,15 @@ class DynamicBatchingConfig(Section):
     enabled: bool = False
     """Group sequences of similar length into microbatches bounded by a token budget."""
 
-    train_mb_tokens: int | None = Field(None, gt=0)
+    train_mb_tokens: int | None = Field(None, gt=0, le=MAX_MICROBATCH_TOKENS)
     """Token budget per training microbatch; required when enabled and at least
     max_total_sequence_length."""
 
-    logprob_mb_tokens: int | None = Field(None, gt=0)
+    logprob_mb_tokens: int | None = Field(None, gt=0, le=MAX_MICROBATCH_TOKENS)
     """Token budget per log-prob / top-k microbatch; required when enabled and at least
     max_total_sequence_length."""
 
-    sequence_length_round: int = Field(64, ge=1)
+    sequence_length_round: int = Field(64, ge=1, le=MAX_TOKENS)
     """Padded sequence lengths are rounded up to a multiple of this."""
 
 
@@ -203,7 +216,7 @@ class DynamicBatchingConfig(Section):
 class VllmConfig(Section):
     """Settings passed to the vLLM engine."""
 
-    tensor_parallel_size: int = Field(1, ge=1)
+    tensor_parallel_size: int = Field(1, ge=1, le=MAX_RANKS)
     """Tensor-parallel ranks per vLLM engine; only 1 is supported yet (each generation worker
     runs one single-device engine)."""
 
@@ -211,7 +224,7 @@ class VllmConfig(Section):
     """Fraction of device memory vLLM may take for weights and KV cache (when colocated, the
     rest is left to training)."""
 
-    max_model_len: int = Field(gt=0)
+    max_model_len: int = Field(gt=0, le=MAX_TOKENS)
     """Longest sequence (prompt plus generation) vLLM accepts; usually
     ${...max_total_sequence_length}."""
 
@@ -226,10 +239,10 @@ class ResourcesConfig(Section):
     """Devices reserved for generation when it is not colocated with training: on one node,
     gpus_per_node of its devices; on several nodes, num_nodes whole nodes."""
 
-    gpus_per_node: int | None = Field(None, ge=1)
+    gpus_per_node: int | None = Field(None, ge=1, le=MAX_RANKS)
     """Generation workers per node."""
 
-    num_nodes: int | None = Field(None, ge=1)
+    num_nodes: int | None = Field(None, ge=1, le=MAX_RANKS)
     """Nodes used for generation."""
 
 
@@ -256,10 +269,10 @@ class GenerationConfig(Section):
     top_p: float = Field(1.0, gt=0, le=1)
     """Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p."""
 
-    top_k: int | None = Field(None, ge=1)
+    top_k: int | None = Field(None, ge=1, le=MAX_TOKENS)
     """Sample only among the top_k most likely tokens; null disables it."""
 
-    max_new_tokens: int = Field(gt=0)
+    max_new_tokens: int = Field(gt=0, le=MAX_TOKENS)
     """Most tokens generated per turn; at most policy.max_total_sequence_length."""
 
     stop_strings: list[str] | None = None
@@ -273,7 +286,7 @@ class GenerationConfig(Section):
     difference from vLLM's log-probs (generation/logprob_mismatch): near 0 means the refit
     worked and both engines compute the same model."""
 
-    logprob_check_samples: int | None = Field(None, ge=1)
+    logprob_check_samples: int | None = Field(None, ge=1, le=MAX_ROWS)
     """Rollouts the check scores each step (the step's first ones); null scores all of them.
     The check costs one student forward over the rows it scores, so a sample keeps it cheap
     when steps are large."""
@@ -306,22 +319,22 @@ class PolicyConfig(Section):
     precision: Precision = "bfloat16"
     """Parameter and compute dtype."""
 
-    train_global_batch_size: int = Field(32, gt=0)
+    train_global_batch_size: int = Field(32, gt=0, le=MAX_ROWS)
     """Sequences per optimizer step, across all data-parallel ranks."""
 
-    train_micro_batch_size: int = Field(1, gt=0)
+    train_micro_batch_size: int = Field(1, gt=0, le=MAX_ROWS)
     """Sequences per forward/backward pass on one data-parallel rank."""
 
-    logprob_batch_size: int = Field(1, gt=0)
+    logprob_batch_size: int = Field(1, gt=0, le=MAX_ROWS)
     """Sequences per forward pass when computing log-probs or top-k logits."""
 
-    max_total_sequence_length: int = Field(gt=0)
+    max_total_sequence_length: int = Field(gt=0, le=MAX_TOKENS)
     """Longest sequence (prompt plus all turns) the model trains or scores on."""
 
     max_grad_norm: float | None = Field(1.0, gt=0)
     """Clip the global gradient norm to this; null disables clipping."""
 
-    make_sequence_length_divisible_by: int = Field(1, ge=1)
+    make_sequence_length_divisible_by: int = Field(1, ge=1, le=MAX_TOKENS)
     """Pad each batch's sequence length to a multiple of this (sequence parallel needs a
     multiple of the tensor-parallel size; context parallel is padded for automatically)."""
 
@@ -413,23 +426,23 @@ class LossConfig(Section):
 class DistillationLoopConfig(Section):
     """How many rollouts each step makes, how long training runs, and when it validates."""
 
-    num_prompts_per_step: int = Field(gt=0)
+    num_prompts_per_step: int = Field(gt=0, le=MAX_ROWS)
     """Distinct prompts sampled per step."""
 
-    num_generations_per_prompt: int = Field(1, gt=0)
+    num_generations_per_prompt: int = Field(1, gt=0, le=MAX_ROWS)
     """Rollouts per prompt. A step makes num_prompts_per_step x num_generations_per_prompt
     rollouts, which must be a multiple of policy.train_global_batch_size."""
 
-    max_rollout_turns: int = Field(1, ge=1)
+    max_rollout_turns: int = Field(1, ge=1, le=MAX_TURNS)
     """Most assistant turns per rollout (1 for single-turn math)."""
 
-    max_num_steps: int = Field(gt=0)
+    max_num_steps: int = Field(gt=0, le=MAX_STEPS)
     """Training stops after this many steps."""
 
-    max_num_epochs: int = Field(1, gt=0)
+    max_num_epochs: int = Field(1, gt=0, le=MAX_STEPS)
     """Training stops after this many passes over the training prompts."""
 
-    topk_logits_k: int = Field(64, ge=1)
+    topk_logits_k: int = Field(64, ge=1, le=MAX_TOKENS)
     """Teacher log-probs kept per position (its top k); at most the vocabulary size, which is
     checked at setup when the tokenizer is loaded."""
 
@@ -437,7 +450,7 @@ class DistillationLoopConfig(Section):
     """Temperature of the teacher's top-k log-probs; null uses loss_fn.temperature (the
     student's), so the two are never silently different."""
 
-    val_period: int = Field(0, ge=0)
+    val_period: int = Field(0, ge=0, le=MAX_STEPS)
     """Validate every val_period steps; 0 disables periodic validation."""
 
     val_at_start: bool = False
@@ -446,13 +459,13 @@ class DistillationLoopConfig(Section):
     val_at_end: bool = False
     """Validate after the last step."""
 
-    max_val_samples: int | None = Field(None, gt=0)
+    max_val_samples: int | None = Field(None, gt=0, le=MAX_ROWS)
     """Validate on at most this many prompts; null uses the whole validation set."""
 
-    val_batch_size: int = Field(64, gt=0)
+    val_batch_size: int = Field(64, gt=0, le=MAX_ROWS)
     """Prompts per validation generation batch."""
 
-    seed: int = Field(42, ge=0)
+    seed: int = Field(42, ge=0, le=MAX_SEED)
     """Seed for data order, sampling and initialization."""
 
 
@@ -494,7 +507,7 @@ class DataConfig(Section):
     system_prompt_file: str | None = None
     """A text file with the system prompt; null means no system message."""
 
-    max_input_seq_length: int | None = Field(None, gt=0)
+    max_input_seq_length: int | None = Field(None, gt=0, le=MAX_TOKENS)
     """Prompts longer than this many tokens are skipped; must be below
     policy.max_total_sequence_length. Null means policy.max_total_sequence_length - 1."""
 
@@ -505,13 +518,13 @@ class DataConfig(Section):
 class MathEnvConfig(Section):
     """The math environment: verifies the final answer of each rollout."""
 
-    num_workers: int = Field(8, gt=0)
+    num_workers: int = Field(8, gt=0, le=MAX_RANKS)
     """Parallel answer-verification workers."""
 
-    timeout_s: float = Field(10.0, gt=0)
+    timeout_s: float = Field(10.0, gt=0, le=MAX_SECONDS)
     """Seconds allowed to verify one answer before it counts as wrong."""
 
-    max_answer_chars: int = Field(1000, gt=0)
+    max_answer_chars: int = Field(1000, gt=0, le=MAX_TOKENS)
     """Extracted answers longer than this count as wrong without being parsed."""
 
     retry_on_wrong: bool = False
@@ -568,26 +581,26 @@ class LoggerConfig(Section):
     wandb: WandbConfig = Field(default_factory=WandbConfig)
     """W&B settings, used when wandb_enabled."""
 
-    num_rollouts_to_log: int = Field(2, ge=0)
+    num_rollouts_to_log: int = Field(2, ge=0, le=MAX_ROWS)
     """Rollouts (prompt, response, reward) printed and logged each step."""
 
-    rollout_dump_period: int = Field(0, ge=0)
+    rollout_dump_period: int = Field(0, ge=0, le=MAX_STEPS)
     """Write every rollout of a step to log_dir/rollouts/ every this many steps; 0 never."""
 
 
 class ClusterConfig(Section):
     """The workers that train and generate."""
 
-    num_nodes: int = Field(1, gt=0)
+    num_nodes: int = Field(1, gt=0, le=MAX_RANKS)
     """Nodes in the cluster."""
 
-    gpus_per_node: int = Field(1, gt=0)
+    gpus_per_node: int = Field(1, gt=0, le=MAX_RANKS)
     """Worker processes per node: one per GPU, or CPU worker processes when device is cpu."""
 
     device: Literal["auto", "cuda", "cpu"] = "auto"
     """cuda, cpu, or auto (cuda when a GPU is visible, else cpu)."""
 
-    cpus_per_worker: int = Field(1, gt=0)
+    cpus_per_worker: int = Field(1, gt=0, le=MAX_RANKS)
     """CPU cores reserved per worker process."""
 
     @property
@@ -605,10 +618,10 @@ class CheckpointingConfig(Section):
     checkpoint_dir: str = Field("results/distillation", min_length=1)
     """Directory holding one subdirectory per saved step."""
 
-    save_period: int = Field(10, gt=0)
+    save_period: int = Field(10, gt=0, le=MAX_STEPS)
     """Save every save_period steps (and after the last step)."""
 
-    keep_top_k: int | None = Field(3, ge=0)
+    keep_top_k: int | None = Field(3, ge=0, le=MAX_STEPS)
     """Keep the best keep_top_k checkpoints by metric_name (at least 1 when enabled); null
     keeps all."""
 

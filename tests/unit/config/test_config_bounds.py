@@ -1,0 +1,166 @@
+"""Loading a config is bounded in time and memory whatever the input, and every bad input ends
+in one ConfigError (exit status 2 from the command line), never a hang or a traceback.
+
+Each input here hung, ate memory or ended in a traceback before the bounds existed; the timeout
+marks turn a regression into a failure instead of a stuck test run.
+"""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from nemo_opd import cli
+from nemo_opd.config import ConfigError, load_config
+from nemo_opd.config.loader import (
+    MAX_DEFAULTS_LOADS,
+    MAX_DEPTH,
+    MAX_FILE_BYTES,
+    MAX_INTERPOLATED_CHARS,
+    MAX_VALUES,
+)
+
+TINY = Path(__file__).resolve().parents[3] / "examples" / "configs" / "distillation_tiny.yaml"
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def on_tiny(write_yaml, name: str, body: str) -> Path:
+    """A config file that inherits the tiny example and adds `body`."""
+    return write_yaml(name, f"defaults: {TINY}\n{body}")
+
+
+def alias_bomb(levels: int = 9) -> str:
+    """YAML in which each anchor is a list of ten uses of the previous one: 10**levels values
+    once expanded, a few hundred bytes on disk."""
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    for i in range(1, levels):
+        lines.append(f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]")
+    return "\n".join(lines) + "\n"
+
+
+def refused(path: Path, *overrides: str) -> str:
+    with pytest.raises(ConfigError) as error:
+        load_config(path, overrides)
+    return str(error.value)
+
+
+def test_alias_bomb_in_a_file(write_yaml):
+    message = refused(on_tiny(write_yaml, "bomb.yaml", alias_bomb()))
+    assert f"more than {MAX_VALUES:,} values once YAML aliases are expanded" in message
+    assert message.startswith(str(Path(write_yaml("x", "")).parent / "bomb.yaml"))
+
+
+def test_alias_bomb_in_one_override():
+    inner = "&a [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]"
+    levels = [inner] + [
+        f"&{chr(98 + i)} [" + ", ".join([f"*{chr(97 + i)}"] * 10) + "]" for i in range(8)
+    ]
+    message = refused(TINY, f"+bomb=[{', '.join(levels)}]")
+    assert message.startswith("override '+bomb=")
+    assert "values once YAML aliases are expanded" in message
+
+
+def test_a_self_referencing_alias_is_refused(write_yaml):
+    # An infinitely deep list: the walk stops at the depth bound.
+    message = refused(on_tiny(write_yaml, "loop.yaml", "loop: &x [1, *x]\n"))
+    assert message.endswith(f"loop.yaml: values nested more than {MAX_DEPTH} levels deep")
+
+
+def test_diamond_of_defaults_loads_each_file_once(write_yaml):
+    # d0 lists d1 twice, d1 lists d2 twice, ...: 2**30 loads without sharing the results.
+    depth = 30
+    for i in range(depth):
+        parents = f"[d{i + 1}.yaml, d{i + 1}.yaml]" if i + 1 < depth else f"{TINY}"
+        write_yaml(f"d{i}.yaml", f"defaults: {parents}\n")
+    path = Path(write_yaml("x", "")).parent / "d0.yaml"
+    assert (
+        load_config(path).distillation.max_num_steps == load_config(TINY).distillation.max_num_steps
+    )
+
+
+def test_too_many_defaults_loads(write_yaml):
+    write_yaml("base.yaml", f"defaults: {TINY}\n")
+    path = write_yaml("many.yaml", "defaults: [" + ", ".join(["base.yaml"] * 300) + "]\n")
+    assert f"loaded more than {MAX_DEFAULTS_LOADS} files" in refused(path)
+
+
+@pytest.mark.parametrize("special", ["/dev/zero", "fifo"])
+def test_config_must_be_a_regular_file(tmp_path, special):
+    path = Path(special)
+    if special == "fifo":
+        path = tmp_path / "config.yaml"
+        os.mkfifo(path)  # opening it for reading would block forever
+    assert refused(path) == f"config path is not a regular file (a device, FIFO or socket): {path}"
+
+
+def test_config_file_size_is_capped(write_yaml):
+    path = write_yaml("huge.yaml", "# " + "x" * MAX_FILE_BYTES + "\n")
+    assert f"more than the {MAX_FILE_BYTES:,} a config may have" in refused(path)
+
+
+def test_integer_of_thousands_of_digits(write_yaml):
+    path = on_tiny(write_yaml, "digits.yaml", "distillation:\n  seed: " + "9" * 5000 + "\n")
+    message = refused(path)
+    assert message.startswith(f"{path}: invalid value: Exceeds the limit")
+    assert "set_int_max_str_digits" not in message
+    assert "invalid value: Exceeds the limit" in refused(TINY, "distillation.seed=" + "9" * 5000)
+
+
+def test_deep_nesting(write_yaml):
+    for depth in (MAX_DEPTH + 5, 5000):  # past our bound; past Python's recursion limit
+        path = write_yaml(f"deep{depth}.yaml", "x: " + "[" * depth + "]" * depth + "\n")
+        assert f"nested more than {MAX_DEPTH} levels deep" in refused(path)
+    message = refused(TINY, "+x=" + "[" * 5000 + "]" * 5000)
+    assert message.startswith("override '+x=") and "nested more than" in message
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        # text that doubles at every key
+        "x0: abcdefgh\n" + "".join(f"x{i}: ${{x{i - 1}}}${{x{i - 1}}}\n" for i in range(1, 60)),
+        # a section that doubles at every key
+        "y0: [1, 2, 3]\n"
+        + "".join(f"y{i}: ['${{y{i - 1}}}', '${{y{i - 1}}}']\n" for i in range(1, 60)),
+    ],
+)
+def test_interpolation_that_doubles(write_yaml, body):
+    message = refused(on_tiny(write_yaml, "double.yaml", body))
+    assert f"resolve to more than {MAX_INTERPOLATED_CHARS:,} characters" in message
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("policy.optimizer.lr=.inf", "policy.optimizer.lr"),
+        ("loss_fn.temperature=nan", "loss_fn.temperature"),
+        ("env.math.timeout_s=1e400", "env.math.timeout_s"),
+        ("policy.generation.temperature=-.inf", "policy.generation.temperature"),
+    ],
+)
+def test_non_finite_numbers_are_refused(override, key):
+    assert f"{key}: must be a finite number" in refused(TINY, override)
+
+
+def test_sizes_have_upper_bounds():
+    message = refused(TINY, "policy.max_total_sequence_length=1000000000000")
+    assert "policy.max_total_sequence_length: must be less than or equal to 1048576" in message
+    assert "distillation.num_prompts_per_step: must be less than or equal to" in refused(
+        TINY, "distillation.num_prompts_per_step=10000000000"
+    )
+
+
+def test_the_command_line_reports_each_without_a_traceback(write_yaml, tmp_path, capsys):
+    bomb = on_tiny(write_yaml, "bomb.yaml", alias_bomb())
+    cases = [
+        ["--config", str(bomb)],
+        ["--config", "/dev/zero"],
+        ["--config", str(TINY), "distillation.seed=" + "9" * 5000],
+        ["--config", str(TINY), "+x=" + "[" * 5000 + "]" * 5000],
+        ["--config", str(TINY), "policy.optimizer.lr=.inf"],
+    ]
+    for argv in cases:
+        assert cli.main([*argv, "--print-config"]) == cli.EXIT_CONFIG_ERROR, argv
+        out, err = capsys.readouterr()
+        assert out == "" and err.startswith("error: ") and "Traceback" not in err
