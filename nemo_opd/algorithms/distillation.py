@@ -60,6 +60,7 @@ from nemo_opd.tiny.assets import resolve_pretrained
 from nemo_opd.utils.checkpoint_manager import CheckpointManager
 from nemo_opd.utils.logger import Logger
 from nemo_opd.utils.plot import plot_metrics
+from nemo_opd.utils.run_dirs import RunLock, check_writable
 from nemo_opd.utils.timers import Timers
 
 FINAL_MODEL_DIR = "final_model"
@@ -85,6 +86,7 @@ class DistillationRun:
     logger: Logger
     checkpoints: CheckpointManager
     placement: PlacementGroup
+    lock: RunLock
     step: int = 0
     generation_version: int = 0
     last_metrics: dict = field(default_factory=dict)
@@ -98,6 +100,7 @@ class DistillationRun:
         ray.util.remove_placement_group(self.placement)
         if self.logger is not None:
             self.logger.close()
+        self.lock.release()
 
 
 def run(cfg: DistillationConfig) -> None:
@@ -114,8 +117,35 @@ def run(cfg: DistillationConfig) -> None:
 
 
 def setup(cfg: DistillationConfig) -> DistillationRun:
+    """Claim the output directories, then build everything (_build_run); the directories are
+    released again if building fails."""
+    lock = _claim_directories(cfg)
+    try:
+        return _build_run(cfg, lock)
+    except BaseException:
+        lock.release()
+        raise
+
+
+def _claim_directories(cfg: DistillationConfig) -> RunLock:
+    """This run alone uses checkpointing.checkpoint_dir (a lock held until shutdown), and it
+    and logger.log_dir can be written: checked before anything starts."""
+    lock = RunLock(cfg.checkpointing.checkpoint_dir)
+    note = lock.acquire()
+    if note:
+        print(f"checkpoints: {note}")
+    try:
+        check_writable(cfg.checkpointing.checkpoint_dir, "checkpointing.checkpoint_dir")
+        check_writable(cfg.logger.log_dir, "logger.log_dir")
+    except SetupError:
+        lock.release()
+        raise
+    return lock
+
+
+def _build_run(cfg: DistillationConfig, lock: RunLock) -> DistillationRun:
     """Build tokenizer, data, environments, student, teacher, generation, loss and logging, and
-    restore the latest checkpoint if there is one."""
+    restore the newest checkpoint that verifies, if there is one."""
     # Models: "tiny:*" names build (or reuse) the embedded assets here, once, on the driver.
     cfg = _resolve_model_paths(cfg)
 
@@ -206,6 +236,7 @@ def setup(cfg: DistillationConfig) -> DistillationRun:
         logger=None,
         checkpoints=CheckpointManager(cfg.checkpointing),
         placement=placement,
+        lock=lock,
     )
     _restore_latest(run_state)
     run_state.logger = Logger(
@@ -280,12 +311,16 @@ def _print_temperatures(cfg: DistillationConfig) -> None:
 
 
 def _restore_latest(state: DistillationRun) -> None:
-    """Load the latest checkpoint of checkpointing.checkpoint_dir, if any."""
+    """Load the newest checkpoint of checkpointing.checkpoint_dir that verifies, if any; newer
+    ones that do not are set aside under unreadable/ and reported."""
     if not state.cfg.checkpointing.enabled:
         return
-    path = state.checkpoints.latest()
-    if path is None:
+    point = state.checkpoints.resume_point()
+    for moved, reason in point.set_aside:
+        print(f"checkpoint not resumable, set aside as {moved}: {reason}")
+    if point.path is None:
         return
+    path = point.path
     saved = state.checkpoints.load_state(path)
     state.student.load(str(path / "policy"))
     state.loader.load_state_dict(saved["state"]["loader"])

@@ -1,12 +1,20 @@
 """CheckpointManager: atomic saves, crash safety, latest(), state round trip, top-k pruning."""
 
+import hashlib
 import json
 import os
 
 import pytest
 
 from nemo_opd.config import CheckpointingConfig
-from nemo_opd.utils.checkpoint_manager import STATE_FILE, CheckpointManager
+from nemo_opd.utils.checkpoint_manager import (
+    SET_ASIDE_DIR,
+    STATE_FILE,
+    CheckpointError,
+    CheckpointManager,
+)
+
+SHA_16_W = hashlib.sha256(b"w" * 16).hexdigest()
 
 
 def make_manager(tmp_path, **overrides):
@@ -34,13 +42,11 @@ def test_training_state_round_trip(tmp_path):
     state = {"loader": {"epoch": 2, "order": [3, 1, 2]}, "consumed": 96, "name": "x"}
     path = manager.save(5, write_weights, state=state, metrics={"a": 0.5, "b": float("nan")})
     assert path == manager.path_for(5) and (path / "policy" / "weights.bin").is_file()
-    assert manager.load_state(path) == {
-        "step": 5,
-        "metrics": {"a": 0.5, "b": None},
-        "state": state,
-    }
+    record = manager.load_state(path)
+    assert record.pop("files") == {"policy/weights.bin": {"bytes": 16, "sha256": SHA_16_W}}
+    assert record == {"step": 5, "metrics": {"a": 0.5, "b": None}, "state": state}
     assert manager.latest() == path
-    with pytest.raises(FileNotFoundError, match=STATE_FILE):
+    with pytest.raises(CheckpointError, match=STATE_FILE):
         manager.load_state(tmp_path)
 
 
@@ -129,3 +135,105 @@ def test_saved_state_file_is_plain_json(tmp_path):
     path = save(make_manager(tmp_path), 2, accuracy=0.25)
     record = json.loads((path / STATE_FILE).read_text())
     assert record["metrics"] == {"validation/accuracy": 0.25}
+
+
+# ------------------------------------------------------------------ damaged checkpoints
+
+
+def corrupt_record(path, how):
+    """Damage a checkpoint's training_state.json the way a crash or a bad disk would."""
+    state = path / STATE_FILE
+    text = state.read_text()
+    if how == "truncated":
+        state.write_text(text[: len(text) // 2])
+    elif how == "not an object":
+        state.write_text("[1, 2, 3]")
+    elif how == "empty":
+        state.write_text("")
+
+
+@pytest.mark.parametrize("how", ["truncated", "not an object", "empty"])
+def test_an_unreadable_older_record_never_stops_a_save(tmp_path, how):
+    # Before: every later save crashed in pruning, after the new step was written.
+    manager = make_manager(tmp_path, keep_top_k=1, metric_name="validation/accuracy")
+    save(manager, 1, accuracy=0.9)
+    corrupt_record(manager.path_for(1), how)
+    for step in (2, 3, 4):
+        save(manager, step, accuracy=0.1 * step)
+    # The unreadable one is kept (not pruned: it is not ours to destroy), the best readable
+    # one and the latest too.
+    assert steps(manager) == [1, 4]
+    assert manager.resume_point().path == manager.path_for(4)
+
+
+def truncate(file):
+    file.write_bytes(file.read_bytes()[:5])
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        (lambda p: truncate(p / "policy" / "weights.bin"), "has 5 bytes, 16 written"),
+        (lambda p: (p / "policy" / "weights.bin").write_bytes(b""), "has 0 bytes, 16 written"),
+        (lambda p: (p / "policy" / "weights.bin").write_bytes(b"x" * 16), "checksum"),
+        (lambda p: __import__("shutil").rmtree(p / "policy"), "weights.bin is missing"),
+        (lambda p: corrupt_record(p, "truncated"), "cannot be read"),
+        (lambda p: corrupt_record(p, "not an object"), "not a checkpoint record"),
+    ],
+)
+def test_a_damaged_latest_checkpoint_is_set_aside_and_the_previous_one_used(
+    tmp_path, damage, reason
+):
+    # Before: resume took the damaged one and failed with a raw SafetensorError/JSONDecodeError.
+    manager = make_manager(tmp_path, keep_top_k=None)
+    save(manager, 1)
+    save(manager, 2)
+    damage(manager.path_for(2))
+    point = manager.resume_point()
+    assert point.path == manager.path_for(1)
+    [(moved, why)] = point.set_aside
+    assert moved == manager.root / SET_ASIDE_DIR / "step_2" and moved.is_dir()
+    assert reason in why
+    assert steps(manager) == [1]
+    # Set aside, not deleted; a later damaged step_2 gets a free name beside it.
+    save(manager, 2)
+    damage(manager.path_for(2))
+    assert manager.resume_point().set_aside[0][0] == moved.with_name("step_2-1")
+
+
+def test_every_checkpoint_damaged_means_a_fresh_start(tmp_path):
+    manager = make_manager(tmp_path)
+    save(manager, 1)
+    truncate(manager.path_for(1) / "policy" / "weights.bin")
+    point = manager.resume_point()
+    assert point.path is None and len(point.set_aside) == 1
+
+
+def test_a_symlinked_step_directory_is_never_followed(tmp_path):
+    # Before: pruning crashed on it (rmtree of a symbolic link).
+    manager = make_manager(tmp_path, keep_top_k=1, metric_name=None)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    write_weights(elsewhere)
+    (elsewhere / STATE_FILE).write_text(json.dumps({"step": 7, "metrics": {}, "state": {}}))
+    save(manager, 1)
+    (manager.root / "step_7").symlink_to(elsewhere, target_is_directory=True)
+    for step in (2, 3):
+        save(manager, step)
+    assert steps(manager) == [3]
+    assert (manager.root / "step_7").is_symlink() and (elsewhere / "policy").is_dir()
+
+
+def test_record_lists_every_file_with_size_and_checksum(tmp_path):
+    manager = make_manager(tmp_path)
+
+    def write(directory):
+        (directory / "a").mkdir()
+        (directory / "a" / "x.bin").write_bytes(b"abc")
+        (directory / "top.json").write_text("{}")
+
+    path = manager.save(1, write)
+    assert manager.load_state(path)["files"] == {
+        "a/x.bin": {"bytes": 3, "sha256": hashlib.sha256(b"abc").hexdigest()},
+        "top.json": {"bytes": 2, "sha256": hashlib.sha256(b"{}").hexdigest()},
+    }
