@@ -56,5 +56,4 @@ def _train(cfg: DistillationConfig) -> int:
     # --print-config and configuration errors never need.
     from nemo_opd.algorithms.distillation import run
 
-    run(cfg)
-    return 0
+    return run(cfg)

@@ -23,6 +23,7 @@ rollouts, and mixing off-policy data (docs/distillation.md, "Not yet").
 from __future__ import annotations
 
 import os
+import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,9 +62,12 @@ from nemo_opd.utils.checkpoint_manager import CheckpointManager
 from nemo_opd.utils.logger import Logger
 from nemo_opd.utils.plot import plot_metrics
 from nemo_opd.utils.run_dirs import RunLock, check_writable
+from nemo_opd.utils.stop_signal import StopSignal
 from nemo_opd.utils.timers import Timers
 
 FINAL_MODEL_DIR = "final_model"
+STOPPED_EXIT_STATUS = 128 + signal.SIGTERM
+"""Exit status of a run that SIGTERM stopped at a clean point (the shell's convention)."""
 SHARE = 1 / 3
 """Fraction of each training bundle (CPUs, GPU) taken by the student, the teacher and colocated
 generation: they run one after another within a step, so they share the devices."""
@@ -103,14 +107,18 @@ class DistillationRun:
         self.lock.release()
 
 
-def run(cfg: DistillationConfig) -> None:
-    """Set up, train, export. Bad input found at setup raises SetupError before any training."""
+def run(cfg: DistillationConfig) -> int:
+    """Set up, train, export; returns the exit status: 0, or STOPPED_EXIT_STATUS when SIGTERM
+    stopped the run early (with a checkpoint to resume from, and no final export). Bad input
+    found at setup raises SetupError before any training."""
     state = setup(cfg)
     try:
-        distillation_train(state)
+        if not distillation_train(state):
+            return STOPPED_EXIT_STATUS
         export_final_model(state)
     finally:
         state.shutdown()
+    return 0
 
 
 # ------------------------------------------------------------------------------------------ setup
@@ -333,27 +341,33 @@ def _restore_latest(state: DistillationRun) -> None:
 # --------------------------------------------------------------------------------------- training
 
 
-def distillation_train(state: DistillationRun) -> None:
-    """Run steps until max_num_steps or max_num_epochs (see the module docstring)."""
-    cfg, loop = state.cfg, state.cfg.distillation
+def distillation_train(state: DistillationRun) -> bool:
+    """Run steps until max_num_steps or max_num_epochs (see the module docstring). Returns
+    False when SIGTERM stopped it early: after the step in progress, with a checkpoint."""
+    loop = state.cfg.distillation
     timers = Timers()
     if loop.val_at_start and state.step == 0:
         state.logger.log({**validate(state, timers), **timers.summary()}, step=0)
     batches = iter(state.loader)
-    while state.step < loop.max_num_steps and state.loader.epoch < loop.max_num_epochs:
-        samples = next(batches)
-        step = state.step + 1
-        with timers.time("train"):
-            metrics = _train_step(state, samples, step, timers)
-        state.step = step
-        last = step == loop.max_num_steps
-        if (loop.val_period and step % loop.val_period == 0) or (last and loop.val_at_end):
-            metrics.update(validate(state, timers))
-        metrics.update(_timing_metrics(timers, metrics["train/num_tokens"]))
-        state.logger.log(metrics, step=step)
-        state.last_metrics.update(metrics)
-        if cfg.checkpointing.enabled and (step % cfg.checkpointing.save_period == 0 or last):
-            _save_checkpoint(state)
+    with StopSignal() as stop:
+        while state.step < loop.max_num_steps and state.loader.epoch < loop.max_num_epochs:
+            step = state.step + 1
+            with timers.time("train"):
+                metrics = _train_step(state, next(batches), step, timers)
+            state.step = step
+            last = step == loop.max_num_steps
+            if (loop.val_period and step % loop.val_period == 0) or (last and loop.val_at_end):
+                metrics.update(validate(state, timers))
+            metrics.update(_timing_metrics(timers, metrics["train/num_tokens"]))
+            state.logger.log(metrics, step=step)
+            state.last_metrics.update(metrics)
+            stopping = stop.requested and not last
+            if state.checkpoints.should_save(step, is_last=last or stopping):
+                _save_checkpoint(state)
+            if stopping:
+                print(f"stopped after step {step} on SIGTERM; run the same command to resume")
+                return False
+    return True
 
 
 def _train_step(state: DistillationRun, samples: list, step: int, timers: Timers) -> dict:
