@@ -1,7 +1,9 @@
 """Command line of the example scripts: `--config FILE [overrides...] [--print-config]`.
 
 Exit codes: 0 success; 2 a configuration error (the config file or an override) or a setup
-error (data, tokenizers, models), printed to stderr as `error: ...` without a traceback.
+error (data, tokenizers, models); 1 a fault that ended the run (a worker died, a checkpoint
+could not be written); 143 a run stopped by SIGTERM at a clean point. Errors are printed to
+stderr as `error: ...` without a traceback.
 """
 
 import argparse
@@ -10,9 +12,10 @@ import sys
 from collections.abc import Sequence
 
 from nemo_opd.config import ConfigError, DistillationConfig, load_config, to_yaml
-from nemo_opd.errors import SetupError
+from nemo_opd.errors import RunError, SetupError
 
 EXIT_CONFIG_ERROR = 2
+EXIT_RUN_FAILED = 1
 
 
 def build_parser(description: str | None = None) -> argparse.ArgumentParser:
@@ -45,6 +48,9 @@ def main(argv: Sequence[str] | None = None, description: str | None = None) -> i
     except (ConfigError, SetupError) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
+    except RunError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_RUN_FAILED
 
 
 def _train(cfg: DistillationConfig) -> int:

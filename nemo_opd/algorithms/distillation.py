@@ -52,7 +52,7 @@ from nemo_opd.distributed.cluster import (
 )
 from nemo_opd.distributed.placement import worker_split
 from nemo_opd.environments import MathEnvironment
-from nemo_opd.errors import SetupError
+from nemo_opd.errors import RunError, SetupError
 from nemo_opd.generation import VllmGeneration, logprob_mismatch
 from nemo_opd.losses import DistillationLossFn
 from nemo_opd.policy.policy import Policy
@@ -538,15 +538,26 @@ def validate(state: DistillationRun, timers: Timers) -> dict:
 
 
 def _save_checkpoint(state: DistillationRun) -> None:
-    """An atomic checkpoint of the student and the loop position (ranked by the metric)."""
+    """An atomic checkpoint of the student and the loop position (ranked by the metric). A
+    save that fails (a full disk, a file-size limit, a worker that died) ends the run with a
+    RunError saying that the earlier checkpoints are intact."""
     saved = {"loader": state.loader.state_dict()}
     metrics = {k: v for k, v in state.last_metrics.items() if isinstance(v, int | float)}
-    state.checkpoints.save(
-        state.step,
-        lambda directory: state.student.save(str(Path(directory) / "policy")),
-        state=saved,
-        metrics=metrics,
-    )
+    try:
+        state.checkpoints.save(
+            state.step,
+            lambda directory: state.student.save(str(Path(directory) / "policy")),
+            state=saved,
+            metrics=metrics,
+        )
+    except (OSError, RunError) as error:
+        earlier = [step for step in state.checkpoints.checkpoints() if step < state.step]
+        kept = f"step {max(earlier)}" if earlier else "none: the run will start afresh"
+        raise RunError(
+            f"saving the checkpoint of step {state.step} failed, and nothing of it was kept: "
+            f"{error}. The earlier checkpoints are intact (newest: {kept}); free space or fix "
+            "the cause, then run the same command again to resume"
+        ) from error
 
 
 def export_final_model(state: DistillationRun) -> Path:

@@ -5,6 +5,7 @@ each call site names the actor method it means (no dispatch by method-name strin
 come back in rank order; a worker that dies or raises surfaces as an error naming its rank.
 """
 
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -14,10 +15,12 @@ from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from nemo_opd.distributed.cluster import WorkerResources, build_placement_group
+from nemo_opd.errors import RunError
 
 
-class WorkerError(RuntimeError):
-    """A worker died or raised; the message names the group and the rank."""
+class WorkerError(RunError):
+    """A worker died or raised; the message names the group, the rank and what happened (the
+    worker's own traceback is the exception's __cause__)."""
 
 
 class WorkerGroup:
@@ -106,11 +109,13 @@ class WorkerGroup:
             return ray.get(ref)
         except RayActorError as error:
             raise WorkerError(
-                f"{self.name}: worker rank {rank} died ({type(error).__name__}); the other "
+                f"{self.name}: worker rank {rank} died ({_death_notice(error)}); the other "
                 "ranks of the group cannot continue"
             ) from error
         except RayTaskError as error:
-            raise WorkerError(f"{self.name}: worker rank {rank} raised:\n{error}") from error
+            cause = getattr(error, "cause", None)
+            what = f"{type(cause).__name__}: {cause}" if cause is not None else str(error)
+            raise WorkerError(f"{self.name}: worker rank {rank} raised {what}") from error
 
     def shutdown(self) -> None:
         """Kill every actor and release the placement group."""
@@ -119,3 +124,12 @@ class WorkerGroup:
         self.actors = []
         if self.owns_placement:
             ray.util.remove_placement_group(self.placement_group)
+
+
+def _death_notice(error: RayActorError) -> str:
+    """'pid N: <Ray's exit detail>' from an actor's death notice, as far as it says."""
+    text = str(error)
+    pid = re.search(r"\bpid[:=] ?(\d+)", text)
+    detail = re.search(r"Worker exit detail: ([^.]+)\.", text)
+    how = detail.group(1) if detail else type(error).__name__
+    return f"pid {pid.group(1)}: {how}" if pid else how
