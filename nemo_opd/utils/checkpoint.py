@@ -7,6 +7,7 @@ happened in between.
 """
 
 import os
+import resource
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -92,3 +93,14 @@ def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def write_limits(directory: str | os.PathLike) -> str:
+    """What may have stopped a write in `directory`: the free space of its filesystem and this
+    process's file-size limit, in words (for the message of a failed save)."""
+    free = shutil.disk_usage(directory).free
+    text = f"{free / 2**20:,.1f} MiB free on its filesystem"
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit != resource.RLIM_INFINITY:
+        text += f", and this process may not write files over {limit:,} bytes (ulimit -f)"
+    return text

@@ -1,14 +1,21 @@
 """The whole loop on CPU: the tiny config with tensor parallelism 2, sequence packing and
-two-turn rollouts (a retry after a wrong answer), interrupted by SIGKILL after a checkpoint and
-resumed; the resumed run must end with the same metrics as an uninterrupted one.
+two-turn rollouts (a retry after a wrong answer), run straight through; then the same run
+through a chain of real faults, each ending the run with one clear message and each resumed
+from the newest intact checkpoint: SIGTERM (a clean stop with a checkpoint), a training worker
+killed mid-step, the newest checkpoint damaged on disk, a save that fails part-way (a file-size
+limit on the workers). The run that finally completes must log the same metrics as the
+uninterrupted one.
 
 The models are the seconds-long "micro" build of the tiny assets (the default tiny models take
 minutes to build): this test checks the machinery, not the learning curve (docs/tiny_run.md
 records that).
 """
 
+import contextlib
 import json
 import os
+import re
+import resource
 import signal
 import subprocess
 import sys
@@ -79,31 +86,76 @@ def command(assets, run_dir: Path) -> list[str]:
     ]
 
 
-def run_to_end(assets, run_dir: Path) -> subprocess.CompletedProcess:
+def run_to_end(assets, run_dir: Path, *extra: str) -> subprocess.CompletedProcess:
     result = subprocess.run(
-        command(assets, run_dir), cwd=run_dir, capture_output=True, text=True, timeout=900
+        [*command(assets, run_dir), *extra],
+        cwd=run_dir,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     return result
 
 
-def kill_after_checkpoint(assets, run_dir: Path, step: int) -> None:
-    """Start a run and SIGKILL its whole process group once checkpoint `step` is complete."""
-    marker = run_dir / "checkpoints" / f"step_{step}" / "training_state.json"
-    process = subprocess.Popen(
-        command(assets, run_dir),
-        cwd=run_dir,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    deadline = time.monotonic() + 900
-    while not marker.exists():
-        assert process.poll() is None, "the run ended before it was interrupted"
-        assert time.monotonic() < deadline, "no checkpoint appeared"
-        time.sleep(0.2)
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
+class Run:
+    """A run started in the background (its own session), its output in files."""
+
+    def __init__(self, assets, run_dir: Path, *extra: str) -> None:
+        self.run_dir = run_dir
+        self.out, self.err = run_dir / "out.txt", run_dir / "err.txt"
+        with open(self.out, "w") as out, open(self.err, "w") as err:
+            self.process = subprocess.Popen(
+                [*command(assets, run_dir), *extra],
+                cwd=run_dir,
+                stdout=out,
+                stderr=err,
+                start_new_session=True,
+            )
+
+    def wait_for_checkpoint(self, step: int) -> None:
+        marker = self.run_dir / "checkpoints" / f"step_{step}" / "training_state.json"
+        deadline = time.monotonic() + 900
+        while not marker.exists():
+            assert self.process.poll() is None, f"the run ended first:\n{self.err.read_text()}"
+            assert time.monotonic() < deadline, f"checkpoint {step} never appeared"
+            time.sleep(0.1)
+
+    def policy_workers(self) -> list[int]:
+        """Pids of this run's training workers (student and teacher PolicyWorker actors)."""
+        return [
+            pid for pid in _descendants(self.process.pid) if b"ray::PolicyWorker" in _cmdline(pid)
+        ]
+
+    def finish(self, timeout: float = 600) -> tuple[int, str, str]:
+        """Exit status, stdout and stderr; a run that does not end in time fails the test."""
+        code = self.process.wait(timeout=timeout)
+        return code, self.out.read_text(), self.err.read_text()
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _descendants(root: int) -> set[int]:
+    """Every live process below `root` (by parent pid), from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found, stack = set(), [root]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            found.add(child)
+            stack.append(child)
+    return found
 
 
 def read_metrics(run_dir: Path) -> dict[int, dict]:
@@ -130,12 +182,16 @@ def assert_exported_student_is_trained(final: Path, last_checkpoint: Path, initi
     assert any(not torch.equal(exported[n], start[n].to(exported[n].dtype)) for n in start)
 
 
-def test_tiny_distillation_runs_and_resumes(micro_assets, tmp_path):
-    straight = tmp_path / "straight"
-    straight.mkdir()
-    result = run_to_end(micro_assets, straight)
-    metrics = read_metrics(straight)
+@pytest.fixture(scope="module")
+def straight(micro_assets, tmp_path_factory):
+    """The uninterrupted run: its directory, metrics and stdout."""
+    run_dir = tmp_path_factory.mktemp("straight")
+    result = run_to_end(micro_assets, run_dir)
+    return run_dir, read_metrics(run_dir), result.stdout
 
+
+def test_tiny_distillation_runs(micro_assets, straight):
+    straight, metrics, stdout = straight
     # Every step logged once, with the loop's metrics.
     assert sorted(metrics) == list(range(STEPS + 1))  # step 0: validation at start
     for step in range(1, STEPS + 1):
@@ -166,14 +222,68 @@ def test_tiny_distillation_runs_and_resumes(micro_assets, tmp_path):
     assert_exported_student_is_trained(
         final, straight / "checkpoints" / f"step_{STEPS}" / "policy", micro_assets.student
     )
-    print(result.stdout[-2000:])
+    print(stdout[-2000:])
 
-    # SIGKILL after the step-2 checkpoint, run the same command again: same final metrics.
-    resumed = tmp_path / "resumed"
-    resumed.mkdir()
-    kill_after_checkpoint(micro_assets, resumed, step=2)
-    run_to_end(micro_assets, resumed)
-    again = read_metrics(resumed)
+
+FAULTY = ("checkpointing.save_period=1", "checkpointing.metric_name=null")
+FILE_SIZE_LIMIT = 150_000
+"""Bytes: above the micro student's model.safetensors and the workers' logs, below its
+training_state.pt (the optimizer's two moments), so the save fails part-way."""
+
+
+def test_faults_end_runs_cleanly_and_resume_exactly(micro_assets, straight, tmp_path):
+    metrics = straight[1]
+    checkpoints = tmp_path / "checkpoints"
+
+    # 1. SIGTERM to the driver: the step in progress finishes, a checkpoint is saved, exit 143.
+    run = Run(micro_assets, tmp_path, *FAULTY)
+    run.wait_for_checkpoint(1)
+    os.kill(run.process.pid, signal.SIGTERM)
+    code, out, err = run.finish()
+    assert code == 128 + signal.SIGTERM, err[-3000:]
+    stopped = int(re.search(r"stopped after step (\d+) on SIGTERM", out).group(1))
+    assert 1 <= stopped <= 2, out[-2000:]
+    assert (checkpoints / f"step_{stopped}").is_dir() and not (checkpoints / "final_model").exists()
+
+    # 2. A training worker killed mid-step: one message naming it, no hang, exit 1.
+    run = Run(micro_assets, tmp_path, *FAULTY)
+    run.wait_for_checkpoint(stopped + 1)
+    victim = run.policy_workers()[0]
+    os.kill(victim, signal.SIGKILL)
+    code, out, err = run.finish()
+    assert code == 1, err[-3000:]
+    assert re.search(rf"error: \w+: worker rank \d died \(pid {victim}", err), err[-3000:]
+    assert "Traceback" not in err.split("error: ")[-1]
+
+    # 3. The newest checkpoint damaged on disk: set aside (kept, with the reason) on resume.
+    newest = max(int(p.name.split("_")[1]) for p in checkpoints.glob("step_*"))
+    weights = checkpoints / f"step_{newest}" / "policy" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+
+    # 4. ...and the resumed run's first save fails part-way (a file-size limit on the workers):
+    # one message, exit 1, nothing of that save kept, every earlier checkpoint intact.
+    run = Run(micro_assets, tmp_path, *FAULTY)
+    limited: set[int] = set()
+    while len(limited) < 4 and run.process.poll() is None:  # 2 student + 2 teacher workers
+        for pid in set(run.policy_workers()) - limited:
+            with contextlib.suppress(ProcessLookupError):
+                resource.prlimit(pid, resource.RLIMIT_FSIZE, (FILE_SIZE_LIMIT, FILE_SIZE_LIMIT))
+            limited.add(pid)
+        time.sleep(0.05)
+    code, out, err = run.finish()
+    assert code == 1, err[-3000:]
+    assert f"checkpoint not resumable, set aside as {checkpoints / 'unreadable'}" in out
+    assert f"step_{newest}" in out and "written" in out
+    failed = f"saving the checkpoint of step {newest} failed, and nothing of it was kept"
+    assert failed in err, err[-3000:]
+    assert f"may not write files over {FILE_SIZE_LIMIT:,} bytes" in err or "File too large" in err
+    assert f"The earlier checkpoints are intact (newest: step {newest - 1})" in err
+    assert not (checkpoints / f"step_{newest}").exists()
+    assert not [p for p in checkpoints.iterdir() if p.name.startswith(".step_")]
+
+    # 5. The same command once more completes, with the uninterrupted run's metrics.
+    run_to_end(micro_assets, tmp_path, *FAULTY)
+    again = read_metrics(tmp_path)
     assert sorted(again) == sorted(metrics)
     for step in range(1, STEPS + 1):
         for key in COMPARED:

@@ -16,6 +16,8 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 
+from nemo_opd.utils.checkpoint import write_limits
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 WEIGHTS_FILE = "model.safetensors"
 TRAINING_STATE_FILE = "training_state.pt"
@@ -53,9 +55,13 @@ def write_checkpoint(
     config.pop("_attn_implementation_autoset", None)
     config["torch_dtype"] = config["dtype"] = "float32"
     (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
-    torch.save(
-        {"optimizer": optimizer, "scheduler": scheduler, "rng": rng}, tmp / TRAINING_STATE_FILE
-    )
+    state = {"optimizer": optimizer, "scheduler": scheduler, "rng": rng}
+    try:
+        torch.save(state, tmp / TRAINING_STATE_FILE)
+    except RuntimeError as error:  # torch's writer does not say why a write failed
+        raise OSError(
+            f"writing {tmp / TRAINING_STATE_FILE} failed ({error}); {write_limits(tmp)}"
+        ) from error
     (tmp / META_FILE).write_text(json.dumps({"step": step}))
 
 

@@ -1,0 +1,28 @@
+"""A checkpoint write that fails says why: free space and the process's file-size limit."""
+
+import subprocess
+import sys
+import textwrap
+
+
+def test_a_save_over_the_file_size_limit_names_the_limit(tmp_path):
+    # In a child process: the limit applies to the whole process that sets it.
+    code = textwrap.dedent(
+        f"""
+        import resource, torch
+        from pathlib import Path
+        from nemo_opd.policy.engines.training_state import write_checkpoint
+        resource.setrlimit(resource.RLIMIT_FSIZE, (50_000, 50_000))
+        optimizer = {{"state": {{0: {{"exp_avg": torch.zeros(100_000)}}}}, "param_groups": []}}
+        try:
+            weights, config = {{"w": torch.zeros(10)}}, {{"dtype": "float32"}}
+            write_checkpoint(Path({str(tmp_path)!r}), weights, config, optimizer, None, [], 3)
+        except OSError as error:
+            print("OSError:", error)
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.startswith(f"OSError: writing {tmp_path}/training_state.pt failed")
+    assert "MiB free on its filesystem" in result.stdout
+    assert "may not write files over 50,000 bytes (ulimit -f)" in result.stdout
