@@ -55,9 +55,7 @@ def make_case(n, vocab, k, dtype, device, seed=0):
 
 def candidates(params: TopkKLParams, names):
     def functional(implementation):
-        return lambda x: topk_kl(
-            x[0], x[1], x[2], **_options(params), implementation=implementation
-        )
+        return lambda x: topk_kl(x[0], x[1], x[2], params=params, implementation=implementation)
 
     table = {
         "triton": functional("triton"),
@@ -65,16 +63,6 @@ def candidates(params: TopkKLParams, names):
         "nemo_rl": lambda x: nemo_rl_style(x[0], x[1], x[2], params),
     }
     return {name: table[name] for name in names}
-
-
-def _options(params: TopkKLParams) -> dict:
-    return dict(
-        kl_type=params.kl_type,
-        mixed_kl_weight=params.mixed_kl_weight,
-        jsd_beta=params.jsd_beta,
-        tail=params.tail,
-        temperature=params.temperature,
-    )
 
 
 def bandwidth_columns(row: Measurement, n: int, vocab: int, itemsize: int, peak_gbps):

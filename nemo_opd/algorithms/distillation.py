@@ -207,7 +207,7 @@ def setup(cfg: DistillationConfig) -> DistillationRun:
         student=student,
         teacher=teacher,
         generation=generation,
-        loss_fn=DistillationLossFn(cfg.loss_fn),
+        loss_fn=DistillationLossFn.from_config(cfg.loss_fn),
         logger=None,
         checkpoints=CheckpointManager(cfg.checkpointing),
         placement=placement,

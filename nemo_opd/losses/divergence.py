@@ -55,6 +55,10 @@ class TopkKLParams:
             raise ValueError(f"temperature must be a positive number, got {self.temperature}")
 
 
+DEFAULT_PARAMS = TopkKLParams()
+"""Reverse KL over the tail bucket at temperature 1 (w = beta = 0.5 where they apply)."""
+
+
 def logsumexp_log1p(x: torch.Tensor) -> torch.Tensor:
     """logsumexp over the last dim, accurate when one term dominates.
 

@@ -11,11 +11,13 @@ ones that stream over the vocabulary:
          logits' dtype (optionally over the logits themselves).
 
 Under tensor parallelism the host all-reduces the stats between the first two kernels
-(nemo_opd/distributed/collectives.py); the rest is unchanged. backward only multiplies the
-stored gradient by the incoming gradient: per row for the divergence [N], or, for a weighted
-sum whose weights were folded into the gradient in forward, by a scalar that the scaling
-kernel reads on the device, skipping the pass when it is 1. No [N, V] fp32 tensor is ever
-allocated: the extra memory is O(N * k) plus the gradient buffer (none with inplace_grad).
+(nemo_opd/distributed/collectives.py); the rest is unchanged. The autograd Function shared
+with the torch twin (nemo_opd/losses/topk_kl.py) only multiplies the stored gradient by the
+incoming gradient in backward: per row for the divergence [N], or, for a weighted sum whose
+weights were folded into the gradient in forward, by a scalar that the scaling kernel
+(`scale_grad_`) reads on the device, skipping the pass when it is 1. No [N, V] fp32 tensor
+is ever allocated: the extra memory is O(N * k) plus the gradient buffer (none with
+inplace_grad).
 
 Performance notes for the GPU (not yet measured, see docs/benchmarks.md): the vocab passes
 read the logits in BLOCK_V-wide coalesced chunks (fp32 accumulation, one exp per logit per
@@ -463,67 +465,12 @@ def topk_kl_triton_forward(
     return div, stats, grad
 
 
-def _scale_rows_(grad: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """grad *= scale (a 0-d device tensor) in place; free when scale == 1."""
+def scale_grad_(grad: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """grad *= scale (a 0-d device tensor) in place; free when scale == 1. The backward of a
+    weighted sum (nemo_opd.losses.topk_kl.TopkKLFunction) calls it."""
     block, num_warps = _vocab_block(grad.shape[1], None)
     scale = scale.detach().reshape(1).to(torch.float32)
     _scale_rows_kernel[(grad.shape[0],)](
         grad, grad.stride(0), scale, grad.shape[1], BLOCK_V=block, num_warps=num_warps
     )
     return grad
-
-
-class TopkKLTritonFunction(torch.autograd.Function):
-    """autograd wrapper: the gradient is computed in forward and scaled in backward.
-
-    forward(logits [N, V], teacher_logprobs [N, k], teacher_indices [N, k], params,
-    vocab_start, tp_group, inplace_grad, row_weights) returns (out, stats [N, 5]): out is the
-    divergence [N] when row_weights is None, else the scalar sum(row_weights * divergence),
-    whose gradient is folded into the stored one in forward, so that backward, given a
-    scalar, skips the pass over the gradient entirely when that scalar is 1.
-    """
-
-    @staticmethod
-    def forward(
-        ctx,
-        logits,
-        teacher_logprobs,
-        teacher_indices,
-        params,
-        vocab_start,
-        tp_group,
-        inplace_grad,
-        row_weights,
-    ):
-        div, stats, grad = topk_kl_triton_forward(
-            logits,
-            teacher_logprobs,
-            teacher_indices,
-            params,
-            vocab_start=vocab_start,
-            tp_group=tp_group,
-            need_grad=True,
-            inplace_grad=inplace_grad,
-            row_weights=row_weights,
-        )
-        ctx.mark_non_differentiable(stats)
-        ctx.stored_grad = grad
-        if row_weights is None:
-            return div, stats
-        return torch.where(row_weights != 0, div * row_weights, 0.0).sum(), stats
-
-    @staticmethod
-    def backward(ctx, grad_out, grad_stats):
-        grad = ctx.stored_grad
-        if grad is None:
-            raise RuntimeError(
-                "topk_kl's gradient was already consumed: backward through it twice "
-                "(retain_graph=True) is not supported"
-            )
-        ctx.stored_grad = None
-        nones = (None,) * 7
-        if grad_out is None:
-            return None, *nones
-        if grad_out.dim() == 0:
-            return _scale_rows_(grad, grad_out), *nones
-        return grad.mul_(grad_out.unsqueeze(-1)), *nones

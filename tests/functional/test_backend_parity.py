@@ -28,7 +28,7 @@ from nemo_opd.config import (
 )
 from nemo_opd.data.chat import ChatFormatter  # noqa: E402
 from nemo_opd.data.message_log import flatten_message_logs  # noqa: E402
-from nemo_opd.losses import DistillationLossFn  # noqa: E402
+from nemo_opd.losses import DistillationLossFn, TopkKLParams  # noqa: E402
 from nemo_opd.models.tiny_assets import ensure_tiny_assets  # noqa: E402
 from nemo_opd.models.tiny_recipe import micro_recipe  # noqa: E402
 from nemo_opd.policy.policy import Policy  # noqa: E402
@@ -123,7 +123,7 @@ def student_config(assets, backend: str, tp: int, packing: bool) -> PolicyConfig
 
 def run_backend(cfg: PolicyConfig, batch: dict, probe: dict, name: str) -> dict:
     cluster = ClusterConfig(num_nodes=1, gpus_per_node=2, device="cpu", cpus_per_worker=1)
-    loss_fn = DistillationLossFn(kl_type="mixed", implementation="torch")
+    loss_fn = DistillationLossFn(params=TopkKLParams(kl_type="mixed"), implementation="torch")
     policy = Policy(cfg, cluster, name=name)
     try:
         out = {

@@ -10,6 +10,7 @@ from nemo_opd.losses import (
     DistillationLossFn,
     TopkKLParams,
     topk_kl,
+    topk_kl_with_stats,
     validate_teacher_topk,
 )
 
@@ -57,6 +58,18 @@ def test_option_errors(case, options, message):
 
 def test_params_defaults_are_valid():
     assert TopkKLParams() == TopkKLParams("reverse", 0.5, 0.5, "bucket", 1.0)
+
+
+def test_options_as_keywords_or_as_params_but_not_both(case):
+    options = dict(kl_type="jsd", jsd_beta=0.3, tail="renormalize", temperature=0.7)
+    by_keywords = topk_kl(*case, **options)
+    by_params = topk_kl(*case, params=TopkKLParams(**options))
+    torch.testing.assert_close(by_params, by_keywords, atol=0, rtol=0)
+    assert not torch.allclose(by_params, topk_kl(*case))
+    with pytest.raises(TypeError, match=r"not both \(got params and \['temperature'\]\)"):
+        topk_kl(*case, params=TopkKLParams(), temperature=2.0)
+    with pytest.raises(TypeError, match="params must be a TopkKLParams"):
+        topk_kl_with_stats(*case, params=options)
 
 
 @pytest.mark.parametrize(

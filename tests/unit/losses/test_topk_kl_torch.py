@@ -271,16 +271,17 @@ def test_brute_force_reference_is_sane():
 def test_weighted_sum_folds_the_weights_into_the_gradient():
     logits, logprobs, ids = make_case(6, 201, 5, seed=21)
     weights = torch.tensor([0.5, 0.0, 2.0, 1.0, 0.0, 0.25])
+    jsd = TopkKLParams(kl_type="jsd")
     div, _, grad = run_impl(IMPL, logits, logprobs, ids, weights, kl_type="jsd")
     for scale in (1.0, 3.0):  # 1.0: the Triton backward skips its pass over the gradient
         z = logits.clone().requires_grad_()
-        total, stats = topk_kl_weighted_sum(z, logprobs, ids, weights, kl_type="jsd",
+        total, stats = topk_kl_weighted_sum(z, logprobs, ids, weights, params=jsd,
                                             implementation=IMPL)  # fmt: skip
         (scale * total).backward()
         torch.testing.assert_close(total, (div * weights).sum())
         torch.testing.assert_close(z.grad, scale * grad)
         assert stats.forward_kl.shape == (6,)
     with torch.no_grad():
-        total, _ = topk_kl_weighted_sum(logits, logprobs, ids, weights, kl_type="jsd",
+        total, _ = topk_kl_weighted_sum(logits, logprobs, ids, weights, params=jsd,
                                         implementation=IMPL)  # fmt: skip
     torch.testing.assert_close(total, (div * weights).sum())

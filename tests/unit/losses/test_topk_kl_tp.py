@@ -10,7 +10,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from topk_kl_testing import KL_SWEEP, TAIL_SWEEP, make_case, run_impl
 
-from nemo_opd.losses import DistillationLossFn
+from nemo_opd.losses import DistillationLossFn, TopkKLParams
 
 WORLD = 2
 VOCAB, SPLIT = 301, 140  # uneven shards: [0, 140) and [140, 301)
@@ -59,7 +59,8 @@ def _worker(rank, init_file, implementations):
                 "teacher_topk_indices": ids.view(2, 3, 9),
                 "token_mask": torch.tensor([[1, 1, 1], [1, 0, 1]]),
             }
-            loss_fn = DistillationLossFn(kl_type="mixed", implementation=implementation)
+            mixed = TopkKLParams(kl_type="mixed")
+            loss_fn = DistillationLossFn(params=mixed, implementation=implementation)
             full_loss, full_metrics = loss_fn(logits.view(2, 3, VOCAB), data, 3)
             lo, hi = (0, SPLIT) if rank == 0 else (SPLIT, VOCAB)
             shard = logits.view(2, 3, VOCAB)[..., lo:hi]

@@ -5,11 +5,12 @@ by masking the vocabulary, and every divergence from its textbook definition; au
 its gradients. (tests/unit/ops imports this module too.)
 """
 
+import dataclasses
 import math
 
 import torch
 
-from nemo_opd.losses import topk_kl_with_stats
+from nemo_opd.losses import TopkKLParams, topk_kl_with_stats
 
 EPS = 1e-12
 
@@ -121,10 +122,23 @@ def make_case(
     return logits, teacher.gather(1, ids).to(teacher_dtype), ids
 
 
+PARAM_NAMES = tuple(field.name for field in dataclasses.fields(TopkKLParams))
+
+
+def split_params(options: dict) -> tuple[TopkKLParams, dict]:
+    """(TopkKLParams from the divergence keywords in `options`, the other options)."""
+    params = TopkKLParams(**{k: v for k, v in options.items() if k in PARAM_NAMES})
+    return params, {k: v for k, v in options.items() if k not in PARAM_NAMES}
+
+
 def run_impl(implementation, logits, logprobs, ids, grad_out=None, **options):
-    """(divergence, stats, d(sum(grad_out * divergence))/d(logits)) from the package."""
+    """(divergence, stats, d(sum(grad_out * divergence))/d(logits)) from the package.
+    `options`: the brute force's divergence keywords and topk_kl's other options."""
+    params, others = split_params(options)
     z = logits.detach().clone().requires_grad_()
-    div, stats = topk_kl_with_stats(z, logprobs, ids, implementation=implementation, **options)
+    div, stats = topk_kl_with_stats(
+        z, logprobs, ids, params=params, implementation=implementation, **others
+    )
     weights = torch.ones_like(div) if grad_out is None else grad_out
     (div * weights).sum().backward()
     return div.detach(), stats, z.grad

@@ -23,7 +23,7 @@ from topk_kl_testing import (
     run_reference,
 )
 
-from nemo_opd.losses import DistillationLossFn, TopkKLParams, topk_kl_weighted_sum
+from nemo_opd.losses import DistillationLossFn, TopkKLParams, topk_kl, topk_kl_weighted_sum
 from nemo_opd.losses.topk_kl_torch import topk_kl_torch_forward
 from nemo_opd.ops import topk_kl_triton as ops
 
@@ -185,9 +185,8 @@ def test_inplace_grad_and_no_grad():
     expected = run_impl(IMPL, logits, logprobs, ids, weights, kl_type="mixed")
     leaf = logits.clone().requires_grad_()
     z = leaf * 1.0
-    div = ops.TopkKLTritonFunction.apply(
-        z, logprobs, ids, TopkKLParams(kl_type="mixed"), 0, None, True, None
-    )[0]
+    mixed = TopkKLParams(kl_type="mixed")
+    div = topk_kl(z, logprobs, ids, params=mixed, implementation=IMPL, inplace_grad=True)
     torch.testing.assert_close(div, expected[0])
     (div * weights).sum().backward()
     torch.testing.assert_close(leaf.grad, expected[2])
@@ -220,7 +219,9 @@ def test_distillation_loss_with_the_kernel_equals_torch():
     results = []
     for implementation in ("triton", "torch"):
         z = logits.view(2, 3, 211).clone().requires_grad_()
-        loss_fn = DistillationLossFn(kl_type="jsd", implementation=implementation)
+        loss_fn = DistillationLossFn(
+            params=TopkKLParams(kl_type="jsd"), implementation=implementation
+        )
         loss, metrics = loss_fn(z, data, global_valid_toks=5)
         loss.backward()
         results.append((loss, metrics, z.grad))
@@ -254,16 +255,17 @@ def test_gpu_realistic_shape_matches_torch(tail):
 def test_weighted_sum_folds_the_weights_into_the_gradient():
     logits, logprobs, ids = _case(6, 201, 5, seed=21)
     weights = torch.tensor([0.5, 0.0, 2.0, 1.0, 0.0, 0.25], device=DEVICE)
+    jsd = TopkKLParams(kl_type="jsd")
     div, _, grad = run_impl(IMPL, logits, logprobs, ids, weights, kl_type="jsd")
     for scale in (1.0, 3.0):  # 1.0: the Triton backward skips its pass over the gradient
         z = logits.clone().requires_grad_()
-        total, stats = topk_kl_weighted_sum(z, logprobs, ids, weights, kl_type="jsd",
+        total, stats = topk_kl_weighted_sum(z, logprobs, ids, weights, params=jsd,
                                             implementation=IMPL)  # fmt: skip
         (scale * total).backward()
         torch.testing.assert_close(total, (div * weights).sum())
         torch.testing.assert_close(z.grad, scale * grad)
         assert stats.forward_kl.shape == (6,)
     with torch.no_grad():
-        total, _ = topk_kl_weighted_sum(logits, logprobs, ids, weights, kl_type="jsd",
+        total, _ = topk_kl_weighted_sum(logits, logprobs, ids, weights, params=jsd,
                                         implementation=IMPL)  # fmt: skip
     torch.testing.assert_close(total, (div * weights).sum())
