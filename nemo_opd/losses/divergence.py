@@ -15,7 +15,7 @@ from typing import Literal
 import torch
 
 EPS = 1e-12
-"""Floor of the tail masses inside logarithms."""
+"""Floor of the masses inside logarithms: every teacher bucket's and the student's tail."""
 
 KL_TYPES = ("forward", "reverse", "mixed", "jsd")
 TAILS = ("bucket", "renormalize")
@@ -98,7 +98,8 @@ def topk_divergence(
             tail="renormalize" any per-row shift is allowed (they are renormalized over S).
         student_logq_tail: [N] the student's log tail mass log(1 - sum_S q) (may be -inf;
             floored at log EPS inside logarithms); required for tail="bucket", else ignored.
-        teacher_logprobs: [N, k] the teacher's log-probs at its top-k ids.
+        teacher_logprobs: [N, k] the teacher's log-probs at its top-k ids (-inf for an id it
+            rules out; at least one finite with tail="renormalize").
         params: kl_type, mixed_kl_weight, jsd_beta, tail (temperature is not used here).
 
     Returns:
@@ -110,16 +111,22 @@ def topk_divergence(
         if student_logq_tail is None:
             raise ValueError('tail="bucket" needs the student log tail mass')
         p_tail = teacher_tail_mass(a)
-        log_p = torch.cat([a, torch.log(p_tail.clamp_min(EPS)).unsqueeze(-1)], dim=-1)
+        teacher_logs = torch.cat([a, torch.log(p_tail).unsqueeze(-1)], dim=-1)
         p = torch.cat([a.exp(), p_tail.unsqueeze(-1)], dim=-1)
         log_q_tail = student_logq_tail.clamp_min(math.log(EPS))
         log_q = torch.cat([student_logq_topk, log_q_tail.unsqueeze(-1)], dim=-1)
         # The tail weight is the unfloored mass: a vanishing tail contributes 0 * log(0 / x).
         q = torch.cat([student_logq_topk.exp(), student_logq_tail.exp().unsqueeze(-1)], dim=-1)
     else:
-        log_p = torch.log_softmax(a, dim=-1)
+        teacher_logs = torch.log_softmax(a, dim=-1)
+        p = teacher_logs.exp()
         log_q = torch.log_softmax(student_logq_topk, dim=-1)
-        p, q = log_p.exp(), log_q.exp()
+        q = log_q.exp()
+    # Every teacher bucket's log is floored, its weight is not: an id the teacher rules out
+    # (log-prob -inf) contributes 0 * log(0 / x) = 0 to the forward KL and a finite penalty
+    # to the reverse KL. The student's top-k logs are not floored, or a token the teacher
+    # wants could not be pulled up from below the floor.
+    log_p = teacher_logs.clamp_min(math.log(EPS))
 
     forward_kl = (p * (log_p - log_q)).sum(-1)
     reverse_kl = (q * (log_q - log_p)).sum(-1)

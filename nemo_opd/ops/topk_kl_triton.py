@@ -32,12 +32,15 @@ of S and, for tail="bucket", one tail bucket t for every id outside S:
 
     bucket:      l_i = s_i - LSE (i in S),   Q_t = sum_{j not in S} q_j = U / T,
                  l_t = log max(Q_t, eps),    P_t = max(1 - sum_S e^{a_i}, 0),
-                 lp_i = a_i,                 lp_t = log max(P_t, eps)
-    renormalize: l_i = s_i - log sum_S e^{s},  lp_i = a_i - log sum_S e^{a}   (no tail)
+                 lp_i = max(a_i, log eps),   lp_t = log max(P_t, eps)
+    renormalize: l_i = s_i - log sum_S e^{s},  lp_i = max(a_i - log sum_S e^{a}, log eps)
 
-with Q_b = e^{l_b}, P_b = e^{lp_b} (the tail weights Q_t, P_t are the unfloored masses). T and U
-are sum-exps relative to the row max m; U is accumulated over the non-S ids directly (never as
-T minus the S part), so Q_t keeps its relative precision when S holds nearly all the mass.
+with Q_b = e^{l_b} and P_b the unfloored masses (P_i = e^{a_i} or its renormalized value, 0
+for an id the teacher rules out with a_i = -inf; the tail weights Q_t, P_t likewise). The
+student's top-k logs l_i are never floored: the gradient that pulls up an id the teacher wants
+must not vanish below the floor. T and U are sum-exps relative to the row max m; U is
+accumulated over the non-S ids directly (never as T minus the S part), so Q_t keeps its
+relative precision when S holds nearly all the mass.
 
 Gradient. Write the divergence L as a function of the weights Q_b and the logs l_b, and let
 G_b = Q_b dL/dQ_b + [l_b not floored] dL/dl_b. For i in S, d l_i / d s_j = [i = j] - Q_j
@@ -226,7 +229,7 @@ def _topk_kl_rows_kernel(
     # From here on padding columns hold finite logs (0) and zero masses, so they add nothing.
     if TAIL_BUCKET:
         ell = tl.where(col_ok, (s - m[:, None]) - log_total[:, None], 0.0)
-        log_p = tl.where(col_ok, a, 0.0)
+        teacher_log = a
         q_tail = tail / total
         ell_t = tl.log(tl.maximum(q_tail, eps))
         floored = (q_tail < eps).to(tl.float32)
@@ -235,9 +238,11 @@ def _topk_kl_rows_kernel(
         # Shifted by the top-k's own max, not by m: renormalizing is shift-invariant, and s - m
         # would lose the precision of s when the top-k lies far below the row max.
         ell = tl.where(col_ok, (s - s_max[:, None]) - log_sum_s[:, None], 0.0)
-        log_p = tl.where(col_ok, (a - a_max[:, None]) - log_sum_a[:, None], 0.0)
+        teacher_log = (a - a_max[:, None]) - log_sum_a[:, None]
     q = tl.where(col_ok, tl.exp(ell), 0.0)
-    p = tl.where(col_ok, tl.exp(log_p), 0.0)
+    # The teacher's logs are floored, its weights are not: an id it rules out (-inf) has P = 0.
+    p = tl.where(col_ok, tl.exp(teacher_log), 0.0)
+    log_p = tl.where(col_ok, tl.maximum(teacher_log, tl.log(eps)), 0.0)
 
     fwd = tl.sum(p * (log_p - ell), axis=1)
     rev = tl.sum(q * (ell - log_p), axis=1)

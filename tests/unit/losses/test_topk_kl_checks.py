@@ -78,8 +78,8 @@ def test_options_as_keywords_or_as_params_but_not_both(case):
         (lambda a, i: (a, i.index_fill(1, torch.tensor([2]), 50)), r"outside \[0, 50\)"),
         (lambda a, i: (a, i.index_fill(1, torch.tensor([0]), -1)), r"outside \[0, 50\)"),
         (lambda a, i: (a, torch.cat([i[:, :1], i[:, :4]], 1)), "duplicate"),
-        (lambda a, i: (a.index_fill(1, torch.tensor([1]), math.nan), i), "non-finite"),
-        (lambda a, i: (a.index_fill(1, torch.tensor([1]), math.inf), i), "non-finite"),
+        (lambda a, i: (a.index_fill(1, torch.tensor([1]), math.nan), i), r"NaN or \+inf"),
+        (lambda a, i: (a.index_fill(1, torch.tensor([1]), math.inf), i), r"NaN or \+inf"),
         (lambda a, i: (a - a.logsumexp(-1, keepdim=True) + 0.01, i), "summing above 1"),
     ],
 )
@@ -91,6 +91,11 @@ def test_teacher_value_errors(case, mutate, message):
         validate_teacher_topk(bad_a, bad_i, 50)
     with pytest.raises(ValueError, match=message):
         topk_kl(case[0], bad_a, bad_i, validate=True)
+
+
+def test_teacher_may_rule_out_ids_with_minus_inf(case):
+    _, a, i = case
+    validate_teacher_topk(a.index_fill(1, torch.tensor([1, 3]), -math.inf), i, 50)
 
 
 def test_teacher_errors_name_the_first_position_and_respect_the_mask():

@@ -9,6 +9,7 @@ from topk_kl_testing import (
     TAIL_SWEEP,
     assert_matches_reference,
     brute_force_topk_kl,
+    check_teacher_ruling_out_ids,
     make_case,
     run_impl,
     run_reference,
@@ -164,6 +165,12 @@ def test_tail_bucket_precise_when_the_top_k_holds_nearly_all_mass(kl_type):
     outside = torch.ones_like(grad, dtype=torch.bool).scatter(1, ids, False)
     # The gradient on the ids outside S, relative to its own (tiny) size.
     torch.testing.assert_close(grad[outside].double(), ref_grad[outside], rtol=1e-3, atol=1e-30)
+
+
+@pytest.mark.parametrize("tail", TAIL_SWEEP)
+@pytest.mark.parametrize("kl_type", KL_SWEEP)
+def test_teacher_ruling_out_ids(kl_type, tail):
+    check_teacher_ruling_out_ids(IMPL, kl_type, tail)
 
 
 def test_top1_agreement_and_student_mass():

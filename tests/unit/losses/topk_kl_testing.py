@@ -43,12 +43,14 @@ def brute_force_topk_kl(
         q_tail = log_q_full.exp().masked_fill(in_topk, 0.0).sum(-1)
         p = torch.cat([a.exp(), teacher_tail[:, None]], dim=-1)
         q = torch.cat([log_q_full.gather(1, ids).exp(), q_tail[:, None]], dim=-1)
-        log_p = torch.cat([a, teacher_tail.clamp_min(EPS).log()[:, None]], dim=-1)
         log_q = torch.cat([log_q_full.gather(1, ids), q_tail.clamp_min(EPS).log()[:, None]], -1)
     else:
-        log_p = torch.log_softmax(a, dim=-1)
+        p = torch.softmax(a, dim=-1)
         log_q = torch.log_softmax(z.gather(1, ids), dim=-1)
-        p, q = log_p.exp(), log_q.exp()
+        q = log_q.exp()
+    # Every teacher bucket's log is floored (an id the teacher rules out has P = 0); the
+    # student's top-k logs are not, and neither are the weights P and Q.
+    log_p = p.clamp_min(EPS).log()
 
     forward_kl = torch.where(p > 0, p * (log_p - log_q), 0.0).sum(-1)
     reverse_kl = torch.where(q > 0, q * (log_q - log_p), 0.0).sum(-1)
@@ -166,3 +168,22 @@ def assert_matches_reference(implementation, logits, logprobs, ids, grad_out=Non
     assert grad.dtype == logits.dtype
     close(grad.double(), ref_grad, atol=grad_atol, rtol=grad_rtol)
     return div, stats, grad
+
+
+def check_teacher_ruling_out_ids(implementation, kl_type, tail, device="cpu"):
+    """Teacher log-probs of -inf inside the top-k (row 0 one id, row 1 its top-1, row 2 all but
+    one) or finite but below log(eps) (row 3) give the brute force's finite divergence and
+    gradient: the teacher's bucket logs are floored at log(eps), its weights P are not."""
+    logits, logprobs, ids = (t.to(device) for t in make_case(5, 301, 7, seed=22))
+    logprobs[0, 1] = -math.inf
+    logprobs[1, logprobs[1].argmax()] = -math.inf
+    logprobs[2, 1:] = -math.inf
+    logprobs[3, 0], logprobs[3, 2] = -math.inf, -40.0
+    grad_out = torch.linspace(-1.0, 2.0, 5, device=device)
+    div, _, grad = assert_matches_reference(
+        implementation, logits, logprobs, ids, grad_out, kl_type=kl_type, tail=tail,
+        temperature=0.8,
+    )  # fmt: skip
+    assert torch.isfinite(div).all() and torch.isfinite(grad).all()
+    if kl_type == "reverse":  # the student's log at a ruled-out id is not floored: pushed down
+        assert grad[0, ids[0, 1]] * grad_out[0] > 0

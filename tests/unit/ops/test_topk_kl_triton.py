@@ -18,6 +18,7 @@ from topk_kl_testing import (
     TAIL_SWEEP,
     TOLERANCES,
     assert_matches_reference,
+    check_teacher_ruling_out_ids,
     make_case,
     run_impl,
     run_reference,
@@ -138,6 +139,13 @@ def test_student_tail_below_the_floor(kl_type):
     logits, logprobs, ids = _case(4, 301, 7, seed=19, scale=1.0)
     logits = torch.full_like(logits, -1e4).scatter(1, ids, logits.gather(1, ids))
     assert_matches_reference(IMPL, logits, logprobs, ids, kl_type=kl_type, temperature=0.7)
+
+
+@needs_kernel
+@pytest.mark.parametrize("tail", TAIL_SWEEP)
+@pytest.mark.parametrize("kl_type", KL_SWEEP)
+def test_teacher_ruling_out_ids(kl_type, tail):
+    check_teacher_ruling_out_ids(IMPL, kl_type, tail, DEVICE)
 
 
 @needs_kernel
