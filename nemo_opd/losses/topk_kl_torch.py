@@ -52,7 +52,9 @@ def _stats_pass(logits, local, owned, params, compute_dtype, chunk):
     for lo in range(0, n, chunk):
         hi = min(lo + chunk, n)
         s = logits[lo:hi].to(compute_dtype) / params.temperature
-        m = s.amax(dim=-1)
+        # Finite even where the whole (local) row is -inf, a padded vocabulary shard: there
+        # s - m stays -inf and the sums 0, where -inf - -inf would be NaN.
+        m = s.amax(dim=-1).clamp_min(torch.finfo(compute_dtype).min)
         s_topk[lo:hi] = torch.where(owned[lo:hi], s.gather(1, local[lo:hi]), 0.0)
         e = s.sub_(m.unsqueeze(-1)).exp_()
         sumexp[lo:hi, 0] = e.sum(dim=-1)

@@ -84,6 +84,7 @@ from nemo_opd.distributed.collectives import all_reduce_vocab_stats
 from nemo_opd.losses.divergence import EPS, TopkKLParams
 
 _INDEX_SENTINEL = tl.constexpr(2**31 - 1)
+_FLOAT32_LOWEST = tl.constexpr(-3.4028234663852886e38)
 _SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -125,7 +126,8 @@ def _topk_kl_stats_kernel(
     BLOCK_K: tl.constexpr,
 ):
     """Pass 1. Per row: m = max_j s_j, T = sum_j e^{s_j - m}, U = sum_{j not in S} e^{s_j - m}
-    over the local shard, and s at the ids of S owned by the shard (0 elsewhere).
+    over the local shard, and s at the ids of S owned by the shard (0 elsewhere). A shard row
+    of -inf only gives m = the lowest finite float and T = U = 0.
 
     idx_ptr holds the row's global ids sorted ascending, so the ids falling in a block of the
     vocab are the next ones in that order: a cursor walks them once per row (k steps in all)
@@ -142,7 +144,10 @@ def _topk_kl_stats_kernel(
     tl.store(s_topk_ptr + row * K + cols, tl.where(owned, z_topk, 0.0), mask=cols < K)
 
     lanes = tl.arange(0, BLOCK_V)
-    m = float("-inf")
+    # The running max starts at the lowest finite value, not -inf: a block (or a whole shard)
+    # of -inf logits, a masked or padded vocabulary, then gives e = 0 and alpha = 1 instead of
+    # exp(-inf - -inf) = NaN, which the tensor-parallel all-reduce would spread to every rank.
+    m = _FLOAT32_LOWEST
     total = 0.0
     tail = 0.0
     cursor = 0

@@ -7,6 +7,7 @@ transformers), so then these tests run in a fresh interpreter instead: the test
 result. Running this file directly with TRITON_INTERPRET=1 exported runs everything in-process.
 """
 
+import math
 import os
 import subprocess
 import sys
@@ -184,6 +185,31 @@ def test_many_vocab_blocks_match_torch(block_v, tail):
         torch.testing.assert_close(got[0], expect[0], atol=2e-5, rtol=1e-4)
         torch.testing.assert_close(got[1], expect[1], atol=2e-5, rtol=1e-4)
         torch.testing.assert_close(got[2].float(), expect[2].float(), atol=2e-5, rtol=grad_rtol)
+
+
+@needs_kernel
+@pytest.mark.parametrize("block_v", [16, 64])
+@pytest.mark.parametrize("tail", TAIL_SWEEP)
+def test_logits_at_minus_inf(tail, block_v, monkeypatch):
+    """A masked or padded vocabulary: the first vocab blocks of row 0 hold only -inf, row 1 is
+    -inf outside one window, row 2 at every third id. The online max must not form
+    exp(-inf - -inf); the result is the brute force's, with a zero gradient at -inf."""
+    monkeypatch.setattr(ops, "_vocab_block", lambda vocab, block: (block_v, 4))
+    logits, logprobs, ids = _case(5, 301, 7, seed=23)
+    ids[0] = torch.tensor([170, 199, 230, 250, 260, 281, 300])
+    logits[0, :160] = -math.inf
+    ids[1] = torch.arange(130, 137)
+    logits[1, :120], logits[1, 180:] = -math.inf, -math.inf
+    every_third = torch.zeros(301, dtype=torch.bool, device=DEVICE)
+    every_third[::3] = True
+    every_third[ids[2]] = False
+    logits[2, every_third] = -math.inf
+    for kl_type in KL_SWEEP:
+        div, _, grad = assert_matches_reference(
+            IMPL, logits, logprobs, ids, kl_type=kl_type, tail=tail, temperature=0.9
+        )
+        assert torch.isfinite(div).all() and torch.isfinite(grad).all()
+        assert grad[logits == -math.inf].eq(0).all()
 
 
 @needs_kernel
