@@ -76,6 +76,18 @@ def teacher_tail_mass(teacher_logprobs: torch.Tensor) -> torch.Tensor:
     return torch.clamp(-torch.expm1(logsumexp_log1p(teacher_logprobs)), min=0.0)
 
 
+def weigh_gradient_coefficients(
+    tail_coef: torch.Tensor, topk_grad: torch.Tensor, row_weights: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The coefficients of the gradient of sum_n row_weights[n] * divergence[n]: tail_coef [N]
+    and topk_grad [N, k] times the weights, exactly 0 in the rows of weight 0 even where the
+    coefficients are NaN or inf (a padded position with garbage logits or teacher)."""
+    keep = row_weights != 0
+    weighted_tail = torch.where(keep, tail_coef * row_weights, 0.0)
+    weighted_topk = torch.where(keep.unsqueeze(-1), topk_grad * row_weights.unsqueeze(-1), 0.0)
+    return weighted_tail, weighted_topk
+
+
 @dataclass(frozen=True)
 class Divergences:
     """Per-row divergences over the buckets: the one asked for and both KLs (for metrics)."""

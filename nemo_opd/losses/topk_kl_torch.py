@@ -25,7 +25,12 @@ import torch
 import torch.distributed as dist
 
 from nemo_opd.distributed.collectives import all_reduce_vocab_stats
-from nemo_opd.losses.divergence import TopkKLParams, logsumexp_log1p, topk_divergence
+from nemo_opd.losses.divergence import (
+    TopkKLParams,
+    logsumexp_log1p,
+    topk_divergence,
+    weigh_gradient_coefficients,
+)
 
 CHUNK_ELEMENTS = 1 << 24
 """Row chunks hold about this many logits (64 MiB per fp32 temporary)."""
@@ -135,7 +140,9 @@ def _grad_pass(logits, grad, local, owned, row_max, log_total, tail_coef, topk_g
         if params.tail == "bucket":
             s = logits[lo:hi].to(compute_dtype) / params.temperature
             s.sub_(row_max[lo:hi].unsqueeze(-1)).sub_(log_total[lo:hi].unsqueeze(-1))
-            g = s.exp_().mul_(tail_coef[lo:hi].unsqueeze(-1))
+            coef = tail_coef[lo:hi].unsqueeze(-1)
+            # A row without gradient (weight 0) writes 0, even where its q is NaN.
+            g = s.exp_().mul_(coef).masked_fill_(coef == 0, 0.0)
         else:
             g = torch.zeros(hi - lo, logits.shape[1], dtype=compute_dtype, device=logits.device)
         rows = torch.arange(hi - lo, device=logits.device).unsqueeze(-1).expand_as(local[lo:hi])
@@ -189,8 +196,7 @@ def topk_kl_torch_forward(
     if not need_grad:
         return div, stats, None
     if row_weights is not None:
-        tail_coef = tail_coef * row_weights
-        topk_grad = topk_grad * row_weights.unsqueeze(-1)
+        tail_coef, topk_grad = weigh_gradient_coefficients(tail_coef, topk_grad, row_weights)
     grad = logits if inplace_grad else torch.empty_like(logits)
     _grad_pass(logits, grad, local, owned, row_max, log_total, tail_coef, topk_grad, params, chunk)
     if inplace_grad:

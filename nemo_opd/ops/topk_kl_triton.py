@@ -81,7 +81,7 @@ import triton
 import triton.language as tl
 
 from nemo_opd.distributed.collectives import all_reduce_vocab_stats
-from nemo_opd.losses.divergence import EPS, TopkKLParams
+from nemo_opd.losses.divergence import EPS, TopkKLParams, weigh_gradient_coefficients
 
 _INDEX_SENTINEL = tl.constexpr(2**31 - 1)
 _FLOAT32_LOWEST = tl.constexpr(-3.4028234663852886e38)
@@ -323,7 +323,8 @@ def _topk_kl_grad_kernel(
         for v0 in range(0, V, BLOCK_V):
             offs = v0 + lanes
             x = tl.load(z_row + offs, mask=offs < V, other=0.0).to(tl.float32) * inv_tau
-            g = tl.exp((x - m) - log_total) * coef
+            # A row without gradient (weight 0) writes 0, even where its q is NaN.
+            g = tl.where(coef != 0.0, tl.exp((x - m) - log_total) * coef, 0.0)
             tl.store(g_row + offs, g.to(g_ptr.dtype.element_ty), mask=offs < V)
     else:
         for v0 in range(0, V, BLOCK_V):
@@ -460,8 +461,7 @@ def topk_kl_triton_forward(
     if not need_grad:
         return div, stats, None
     if row_weights is not None:
-        tail_coef *= row_weights
-        topk_grad *= row_weights.unsqueeze(-1)
+        tail_coef, topk_grad = weigh_gradient_coefficients(tail_coef, topk_grad, row_weights)
 
     grad = logits if inplace_grad else torch.empty_like(logits)
     _topk_kl_grad_kernel[(n,)](

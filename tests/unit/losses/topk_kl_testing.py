@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from nemo_opd.losses import TopkKLParams, topk_kl_with_stats
+from nemo_opd.losses import TopkKLParams, topk_kl_weighted_sum, topk_kl_with_stats
 
 EPS = 1e-12
 
@@ -187,3 +187,33 @@ def check_teacher_ruling_out_ids(implementation, kl_type, tail, device="cpu"):
     assert torch.isfinite(div).all() and torch.isfinite(grad).all()
     if kl_type == "reverse":  # the student's log at a ruled-out id is not floored: pushed down
         assert grad[0, ids[0, 1]] * grad_out[0] > 0
+
+
+def check_zero_weight_rows_add_nothing(implementation, tail, device="cpu"):
+    """topk_kl_weighted_sum: rows of weight 0 add nothing to the sum or to the gradient, even
+    where their divergence is not finite: NaN teacher log-probs (row 1), a NaN logit (row 3),
+    logits all -inf (row 4), a +inf logit (row 6). The rows of weight != 0 get the brute
+    force's weighted gradient, whatever scalar backward brings."""
+    logits, logprobs, ids = (t.to(device) for t in make_case(7, 201, 5, seed=24))
+    logprobs[1, 2] = math.nan
+    logits[3, 7], logits[4], logits[6, 11] = math.nan, -math.inf, math.inf
+    weights = torch.tensor([0.5, 0.0, 2.0, 0.0, 0.0, 1.0, 0.0], device=device)
+    live = weights != 0
+    div_atol, div_rtol, grad_atol, grad_rtol = TOLERANCES[logits.dtype]
+    for kl_type in ("forward", "reverse", "mixed", "jsd"):
+        params = TopkKLParams(kl_type=kl_type, tail=tail)
+        ref, ref_grad = run_reference(
+            logits[live], logprobs[live], ids[live], weights[live], kl_type=kl_type, tail=tail
+        )
+        expected = (ref["divergence"] * weights[live].double()).sum()
+        for scale in (1.0, 3.0):  # 1.0: the Triton backward skips its pass over the gradient
+            z = logits.clone().requires_grad_()
+            total, _ = topk_kl_weighted_sum(
+                z, logprobs, ids, weights, params=params, implementation=implementation
+            )
+            (scale * total).backward()
+            torch.testing.assert_close(total.double(), expected, atol=div_atol, rtol=div_rtol)
+            assert z.grad[~live].eq(0).all(), f"{kl_type}: a row of weight 0 has a gradient"
+            torch.testing.assert_close(
+                z.grad[live].double(), scale * ref_grad, atol=grad_atol, rtol=grad_rtol
+            )

@@ -20,6 +20,7 @@ from topk_kl_testing import (
     TOLERANCES,
     assert_matches_reference,
     check_teacher_ruling_out_ids,
+    check_zero_weight_rows_add_nothing,
     make_case,
     run_impl,
     run_reference,
@@ -303,3 +304,9 @@ def test_weighted_sum_folds_the_weights_into_the_gradient():
         total, _ = topk_kl_weighted_sum(logits, logprobs, ids, weights, params=jsd,
                                         implementation=IMPL)  # fmt: skip
     torch.testing.assert_close(total, (div * weights).sum())
+
+
+@needs_kernel
+@pytest.mark.parametrize("tail", TAIL_SWEEP)
+def test_weighted_sum_rows_of_weight_zero_add_nothing(tail):
+    check_zero_weight_rows_add_nothing(IMPL, tail, DEVICE)
