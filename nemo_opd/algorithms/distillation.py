@@ -240,7 +240,7 @@ def _build_run(cfg: DistillationConfig, lock: RunLock) -> DistillationRun:
         student=student,
         teacher=teacher,
         generation=generation,
-        loss_fn=DistillationLossFn(cfg.loss_fn),
+        loss_fn=DistillationLossFn.from_config(cfg.loss_fn),
         logger=None,
         checkpoints=CheckpointManager(cfg.checkpointing),
         placement=placement,

@@ -398,7 +398,8 @@ class PolicyConfig(Section):
 class LossConfig(Section):
     """Which divergence between teacher and student is minimized, and how it is computed.
 
-    The fields are the keyword arguments of `nemo_opd.losses.topk_kl`.
+    `DistillationLossFn.from_config` turns the divergence fields into one
+    `nemo_opd.losses.TopkKLParams`, the object every layer of the loss takes.
     """
 
     kl_type: Literal["forward", "reverse", "mixed", "jsd"] = "reverse"

@@ -19,7 +19,9 @@ def all_reduce_vocab_stats(
     """Combine per-shard softmax statistics into full-vocabulary ones.
 
     Args:
-        row_max: [N] fp32, the max of the local shard's (scaled) logits per row.
+        row_max: [N] fp32, the max of the local shard's (scaled) logits per row; finite (the
+            lowest float where a shard's row is all -inf, its sums then 0), so that no
+            -inf - -inf reaches the rescaling.
         sumexp: [N, C] fp32, C sums of exp(x - row_max) over (subsets of) the local shard.
         owned: optional [N, K] fp32 values where each entry is nonzero on at most one rank
             (values gathered at global ids, 0 where the id is not in the local shard).

@@ -1,7 +1,7 @@
 """Input checks for the top-k KL.
 
 `check_topk_kl_inputs` looks only at shapes, dtypes and devices: free, and run on every call.
-`validate_teacher_topk` looks at the values (index range, duplicates, finiteness, total mass):
+`validate_teacher_topk` looks at the values (index range, duplicates, NaN, total mass):
 it costs one device-to-host synchronization, so it is meant to run once per batch where the
 teacher's output arrives (or, as a debugging aid, behind the `validate=True` switches of
 `topk_kl` and `DistillationLossFn`), never inside the loss or kernel path by default.
@@ -68,7 +68,8 @@ def validate_teacher_topk(
     """Raise ValueError if the teacher's top-k is malformed at any position selected by `mask`.
 
     Checks that every id is in [0, vocab_size), ids are distinct within a position, log-probs
-    are finite, and their probabilities sum to at most 1 + mass_tolerance. One host sync (two
+    are finite or -inf (an id the teacher rules out), and their probabilities sum to at most
+    1 + mass_tolerance. One host sync (two
     when an error is reported).
 
     Args:
@@ -85,14 +86,14 @@ def validate_teacher_topk(
     if mask is not None:
         checked = mask.reshape(-1).to(device=ids.device) != 0
     sorted_ids = ids.sort(dim=-1).values
-    finite = torch.isfinite(logprobs)
-    total = torch.logsumexp(torch.where(finite, logprobs, -math.inf), dim=-1)
+    allowed = torch.isfinite(logprobs) | (logprobs == -math.inf)
+    total = torch.logsumexp(torch.where(allowed, logprobs, -math.inf), dim=-1)
     out_of_range = ((ids < 0) | (ids >= vocab_size)).any(-1)
     duplicates = (sorted_ids[:, 1:] == sorted_ids[:, :-1]).any(-1)
     problems = {
         f"teacher_topk_indices outside [0, {vocab_size})": out_of_range,
         "duplicate teacher_topk_indices within a position": duplicates,
-        "non-finite teacher_topk_logprobs": ~finite.all(-1),
+        "NaN or +inf teacher_topk_logprobs": ~allowed.all(-1),
         f"teacher top-k probabilities summing above 1 + {mass_tolerance:g}": (
             total > math.log1p(mass_tolerance)
         ),

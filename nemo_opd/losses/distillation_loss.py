@@ -12,6 +12,7 @@ sample that counts): loss_mask[:, t] = token_mask[:, t + 1] * sample_mask. The l
 and in packed rows the last position of every packed sequence, is never graded.
 """
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -20,8 +21,8 @@ import torch
 import torch.distributed as dist
 
 from nemo_opd.losses.checks import global_vocab_size, validate_teacher_topk
-from nemo_opd.losses.divergence import TopkKLParams
-from nemo_opd.losses.topk_kl import resolve_implementation, topk_kl_weighted_sum
+from nemo_opd.losses.divergence import DEFAULT_PARAMS, TopkKLParams
+from nemo_opd.losses.topk_kl import Implementation, resolve_implementation, topk_kl_weighted_sum
 
 METRIC_NAMES = (
     "loss",
@@ -81,49 +82,52 @@ def build_loss_mask(
 class DistillationLossFn:
     """Masked, globally normalized top-k KL between the student and the teacher.
 
-    Configured by the loss_fn config section (`nemo_opd.config.loss.LossConfig`, or any object
-    with the attributes kl_type, mixed_kl_weight, jsd_beta, tail, temperature and
-    implementation); keyword arguments override it (`DistillationLossFn(kl_type="forward")`
-    works without a config).
+        DistillationLossFn(params=TopkKLParams(kl_type="forward"), implementation="torch")
+        DistillationLossFn.from_config(cfg.loss_fn)
 
     Args:
-        cfg: the loss_fn section, or None for the defaults.
+        params: the divergence options (kl_type, mixed_kl_weight, jsd_beta, tail,
+            temperature).
+        implementation: "triton", "torch" or "auto" (see `topk_kl`).
         inplace_grad: let the kernel overwrite the logits with their gradient (saves one
             logits-sized buffer; the caller must not use the logits after the loss).
         validate_inputs: run `validate_teacher_topk` on every call (a host sync; a debugging
             aid: engines should validate the teacher's output once per batch instead).
-        **overrides: any of the config fields.
     """
-
-    CONFIG_FIELDS = ("kl_type", "mixed_kl_weight", "jsd_beta", "tail", "temperature")
 
     def __init__(
         self,
-        cfg: Any = None,
         *,
+        params: TopkKLParams = DEFAULT_PARAMS,
+        implementation: Implementation = "auto",
         inplace_grad: bool = False,
         validate_inputs: bool = False,
-        **overrides: Any,
     ) -> None:
-        known = (*self.CONFIG_FIELDS, "implementation")
-        unknown = sorted(set(overrides) - set(known))
-        if unknown:
-            raise TypeError(f"unknown DistillationLossFn options {unknown}; known: {known}")
-        defaults = TopkKLParams()
-        values = {name: getattr(cfg, name, getattr(defaults, name)) for name in self.CONFIG_FIELDS}
-        values.update({k: v for k, v in overrides.items() if k in self.CONFIG_FIELDS})
-        self.params = TopkKLParams(**values)
-        self.implementation = overrides.get(
-            "implementation", getattr(cfg, "implementation", "auto")
-        )
-        resolve_implementation(self.implementation, torch.device("cpu"))  # validates the name
+        if not isinstance(params, TopkKLParams):
+            raise TypeError(
+                f"params must be a TopkKLParams, got {type(params).__name__} (build from a "
+                "loss_fn config section with DistillationLossFn.from_config)"
+            )
+        resolve_implementation(implementation, torch.device("cpu"))  # validates the name
+        self.params = params
+        self.implementation = implementation
         self.inplace_grad = inplace_grad
         self.validate_inputs = validate_inputs
 
     @classmethod
-    def from_kwargs(cls, **kwargs: Any) -> "DistillationLossFn":
-        """Build without a config section: `DistillationLossFn.from_kwargs(kl_type="jsd")`."""
-        return cls(None, **kwargs)
+    def from_config(
+        cls, loss_cfg: Any, *, inplace_grad: bool = False, validate_inputs: bool = False
+    ) -> "DistillationLossFn":
+        """Build from the loss_fn config section: any object with the attributes kl_type,
+        mixed_kl_weight, jsd_beta, tail, temperature and implementation."""
+        names = [field.name for field in dataclasses.fields(TopkKLParams)]
+        params = TopkKLParams(**{name: getattr(loss_cfg, name) for name in names})
+        return cls(
+            params=params,
+            implementation=loss_cfg.implementation,
+            inplace_grad=inplace_grad,
+            validate_inputs=validate_inputs,
+        )
 
     def __call__(
         self,
@@ -178,11 +182,7 @@ class DistillationLossFn:
             logprobs,
             indices,
             loss_mask / denom,
-            kl_type=self.params.kl_type,
-            mixed_kl_weight=self.params.mixed_kl_weight,
-            jsd_beta=self.params.jsd_beta,
-            tail=self.params.tail,
-            temperature=self.params.temperature,
+            params=self.params,
             vocab_start=vocab_start,
             tp_group=tp_group,
             implementation=self.implementation,

@@ -15,7 +15,7 @@ from typing import Literal
 import torch
 
 EPS = 1e-12
-"""Floor of the tail masses inside logarithms."""
+"""Floor of the masses inside logarithms: every teacher bucket's and the student's tail."""
 
 KL_TYPES = ("forward", "reverse", "mixed", "jsd")
 TAILS = ("bucket", "renormalize")
@@ -55,6 +55,10 @@ class TopkKLParams:
             raise ValueError(f"temperature must be a positive number, got {self.temperature}")
 
 
+DEFAULT_PARAMS = TopkKLParams()
+"""Reverse KL over the tail bucket at temperature 1 (w = beta = 0.5 where they apply)."""
+
+
 def logsumexp_log1p(x: torch.Tensor) -> torch.Tensor:
     """logsumexp over the last dim, accurate when one term dominates.
 
@@ -70,6 +74,18 @@ def logsumexp_log1p(x: torch.Tensor) -> torch.Tensor:
 def teacher_tail_mass(teacher_logprobs: torch.Tensor) -> torch.Tensor:
     """P_tail = max(1 - sum_S exp(a), 0), in log1p/expm1 form. [..., k] -> [...]."""
     return torch.clamp(-torch.expm1(logsumexp_log1p(teacher_logprobs)), min=0.0)
+
+
+def weigh_gradient_coefficients(
+    tail_coef: torch.Tensor, topk_grad: torch.Tensor, row_weights: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The coefficients of the gradient of sum_n row_weights[n] * divergence[n]: tail_coef [N]
+    and topk_grad [N, k] times the weights, exactly 0 in the rows of weight 0 even where the
+    coefficients are NaN or inf (a padded position with garbage logits or teacher)."""
+    keep = row_weights != 0
+    weighted_tail = torch.where(keep, tail_coef * row_weights, 0.0)
+    weighted_topk = torch.where(keep.unsqueeze(-1), topk_grad * row_weights.unsqueeze(-1), 0.0)
+    return weighted_tail, weighted_topk
 
 
 @dataclass(frozen=True)
@@ -94,7 +110,8 @@ def topk_divergence(
             tail="renormalize" any per-row shift is allowed (they are renormalized over S).
         student_logq_tail: [N] the student's log tail mass log(1 - sum_S q) (may be -inf;
             floored at log EPS inside logarithms); required for tail="bucket", else ignored.
-        teacher_logprobs: [N, k] the teacher's log-probs at its top-k ids.
+        teacher_logprobs: [N, k] the teacher's log-probs at its top-k ids (-inf for an id it
+            rules out; at least one finite with tail="renormalize").
         params: kl_type, mixed_kl_weight, jsd_beta, tail (temperature is not used here).
 
     Returns:
@@ -106,16 +123,22 @@ def topk_divergence(
         if student_logq_tail is None:
             raise ValueError('tail="bucket" needs the student log tail mass')
         p_tail = teacher_tail_mass(a)
-        log_p = torch.cat([a, torch.log(p_tail.clamp_min(EPS)).unsqueeze(-1)], dim=-1)
+        teacher_logs = torch.cat([a, torch.log(p_tail).unsqueeze(-1)], dim=-1)
         p = torch.cat([a.exp(), p_tail.unsqueeze(-1)], dim=-1)
         log_q_tail = student_logq_tail.clamp_min(math.log(EPS))
         log_q = torch.cat([student_logq_topk, log_q_tail.unsqueeze(-1)], dim=-1)
         # The tail weight is the unfloored mass: a vanishing tail contributes 0 * log(0 / x).
         q = torch.cat([student_logq_topk.exp(), student_logq_tail.exp().unsqueeze(-1)], dim=-1)
     else:
-        log_p = torch.log_softmax(a, dim=-1)
+        teacher_logs = torch.log_softmax(a, dim=-1)
+        p = teacher_logs.exp()
         log_q = torch.log_softmax(student_logq_topk, dim=-1)
-        p, q = log_p.exp(), log_q.exp()
+        q = log_q.exp()
+    # Every teacher bucket's log is floored, its weight is not: an id the teacher rules out
+    # (log-prob -inf) contributes 0 * log(0 / x) = 0 to the forward KL and a finite penalty
+    # to the reverse KL. The student's top-k logs are not floored, or a token the teacher
+    # wants could not be pulled up from below the floor.
+    log_p = teacher_logs.clamp_min(math.log(EPS))
 
     forward_kl = (p * (log_p - log_q)).sum(-1)
     reverse_kl = (q * (log_q - log_p)).sum(-1)

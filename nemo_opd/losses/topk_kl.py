@@ -2,10 +2,12 @@
 
 The exact semantics are in docs/loss.md. Two implementations compute them: the fused Triton
 kernel (nemo_opd/ops/topk_kl_triton.py) and a chunked plain-torch twin
-(nemo_opd/losses/topk_kl_torch.py). Both compute the gradient during forward and only scale
-it in backward.
+(nemo_opd/losses/topk_kl_torch.py). Both compute the gradient during forward; one autograd
+Function (`TopkKLFunction`) serves both and only scales that gradient in backward.
 """
 
+import functools
+from collections.abc import Callable
 from typing import Any, Literal, NamedTuple
 
 import torch
@@ -16,7 +18,7 @@ from nemo_opd.losses.checks import (
     global_vocab_size,
     validate_teacher_topk,
 )
-from nemo_opd.losses.divergence import KLType, Tail, TopkKLParams
+from nemo_opd.losses.divergence import DEFAULT_PARAMS, KLType, Tail, TopkKLParams
 
 Implementation = Literal["auto", "triton", "torch"]
 IMPLEMENTATIONS = ("auto", "triton", "torch")
@@ -58,11 +60,12 @@ def topk_kl(
     teacher_logprobs: torch.Tensor,
     teacher_indices: torch.Tensor,
     *,
-    kl_type: KLType = "reverse",
-    mixed_kl_weight: float = 0.5,
-    jsd_beta: float = 0.5,
-    tail: Tail = "bucket",
-    temperature: float = 1.0,
+    params: TopkKLParams | None = None,
+    kl_type: KLType | None = None,
+    mixed_kl_weight: float | None = None,
+    jsd_beta: float | None = None,
+    tail: Tail | None = None,
+    temperature: float | None = None,
     vocab_start: int = 0,
     tp_group: dist.ProcessGroup | None = None,
     implementation: Implementation = "auto",
@@ -71,12 +74,18 @@ def topk_kl(
 ) -> torch.Tensor:
     """Per-position divergence between the student and the teacher's top-k, fp32.
 
+    The divergence options come either as one `params` object or as the keywords kl_type,
+    mixed_kl_weight, jsd_beta, tail and temperature (those left out take TopkKLParams'
+    defaults: reverse KL, w = beta = 0.5, the tail bucket, temperature 1); giving both is an
+    error.
+
     Args:
         student_logits: [..., V] logits (or the local vocab shard [..., V_local] under tensor
             parallelism), any float dtype; the math is fp32.
         teacher_logprobs: [..., k] the teacher's log-probs at its top-k ids, normalized over
-            its full vocabulary.
+            its full vocabulary (-inf for an id the teacher rules out).
         teacher_indices: [..., k] global vocab ids, distinct within a position.
+        params: the divergence options as one object.
         kl_type: "forward" KL(P||Q), "reverse" KL(Q||P), "mixed" (w * forward + (1 - w) *
             reverse, w = mixed_kl_weight) or "jsd" (beta = jsd_beta).
         tail: "bucket" (the top-k plus one bucket for the rest of the vocabulary) or
@@ -97,15 +106,24 @@ def topk_kl(
         [...] divergence per position, fp32 (fp64 for fp64 logits with the torch
         implementation), differentiable with respect to student_logits.
     """
-    return topk_kl_with_stats(
-        student_logits,
-        teacher_logprobs,
-        teacher_indices,
+    keywords = dict(
         kl_type=kl_type,
         mixed_kl_weight=mixed_kl_weight,
         jsd_beta=jsd_beta,
         tail=tail,
         temperature=temperature,
+    )
+    given = {name: value for name, value in keywords.items() if value is not None}
+    if params is not None and given:
+        raise TypeError(
+            f"topk_kl takes the divergence options either as params= or as keywords, not both "
+            f"(got params and {sorted(given)})"
+        )
+    return topk_kl_with_stats(
+        student_logits,
+        teacher_logprobs,
+        teacher_indices,
+        params=TopkKLParams(**given) if params is None else params,
         vocab_start=vocab_start,
         tp_group=tp_group,
         implementation=implementation,
@@ -118,14 +136,21 @@ def topk_kl_with_stats(
     student_logits: torch.Tensor,
     teacher_logprobs: torch.Tensor,
     teacher_indices: torch.Tensor,
+    *,
+    params: TopkKLParams = DEFAULT_PARAMS,
     **options: Any,
 ) -> tuple[torch.Tensor, TopkKLStats]:
-    """`topk_kl` (same arguments), plus per-position statistics for metrics.
+    """`topk_kl` with the divergence options as `params`, plus per-position statistics.
+
+    `options` are topk_kl's others: vocab_start, tp_group, implementation, inplace_grad,
+    validate.
 
     Returns:
         (divergence [...], TopkKLStats of [...] tensors).
     """
-    div, stats = _topk_kl(student_logits, teacher_logprobs, teacher_indices, None, **options)
+    div, stats = _topk_kl(
+        student_logits, teacher_logprobs, teacher_indices, None, params, **options
+    )
     return div.reshape(student_logits.shape[:-1]), stats
 
 
@@ -134,6 +159,8 @@ def topk_kl_weighted_sum(
     teacher_logprobs: torch.Tensor,
     teacher_indices: torch.Tensor,
     weights: torch.Tensor,
+    *,
+    params: TopkKLParams = DEFAULT_PARAMS,
     **options: Any,
 ) -> tuple[torch.Tensor, TopkKLStats]:
     """sum(weights * topk_kl(...)) as a scalar, plus the per-position statistics.
@@ -142,14 +169,76 @@ def topk_kl_weighted_sum(
     during forward, so backward only multiplies it by the incoming scalar, and with the Triton
     kernel not even that when the scalar is 1 (decided on the device, without a host sync):
     one pass over the [N, V] gradient saved per step. Positions with weight 0 contribute
-    nothing, even where their divergence is not finite. Other arguments as `topk_kl`.
+    nothing, even where their divergence is not finite. `params` and `options` as in
+    `topk_kl_with_stats`.
     """
     if weights.shape != student_logits.shape[:-1]:
         raise ValueError(
             f"weights must have the positions' shape {tuple(student_logits.shape[:-1])}, "
             f"got {tuple(weights.shape)}"
         )
-    return _topk_kl(student_logits, teacher_logprobs, teacher_indices, weights, **options)
+    return _topk_kl(student_logits, teacher_logprobs, teacher_indices, weights, params, **options)
+
+
+def weighted_sum(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """sum(weights * values), a weight of 0 contributing 0 whatever its value (NaN, inf)."""
+    weights = weights.to(values.dtype)
+    return torch.where(weights != 0, values * weights, 0.0).sum()
+
+
+class TopkKLFunction(torch.autograd.Function):
+    """The autograd wrapper of both implementations: the gradient is computed in forward and
+    only scaled in backward.
+
+    forward(logits [N, V], teacher_logprobs [N, k], teacher_indices [N, k], row_weights [N] or
+    None, run, scale_) returns (out, stats [N, 5]). `run(logits, teacher_logprobs,
+    teacher_indices, need_grad=, row_weights=)` is an implementation's forward with its other
+    options bound, returning (divergence [N], stats, gradient [N, V]). out is the divergence,
+    or, with row_weights, the scalar sum(row_weights * divergence), whose gradient `run` folds
+    into the stored one; backward then scales it by the incoming scalar with `scale_(grad,
+    scalar)`, an in-place routine of the implementation (the Triton one skips the pass over
+    the gradient when the scalar is 1).
+    """
+
+    @staticmethod
+    def forward(ctx, logits, teacher_logprobs, teacher_indices, row_weights, run, scale_):
+        div, stats, grad = run(
+            logits, teacher_logprobs, teacher_indices, need_grad=True, row_weights=row_weights
+        )
+        ctx.mark_non_differentiable(stats)
+        ctx.stored_grad = grad
+        ctx.scale_ = scale_
+        if row_weights is None:
+            return div, stats
+        return weighted_sum(div, row_weights), stats
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_stats):
+        grad = ctx.stored_grad
+        if grad is None:
+            raise RuntimeError(
+                "topk_kl's gradient was already consumed: backward through it twice "
+                "(retain_graph=True) is not supported"
+            )
+        ctx.stored_grad = None
+        nones = (None,) * 5
+        if grad_out is None:
+            return None, *nones
+        if grad_out.dim() == 0:
+            return ctx.scale_(grad, grad_out), *nones
+        return grad.mul_(grad_out.unsqueeze(-1)), *nones
+
+
+def _implementation(name: str) -> tuple[Callable[..., Any], Callable[..., torch.Tensor]]:
+    """(forward, in-place scaling by a 0-d tensor) of an implementation; triton is imported
+    only when asked for."""
+    if name == "triton":
+        from nemo_opd.ops.topk_kl_triton import scale_grad_, topk_kl_triton_forward
+
+        return topk_kl_triton_forward, scale_grad_
+    from nemo_opd.losses.topk_kl_torch import topk_kl_torch_forward
+
+    return topk_kl_torch_forward, torch.Tensor.mul_
 
 
 def _topk_kl(
@@ -157,12 +246,8 @@ def _topk_kl(
     teacher_logprobs: torch.Tensor,
     teacher_indices: torch.Tensor,
     weights: torch.Tensor | None,
+    params: TopkKLParams,
     *,
-    kl_type: KLType = "reverse",
-    mixed_kl_weight: float = 0.5,
-    jsd_beta: float = 0.5,
-    tail: Tail = "bucket",
-    temperature: float = 1.0,
     vocab_start: int = 0,
     tp_group: dist.ProcessGroup | None = None,
     implementation: Implementation = "auto",
@@ -171,7 +256,8 @@ def _topk_kl(
 ) -> tuple[torch.Tensor, TopkKLStats]:
     """Checks, flattening and dispatch. Returns (the divergence [N], or the weighted sum when
     weights are given; the statistics shaped like the positions)."""
-    params = TopkKLParams(kl_type, mixed_kl_weight, jsd_beta, tail, temperature)
+    if not isinstance(params, TopkKLParams):
+        raise TypeError(f"params must be a TopkKLParams, got {type(params).__name__}")
     impl = resolve_implementation(implementation, student_logits.device, student_logits.dtype)
     check_topk_kl_inputs(
         student_logits,
@@ -192,24 +278,19 @@ def _topk_kl(
     indices = teacher_indices.reshape(-1, k)
     row_weights = None if weights is None else weights.reshape(-1).to(torch.float32)
 
-    if impl == "triton":
-        from nemo_opd.ops.topk_kl_triton import TopkKLTritonFunction as function
-        from nemo_opd.ops.topk_kl_triton import topk_kl_triton_forward as forward
-    else:
-        from nemo_opd.losses.topk_kl_torch import TopkKLTorchFunction as function
-        from nemo_opd.losses.topk_kl_torch import topk_kl_torch_forward as forward
-
+    forward, scale_ = _implementation(impl)
+    run = functools.partial(
+        forward,
+        params=params,
+        vocab_start=vocab_start,
+        tp_group=tp_group,
+        inplace_grad=inplace_grad,
+    )
     if torch.is_grad_enabled() and student_logits.requires_grad:
-        out, stats = function.apply(
-            logits, logprobs, indices, params, vocab_start, tp_group, inplace_grad, row_weights
-        )
+        out, stats = TopkKLFunction.apply(logits, logprobs, indices, row_weights, run, scale_)
     else:
-        out, stats, _ = forward(
-            logits, logprobs, indices, params, vocab_start=vocab_start, tp_group=tp_group,
-            need_grad=False,
-        )  # fmt: skip
+        out, stats, _ = run(logits, logprobs, indices, need_grad=False)
         if row_weights is not None:
-            row_weights = row_weights.to(out.dtype)
-            out = torch.where(row_weights != 0, out * row_weights, 0.0).sum()
+            out = weighted_sum(out, row_weights)
     columns = (stats[:, i].reshape(lead) for i in range(stats.shape[1]))
     return out, TopkKLStats(*columns)

@@ -25,7 +25,12 @@ import torch
 import torch.distributed as dist
 
 from nemo_opd.distributed.collectives import all_reduce_vocab_stats
-from nemo_opd.losses.divergence import TopkKLParams, logsumexp_log1p, topk_divergence
+from nemo_opd.losses.divergence import (
+    TopkKLParams,
+    logsumexp_log1p,
+    topk_divergence,
+    weigh_gradient_coefficients,
+)
 
 CHUNK_ELEMENTS = 1 << 24
 """Row chunks hold about this many logits (64 MiB per fp32 temporary)."""
@@ -52,7 +57,9 @@ def _stats_pass(logits, local, owned, params, compute_dtype, chunk):
     for lo in range(0, n, chunk):
         hi = min(lo + chunk, n)
         s = logits[lo:hi].to(compute_dtype) / params.temperature
-        m = s.amax(dim=-1)
+        # Finite even where the whole (local) row is -inf, a padded vocabulary shard: there
+        # s - m stays -inf and the sums 0, where -inf - -inf would be NaN.
+        m = s.amax(dim=-1).clamp_min(torch.finfo(compute_dtype).min)
         s_topk[lo:hi] = torch.where(owned[lo:hi], s.gather(1, local[lo:hi]), 0.0)
         e = s.sub_(m.unsqueeze(-1)).exp_()
         sumexp[lo:hi, 0] = e.sum(dim=-1)
@@ -133,7 +140,9 @@ def _grad_pass(logits, grad, local, owned, row_max, log_total, tail_coef, topk_g
         if params.tail == "bucket":
             s = logits[lo:hi].to(compute_dtype) / params.temperature
             s.sub_(row_max[lo:hi].unsqueeze(-1)).sub_(log_total[lo:hi].unsqueeze(-1))
-            g = s.exp_().mul_(tail_coef[lo:hi].unsqueeze(-1))
+            coef = tail_coef[lo:hi].unsqueeze(-1)
+            # A row without gradient (weight 0) writes 0, even where its q is NaN.
+            g = s.exp_().mul_(coef).masked_fill_(coef == 0, 0.0)
         else:
             g = torch.zeros(hi - lo, logits.shape[1], dtype=compute_dtype, device=logits.device)
         rows = torch.arange(hi - lo, device=logits.device).unsqueeze(-1).expand_as(local[lo:hi])
@@ -187,63 +196,9 @@ def topk_kl_torch_forward(
     if not need_grad:
         return div, stats, None
     if row_weights is not None:
-        tail_coef = tail_coef * row_weights
-        topk_grad = topk_grad * row_weights.unsqueeze(-1)
+        tail_coef, topk_grad = weigh_gradient_coefficients(tail_coef, topk_grad, row_weights)
     grad = logits if inplace_grad else torch.empty_like(logits)
     _grad_pass(logits, grad, local, owned, row_max, log_total, tail_coef, topk_grad, params, chunk)
     if inplace_grad:
         torch.autograd.graph.increment_version(logits)
     return div, stats, grad
-
-
-class TopkKLTorchFunction(torch.autograd.Function):
-    """autograd wrapper: the gradient is computed in forward and scaled in backward.
-
-    Same contract as nemo_opd.ops.topk_kl_triton.TopkKLTritonFunction: returns (out, stats),
-    out being the divergence [N], or sum(row_weights * divergence) when row_weights is given.
-    """
-
-    @staticmethod
-    def forward(
-        ctx,
-        logits,
-        teacher_logprobs,
-        teacher_indices,
-        params,
-        vocab_start,
-        tp_group,
-        inplace_grad,
-        row_weights,
-    ):
-        div, stats, grad = topk_kl_torch_forward(
-            logits,
-            teacher_logprobs,
-            teacher_indices,
-            params,
-            vocab_start=vocab_start,
-            tp_group=tp_group,
-            need_grad=True,
-            inplace_grad=inplace_grad,
-            row_weights=row_weights,
-        )
-        ctx.mark_non_differentiable(stats)
-        ctx.stored_grad = grad
-        if row_weights is None:
-            return div, stats
-        weights = row_weights.to(div.dtype)
-        return torch.where(weights != 0, div * weights, 0.0).sum(), stats
-
-    @staticmethod
-    def backward(ctx, grad_out, grad_stats):
-        grad = ctx.stored_grad
-        if grad is None:
-            raise RuntimeError(
-                "topk_kl's gradient was already consumed: backward through it twice "
-                "(retain_graph=True) is not supported"
-            )
-        ctx.stored_grad = None
-        nones = (None,) * 7
-        if grad_out is None:
-            return None, *nones
-        scale = grad_out if grad_out.dim() == 0 else grad_out.unsqueeze(-1)
-        return grad.mul_(scale), *nones

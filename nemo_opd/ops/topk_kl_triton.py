@@ -11,11 +11,13 @@ ones that stream over the vocabulary:
          logits' dtype (optionally over the logits themselves).
 
 Under tensor parallelism the host all-reduces the stats between the first two kernels
-(nemo_opd/distributed/collectives.py); the rest is unchanged. backward only multiplies the
-stored gradient by the incoming gradient: per row for the divergence [N], or, for a weighted
-sum whose weights were folded into the gradient in forward, by a scalar that the scaling
-kernel reads on the device, skipping the pass when it is 1. No [N, V] fp32 tensor is ever
-allocated: the extra memory is O(N * k) plus the gradient buffer (none with inplace_grad).
+(nemo_opd/distributed/collectives.py); the rest is unchanged. The autograd Function shared
+with the torch twin (nemo_opd/losses/topk_kl.py) only multiplies the stored gradient by the
+incoming gradient in backward: per row for the divergence [N], or, for a weighted sum whose
+weights were folded into the gradient in forward, by a scalar that the scaling kernel
+(`scale_grad_`) reads on the device, skipping the pass when it is 1. No [N, V] fp32 tensor
+is ever allocated: the extra memory is O(N * k) plus the gradient buffer (none with
+inplace_grad).
 
 Performance notes for the GPU (not yet measured, see docs/benchmarks.md): the vocab passes
 read the logits in BLOCK_V-wide coalesced chunks (fp32 accumulation, one exp per logit per
@@ -30,12 +32,15 @@ of S and, for tail="bucket", one tail bucket t for every id outside S:
 
     bucket:      l_i = s_i - LSE (i in S),   Q_t = sum_{j not in S} q_j = U / T,
                  l_t = log max(Q_t, eps),    P_t = max(1 - sum_S e^{a_i}, 0),
-                 lp_i = a_i,                 lp_t = log max(P_t, eps)
-    renormalize: l_i = s_i - log sum_S e^{s},  lp_i = a_i - log sum_S e^{a}   (no tail)
+                 lp_i = max(a_i, log eps),   lp_t = log max(P_t, eps)
+    renormalize: l_i = s_i - log sum_S e^{s},  lp_i = max(a_i - log sum_S e^{a}, log eps)
 
-with Q_b = e^{l_b}, P_b = e^{lp_b} (the tail weights Q_t, P_t are the unfloored masses). T and U
-are sum-exps relative to the row max m; U is accumulated over the non-S ids directly (never as
-T minus the S part), so Q_t keeps its relative precision when S holds nearly all the mass.
+with Q_b = e^{l_b} and P_b the unfloored masses (P_i = e^{a_i} or its renormalized value, 0
+for an id the teacher rules out with a_i = -inf; the tail weights Q_t, P_t likewise). The
+student's top-k logs l_i are never floored: the gradient that pulls up an id the teacher wants
+must not vanish below the floor. T and U are sum-exps relative to the row max m; U is
+accumulated over the non-S ids directly (never as T minus the S part), so Q_t keeps its
+relative precision when S holds nearly all the mass.
 
 Gradient. Write the divergence L as a function of the weights Q_b and the logs l_b, and let
 G_b = Q_b dL/dQ_b + [l_b not floored] dL/dl_b. For i in S, d l_i / d s_j = [i = j] - Q_j
@@ -76,9 +81,10 @@ import triton
 import triton.language as tl
 
 from nemo_opd.distributed.collectives import all_reduce_vocab_stats
-from nemo_opd.losses.divergence import EPS, TopkKLParams
+from nemo_opd.losses.divergence import EPS, TopkKLParams, weigh_gradient_coefficients
 
 _INDEX_SENTINEL = tl.constexpr(2**31 - 1)
+_FLOAT32_LOWEST = tl.constexpr(-3.4028234663852886e38)
 _SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -120,7 +126,8 @@ def _topk_kl_stats_kernel(
     BLOCK_K: tl.constexpr,
 ):
     """Pass 1. Per row: m = max_j s_j, T = sum_j e^{s_j - m}, U = sum_{j not in S} e^{s_j - m}
-    over the local shard, and s at the ids of S owned by the shard (0 elsewhere).
+    over the local shard, and s at the ids of S owned by the shard (0 elsewhere). A shard row
+    of -inf only gives m = the lowest finite float and T = U = 0.
 
     idx_ptr holds the row's global ids sorted ascending, so the ids falling in a block of the
     vocab are the next ones in that order: a cursor walks them once per row (k steps in all)
@@ -137,7 +144,10 @@ def _topk_kl_stats_kernel(
     tl.store(s_topk_ptr + row * K + cols, tl.where(owned, z_topk, 0.0), mask=cols < K)
 
     lanes = tl.arange(0, BLOCK_V)
-    m = float("-inf")
+    # The running max starts at the lowest finite value, not -inf: a block (or a whole shard)
+    # of -inf logits, a masked or padded vocabulary, then gives e = 0 and alpha = 1 instead of
+    # exp(-inf - -inf) = NaN, which the tensor-parallel all-reduce would spread to every rank.
+    m = _FLOAT32_LOWEST
     total = 0.0
     tail = 0.0
     cursor = 0
@@ -224,7 +234,7 @@ def _topk_kl_rows_kernel(
     # From here on padding columns hold finite logs (0) and zero masses, so they add nothing.
     if TAIL_BUCKET:
         ell = tl.where(col_ok, (s - m[:, None]) - log_total[:, None], 0.0)
-        log_p = tl.where(col_ok, a, 0.0)
+        teacher_log = a
         q_tail = tail / total
         ell_t = tl.log(tl.maximum(q_tail, eps))
         floored = (q_tail < eps).to(tl.float32)
@@ -233,9 +243,11 @@ def _topk_kl_rows_kernel(
         # Shifted by the top-k's own max, not by m: renormalizing is shift-invariant, and s - m
         # would lose the precision of s when the top-k lies far below the row max.
         ell = tl.where(col_ok, (s - s_max[:, None]) - log_sum_s[:, None], 0.0)
-        log_p = tl.where(col_ok, (a - a_max[:, None]) - log_sum_a[:, None], 0.0)
+        teacher_log = (a - a_max[:, None]) - log_sum_a[:, None]
     q = tl.where(col_ok, tl.exp(ell), 0.0)
-    p = tl.where(col_ok, tl.exp(log_p), 0.0)
+    # The teacher's logs are floored, its weights are not: an id it rules out (-inf) has P = 0.
+    p = tl.where(col_ok, tl.exp(teacher_log), 0.0)
+    log_p = tl.where(col_ok, tl.maximum(teacher_log, tl.log(eps)), 0.0)
 
     fwd = tl.sum(p * (log_p - ell), axis=1)
     rev = tl.sum(q * (ell - log_p), axis=1)
@@ -311,7 +323,8 @@ def _topk_kl_grad_kernel(
         for v0 in range(0, V, BLOCK_V):
             offs = v0 + lanes
             x = tl.load(z_row + offs, mask=offs < V, other=0.0).to(tl.float32) * inv_tau
-            g = tl.exp((x - m) - log_total) * coef
+            # A row without gradient (weight 0) writes 0, even where its q is NaN.
+            g = tl.where(coef != 0.0, tl.exp((x - m) - log_total) * coef, 0.0)
             tl.store(g_row + offs, g.to(g_ptr.dtype.element_ty), mask=offs < V)
     else:
         for v0 in range(0, V, BLOCK_V):
@@ -448,8 +461,7 @@ def topk_kl_triton_forward(
     if not need_grad:
         return div, stats, None
     if row_weights is not None:
-        tail_coef *= row_weights
-        topk_grad *= row_weights.unsqueeze(-1)
+        tail_coef, topk_grad = weigh_gradient_coefficients(tail_coef, topk_grad, row_weights)
 
     grad = logits if inplace_grad else torch.empty_like(logits)
     _topk_kl_grad_kernel[(n,)](
@@ -463,67 +475,12 @@ def topk_kl_triton_forward(
     return div, stats, grad
 
 
-def _scale_rows_(grad: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """grad *= scale (a 0-d device tensor) in place; free when scale == 1."""
+def scale_grad_(grad: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """grad *= scale (a 0-d device tensor) in place; free when scale == 1. The backward of a
+    weighted sum (nemo_opd.losses.topk_kl.TopkKLFunction) calls it."""
     block, num_warps = _vocab_block(grad.shape[1], None)
     scale = scale.detach().reshape(1).to(torch.float32)
     _scale_rows_kernel[(grad.shape[0],)](
         grad, grad.stride(0), scale, grad.shape[1], BLOCK_V=block, num_warps=num_warps
     )
     return grad
-
-
-class TopkKLTritonFunction(torch.autograd.Function):
-    """autograd wrapper: the gradient is computed in forward and scaled in backward.
-
-    forward(logits [N, V], teacher_logprobs [N, k], teacher_indices [N, k], params,
-    vocab_start, tp_group, inplace_grad, row_weights) returns (out, stats [N, 5]): out is the
-    divergence [N] when row_weights is None, else the scalar sum(row_weights * divergence),
-    whose gradient is folded into the stored one in forward, so that backward, given a
-    scalar, skips the pass over the gradient entirely when that scalar is 1.
-    """
-
-    @staticmethod
-    def forward(
-        ctx,
-        logits,
-        teacher_logprobs,
-        teacher_indices,
-        params,
-        vocab_start,
-        tp_group,
-        inplace_grad,
-        row_weights,
-    ):
-        div, stats, grad = topk_kl_triton_forward(
-            logits,
-            teacher_logprobs,
-            teacher_indices,
-            params,
-            vocab_start=vocab_start,
-            tp_group=tp_group,
-            need_grad=True,
-            inplace_grad=inplace_grad,
-            row_weights=row_weights,
-        )
-        ctx.mark_non_differentiable(stats)
-        ctx.stored_grad = grad
-        if row_weights is None:
-            return div, stats
-        return torch.where(row_weights != 0, div * row_weights, 0.0).sum(), stats
-
-    @staticmethod
-    def backward(ctx, grad_out, grad_stats):
-        grad = ctx.stored_grad
-        if grad is None:
-            raise RuntimeError(
-                "topk_kl's gradient was already consumed: backward through it twice "
-                "(retain_graph=True) is not supported"
-            )
-        ctx.stored_grad = None
-        nones = (None,) * 7
-        if grad_out is None:
-            return None, *nones
-        if grad_out.dim() == 0:
-            return _scale_rows_(grad, grad_out), *nones
-        return grad.mul_(grad_out.unsqueeze(-1)), *nones

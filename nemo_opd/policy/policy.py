@@ -4,7 +4,7 @@
     teacher = Policy(cfg.teacher, cfg.cluster, optimizer=False)   # frozen
     values, ids = teacher.get_topk_logits(batch, k)               # [B, S, k] fp32 / int32
     batch["teacher_topk_logprobs"], batch["teacher_topk_indices"] = values, ids
-    metrics = policy.train(batch, DistillationLossFn(cfg.loss_fn))
+    metrics = policy.train(batch, DistillationLossFn.from_config(cfg.loss_fn))
 
 Data are dicts of CPU tensors (see nemo_opd.data.batching). Scoring calls shard rows over
 data-parallel ranks (padding to a multiple of dp) and replicate each shard over the tp and cp

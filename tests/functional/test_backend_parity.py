@@ -22,13 +22,10 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
-from nemo_opd.config import (
-    ClusterConfig,  # noqa: E402
-    PolicyConfig,  # noqa: E402
-)
+from nemo_opd.config import ClusterConfig, PolicyConfig  # noqa: E402
 from nemo_opd.data.chat import ChatFormatter  # noqa: E402
 from nemo_opd.data.message_log import flatten_message_logs  # noqa: E402
-from nemo_opd.losses import DistillationLossFn  # noqa: E402
+from nemo_opd.losses import DistillationLossFn, TopkKLParams  # noqa: E402
 from nemo_opd.policy.policy import Policy  # noqa: E402
 from nemo_opd.tiny.assets import ensure_tiny_assets  # noqa: E402
 from nemo_opd.tiny.recipe import micro_recipe  # noqa: E402
@@ -123,7 +120,7 @@ def student_config(assets, backend: str, tp: int, packing: bool) -> PolicyConfig
 
 def run_backend(cfg: PolicyConfig, batch: dict, probe: dict, name: str) -> dict:
     cluster = ClusterConfig(num_nodes=1, gpus_per_node=2, device="cpu", cpus_per_worker=1)
-    loss_fn = DistillationLossFn(kl_type="mixed", implementation="torch")
+    loss_fn = DistillationLossFn(params=TopkKLParams(kl_type="mixed"), implementation="torch")
     policy = Policy(cfg, cluster, name=name)
     try:
         out = {

@@ -7,7 +7,13 @@ import pytest
 import torch
 from topk_kl_testing import make_case
 
-from nemo_opd.losses import METRIC_NAMES, DistillationLossFn, build_loss_mask, topk_kl
+from nemo_opd.losses import (
+    METRIC_NAMES,
+    DistillationLossFn,
+    TopkKLParams,
+    build_loss_mask,
+    topk_kl,
+)
 
 B, S, V, K = 4, 6, 97, 5
 
@@ -55,7 +61,7 @@ def test_build_loss_mask_alignment():
 
 def test_loss_is_the_masked_sum_over_the_global_count():
     logits, data = make_batch()
-    loss_fn = DistillationLossFn(kl_type="forward", implementation="torch")
+    loss_fn = DistillationLossFn(params=TopkKLParams(kl_type="forward"), implementation="torch")
     loss, metrics, _ = loss_and_grad(loss_fn, logits, data, 1000)
     div = topk_kl(
         logits, data["teacher_topk_logprobs"], data["teacher_topk_indices"], kl_type="forward"
@@ -71,7 +77,7 @@ def test_loss_is_the_masked_sum_over_the_global_count():
 @pytest.mark.parametrize("kl_type", ["reverse", "jsd"])
 def test_microbatches_and_data_parallel_ranks_add_up_to_the_batch(kl_type):
     logits, data = make_batch(seed=1)
-    loss_fn = DistillationLossFn(kl_type=kl_type, tail="bucket", temperature=0.7)
+    loss_fn = DistillationLossFn(params=TopkKLParams(kl_type=kl_type, temperature=0.7))
     n_valid = build_loss_mask(data["token_mask"], data["sample_mask"]).sum()
     loss, metrics, grad = loss_and_grad(loss_fn, logits, data, n_valid)
     # 2 data-parallel ranks x 2 microbatches of one sample each, all normalized by the same
@@ -94,7 +100,7 @@ def test_packed_rows_equal_unpacked_rows():
     lengths = (5, 7)
     logits, logprobs, ids = make_case(sum(lengths), V, K, seed=2)
     token_mask = torch.tensor([0, 0, 1, 1, 1, 0, 0, 0, 1, 1, 1, 1])
-    loss_fn = DistillationLossFn(kl_type="mixed")
+    loss_fn = DistillationLossFn(params=TopkKLParams(kl_type="mixed"))
     packed = {
         "teacher_topk_logprobs": logprobs[None],
         "teacher_topk_indices": ids[None],
@@ -152,7 +158,7 @@ def test_all_masked_batch_gives_zero_without_nans():
 def test_metrics_are_sane():
     logits, data = make_batch(seed=5)
     data["sample_mask"] = torch.ones(B)
-    loss_fn = DistillationLossFn(kl_type="forward", tail="bucket")
+    loss_fn = DistillationLossFn(params=TopkKLParams(kl_type="forward", tail="bucket"))
     n_valid = build_loss_mask(data["token_mask"]).sum()
     loss, metrics, _ = loss_and_grad(loss_fn, logits, data, n_valid)
     assert set(metrics) == set(METRIC_NAMES)
@@ -175,29 +181,38 @@ def test_metrics_are_sane():
     )
 
 
-def test_configuration_from_a_section_an_object_or_keywords():
+def test_configuration_from_a_config_section_or_params():
     from nemo_opd.config import LossConfig
 
-    cfg = LossConfig(kl_type="jsd", jsd_beta=0.3, tail="renormalize", temperature=0.5)
+    fields = dict(kl_type="jsd", jsd_beta=0.3, tail="renormalize", temperature=0.5)
+    cfg = LossConfig(**fields, implementation="torch")
+    expected = TopkKLParams(**fields)
     for loss_fn in (
-        DistillationLossFn(cfg),
-        DistillationLossFn(SimpleNamespace(**cfg.model_dump())),
-        DistillationLossFn.from_kwargs(**cfg.model_dump()),
+        DistillationLossFn.from_config(cfg),
+        DistillationLossFn.from_config(SimpleNamespace(**cfg.model_dump())),
+        DistillationLossFn(params=expected, implementation="torch"),
     ):
-        assert loss_fn.params.kl_type == "jsd" and loss_fn.params.jsd_beta == 0.3
-        assert loss_fn.params.tail == "renormalize" and loss_fn.params.temperature == 0.5
-        assert loss_fn.implementation == "auto"
-    assert DistillationLossFn(cfg, kl_type="forward").params.kl_type == "forward"
-    with pytest.raises(TypeError, match="unknown DistillationLossFn options"):
-        DistillationLossFn(kl_tpye="forward")
+        assert loss_fn.params == expected and loss_fn.implementation == "torch"
+    loss_fn = DistillationLossFn.from_config(cfg, inplace_grad=True, validate_inputs=True)
+    assert loss_fn.inplace_grad and loss_fn.validate_inputs
+    assert DistillationLossFn().params == TopkKLParams()
+    assert DistillationLossFn().implementation == "auto"
+    with pytest.raises(TypeError, match="from_config"):
+        DistillationLossFn(params=cfg)
+    with pytest.raises(TypeError):
+        DistillationLossFn(cfg)  # a config section goes through from_config
+    with pytest.raises(TypeError):
+        DistillationLossFn(kl_type="forward")  # the options travel as one TopkKLParams
+    with pytest.raises(AttributeError, match="has no attribute"):
+        DistillationLossFn.from_config(SimpleNamespace(kl_type="jsd"))
     with pytest.raises(ValueError, match="implementation must be one of"):
         DistillationLossFn(implementation="cuda")
 
 
 def test_temperature_reaches_the_divergence():
     logits, data = make_batch(seed=6)
-    cold = DistillationLossFn(temperature=0.5)(logits, data, 10)[0]
-    warm = DistillationLossFn(temperature=2.0)(logits, data, 10)[0]
+    cold = DistillationLossFn(params=TopkKLParams(temperature=0.5))(logits, data, 10)[0]
+    warm = DistillationLossFn(params=TopkKLParams(temperature=2.0))(logits, data, 10)[0]
     expected = topk_kl(
         logits, data["teacher_topk_logprobs"], data["teacher_topk_indices"], temperature=2.0
     )

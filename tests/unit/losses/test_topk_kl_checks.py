@@ -10,6 +10,7 @@ from nemo_opd.losses import (
     DistillationLossFn,
     TopkKLParams,
     topk_kl,
+    topk_kl_with_stats,
     validate_teacher_topk,
 )
 
@@ -59,14 +60,26 @@ def test_params_defaults_are_valid():
     assert TopkKLParams() == TopkKLParams("reverse", 0.5, 0.5, "bucket", 1.0)
 
 
+def test_options_as_keywords_or_as_params_but_not_both(case):
+    options = dict(kl_type="jsd", jsd_beta=0.3, tail="renormalize", temperature=0.7)
+    by_keywords = topk_kl(*case, **options)
+    by_params = topk_kl(*case, params=TopkKLParams(**options))
+    torch.testing.assert_close(by_params, by_keywords, atol=0, rtol=0)
+    assert not torch.allclose(by_params, topk_kl(*case))
+    with pytest.raises(TypeError, match=r"not both \(got params and \['temperature'\]\)"):
+        topk_kl(*case, params=TopkKLParams(), temperature=2.0)
+    with pytest.raises(TypeError, match="params must be a TopkKLParams"):
+        topk_kl_with_stats(*case, params=options)
+
+
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [
         (lambda a, i: (a, i.index_fill(1, torch.tensor([2]), 50)), r"outside \[0, 50\)"),
         (lambda a, i: (a, i.index_fill(1, torch.tensor([0]), -1)), r"outside \[0, 50\)"),
         (lambda a, i: (a, torch.cat([i[:, :1], i[:, :4]], 1)), "duplicate"),
-        (lambda a, i: (a.index_fill(1, torch.tensor([1]), math.nan), i), "non-finite"),
-        (lambda a, i: (a.index_fill(1, torch.tensor([1]), math.inf), i), "non-finite"),
+        (lambda a, i: (a.index_fill(1, torch.tensor([1]), math.nan), i), r"NaN or \+inf"),
+        (lambda a, i: (a.index_fill(1, torch.tensor([1]), math.inf), i), r"NaN or \+inf"),
         (lambda a, i: (a - a.logsumexp(-1, keepdim=True) + 0.01, i), "summing above 1"),
     ],
 )
@@ -78,6 +91,11 @@ def test_teacher_value_errors(case, mutate, message):
         validate_teacher_topk(bad_a, bad_i, 50)
     with pytest.raises(ValueError, match=message):
         topk_kl(case[0], bad_a, bad_i, validate=True)
+
+
+def test_teacher_may_rule_out_ids_with_minus_inf(case):
+    _, a, i = case
+    validate_teacher_topk(a.index_fill(1, torch.tensor([1, 3]), -math.inf), i, 50)
 
 
 def test_teacher_errors_name_the_first_position_and_respect_the_mask():

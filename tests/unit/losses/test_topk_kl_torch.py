@@ -9,6 +9,8 @@ from topk_kl_testing import (
     TAIL_SWEEP,
     assert_matches_reference,
     brute_force_topk_kl,
+    check_teacher_ruling_out_ids,
+    check_zero_weight_rows_add_nothing,
     make_case,
     run_impl,
     run_reference,
@@ -166,6 +168,12 @@ def test_tail_bucket_precise_when_the_top_k_holds_nearly_all_mass(kl_type):
     torch.testing.assert_close(grad[outside].double(), ref_grad[outside], rtol=1e-3, atol=1e-30)
 
 
+@pytest.mark.parametrize("tail", TAIL_SWEEP)
+@pytest.mark.parametrize("kl_type", KL_SWEEP)
+def test_teacher_ruling_out_ids(kl_type, tail):
+    check_teacher_ruling_out_ids(IMPL, kl_type, tail)
+
+
 def test_top1_agreement_and_student_mass():
     logits, logprobs, ids = make_case(8, 97, 5, seed=10)
     top1 = ids.gather(1, logprobs.argmax(-1, keepdim=True)).squeeze(-1)
@@ -271,16 +279,22 @@ def test_brute_force_reference_is_sane():
 def test_weighted_sum_folds_the_weights_into_the_gradient():
     logits, logprobs, ids = make_case(6, 201, 5, seed=21)
     weights = torch.tensor([0.5, 0.0, 2.0, 1.0, 0.0, 0.25])
+    jsd = TopkKLParams(kl_type="jsd")
     div, _, grad = run_impl(IMPL, logits, logprobs, ids, weights, kl_type="jsd")
     for scale in (1.0, 3.0):  # 1.0: the Triton backward skips its pass over the gradient
         z = logits.clone().requires_grad_()
-        total, stats = topk_kl_weighted_sum(z, logprobs, ids, weights, kl_type="jsd",
+        total, stats = topk_kl_weighted_sum(z, logprobs, ids, weights, params=jsd,
                                             implementation=IMPL)  # fmt: skip
         (scale * total).backward()
         torch.testing.assert_close(total, (div * weights).sum())
         torch.testing.assert_close(z.grad, scale * grad)
         assert stats.forward_kl.shape == (6,)
     with torch.no_grad():
-        total, _ = topk_kl_weighted_sum(logits, logprobs, ids, weights, kl_type="jsd",
+        total, _ = topk_kl_weighted_sum(logits, logprobs, ids, weights, params=jsd,
                                         implementation=IMPL)  # fmt: skip
     torch.testing.assert_close(total, (div * weights).sum())
+
+
+@pytest.mark.parametrize("tail", TAIL_SWEEP)
+def test_weighted_sum_rows_of_weight_zero_add_nothing(tail):
+    check_zero_weight_rows_add_nothing(IMPL, tail)

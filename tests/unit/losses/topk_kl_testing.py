@@ -5,11 +5,12 @@ by masking the vocabulary, and every divergence from its textbook definition; au
 its gradients. (tests/unit/ops imports this module too.)
 """
 
+import dataclasses
 import math
 
 import torch
 
-from nemo_opd.losses import topk_kl_with_stats
+from nemo_opd.losses import TopkKLParams, topk_kl_weighted_sum, topk_kl_with_stats
 
 EPS = 1e-12
 
@@ -42,12 +43,14 @@ def brute_force_topk_kl(
         q_tail = log_q_full.exp().masked_fill(in_topk, 0.0).sum(-1)
         p = torch.cat([a.exp(), teacher_tail[:, None]], dim=-1)
         q = torch.cat([log_q_full.gather(1, ids).exp(), q_tail[:, None]], dim=-1)
-        log_p = torch.cat([a, teacher_tail.clamp_min(EPS).log()[:, None]], dim=-1)
         log_q = torch.cat([log_q_full.gather(1, ids), q_tail.clamp_min(EPS).log()[:, None]], -1)
     else:
-        log_p = torch.log_softmax(a, dim=-1)
+        p = torch.softmax(a, dim=-1)
         log_q = torch.log_softmax(z.gather(1, ids), dim=-1)
-        p, q = log_p.exp(), log_q.exp()
+        q = log_q.exp()
+    # Every teacher bucket's log is floored (an id the teacher rules out has P = 0); the
+    # student's top-k logs are not, and neither are the weights P and Q.
+    log_p = p.clamp_min(EPS).log()
 
     forward_kl = torch.where(p > 0, p * (log_p - log_q), 0.0).sum(-1)
     reverse_kl = torch.where(q > 0, q * (log_q - log_p), 0.0).sum(-1)
@@ -121,10 +124,23 @@ def make_case(
     return logits, teacher.gather(1, ids).to(teacher_dtype), ids
 
 
+PARAM_NAMES = tuple(field.name for field in dataclasses.fields(TopkKLParams))
+
+
+def split_params(options: dict) -> tuple[TopkKLParams, dict]:
+    """(TopkKLParams from the divergence keywords in `options`, the other options)."""
+    params = TopkKLParams(**{k: v for k, v in options.items() if k in PARAM_NAMES})
+    return params, {k: v for k, v in options.items() if k not in PARAM_NAMES}
+
+
 def run_impl(implementation, logits, logprobs, ids, grad_out=None, **options):
-    """(divergence, stats, d(sum(grad_out * divergence))/d(logits)) from the package."""
+    """(divergence, stats, d(sum(grad_out * divergence))/d(logits)) from the package.
+    `options`: the brute force's divergence keywords and topk_kl's other options."""
+    params, others = split_params(options)
     z = logits.detach().clone().requires_grad_()
-    div, stats = topk_kl_with_stats(z, logprobs, ids, implementation=implementation, **options)
+    div, stats = topk_kl_with_stats(
+        z, logprobs, ids, params=params, implementation=implementation, **others
+    )
     weights = torch.ones_like(div) if grad_out is None else grad_out
     (div * weights).sum().backward()
     return div.detach(), stats, z.grad
@@ -152,3 +168,52 @@ def assert_matches_reference(implementation, logits, logprobs, ids, grad_out=Non
     assert grad.dtype == logits.dtype
     close(grad.double(), ref_grad, atol=grad_atol, rtol=grad_rtol)
     return div, stats, grad
+
+
+def check_teacher_ruling_out_ids(implementation, kl_type, tail, device="cpu"):
+    """Teacher log-probs of -inf inside the top-k (row 0 one id, row 1 its top-1, row 2 all but
+    one) or finite but below log(eps) (row 3) give the brute force's finite divergence and
+    gradient: the teacher's bucket logs are floored at log(eps), its weights P are not."""
+    logits, logprobs, ids = (t.to(device) for t in make_case(5, 301, 7, seed=22))
+    logprobs[0, 1] = -math.inf
+    logprobs[1, logprobs[1].argmax()] = -math.inf
+    logprobs[2, 1:] = -math.inf
+    logprobs[3, 0], logprobs[3, 2] = -math.inf, -40.0
+    grad_out = torch.linspace(-1.0, 2.0, 5, device=device)
+    div, _, grad = assert_matches_reference(
+        implementation, logits, logprobs, ids, grad_out, kl_type=kl_type, tail=tail,
+        temperature=0.8,
+    )  # fmt: skip
+    assert torch.isfinite(div).all() and torch.isfinite(grad).all()
+    if kl_type == "reverse":  # the student's log at a ruled-out id is not floored: pushed down
+        assert grad[0, ids[0, 1]] * grad_out[0] > 0
+
+
+def check_zero_weight_rows_add_nothing(implementation, tail, device="cpu"):
+    """topk_kl_weighted_sum: rows of weight 0 add nothing to the sum or to the gradient, even
+    where their divergence is not finite: NaN teacher log-probs (row 1), a NaN logit (row 3),
+    logits all -inf (row 4), a +inf logit (row 6). The rows of weight != 0 get the brute
+    force's weighted gradient, whatever scalar backward brings."""
+    logits, logprobs, ids = (t.to(device) for t in make_case(7, 201, 5, seed=24))
+    logprobs[1, 2] = math.nan
+    logits[3, 7], logits[4], logits[6, 11] = math.nan, -math.inf, math.inf
+    weights = torch.tensor([0.5, 0.0, 2.0, 0.0, 0.0, 1.0, 0.0], device=device)
+    live = weights != 0
+    div_atol, div_rtol, grad_atol, grad_rtol = TOLERANCES[logits.dtype]
+    for kl_type in ("forward", "reverse", "mixed", "jsd"):
+        params = TopkKLParams(kl_type=kl_type, tail=tail)
+        ref, ref_grad = run_reference(
+            logits[live], logprobs[live], ids[live], weights[live], kl_type=kl_type, tail=tail
+        )
+        expected = (ref["divergence"] * weights[live].double()).sum()
+        for scale in (1.0, 3.0):  # 1.0: the Triton backward skips its pass over the gradient
+            z = logits.clone().requires_grad_()
+            total, _ = topk_kl_weighted_sum(
+                z, logprobs, ids, weights, params=params, implementation=implementation
+            )
+            (scale * total).backward()
+            torch.testing.assert_close(total.double(), expected, atol=div_atol, rtol=div_rtol)
+            assert z.grad[~live].eq(0).all(), f"{kl_type}: a row of weight 0 has a gradient"
+            torch.testing.assert_close(
+                z.grad[live].double(), scale * ref_grad, atol=grad_atol, rtol=grad_rtol
+            )

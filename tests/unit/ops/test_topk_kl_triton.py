@@ -7,6 +7,7 @@ transformers), so then these tests run in a fresh interpreter instead: the test
 result. Running this file directly with TRITON_INTERPRET=1 exported runs everything in-process.
 """
 
+import math
 import os
 import subprocess
 import sys
@@ -18,12 +19,14 @@ from topk_kl_testing import (
     TAIL_SWEEP,
     TOLERANCES,
     assert_matches_reference,
+    check_teacher_ruling_out_ids,
+    check_zero_weight_rows_add_nothing,
     make_case,
     run_impl,
     run_reference,
 )
 
-from nemo_opd.losses import DistillationLossFn, TopkKLParams, topk_kl_weighted_sum
+from nemo_opd.losses import DistillationLossFn, TopkKLParams, topk_kl, topk_kl_weighted_sum
 from nemo_opd.losses.topk_kl_torch import topk_kl_torch_forward
 from nemo_opd.ops import topk_kl_triton as ops
 
@@ -141,6 +144,13 @@ def test_student_tail_below_the_floor(kl_type):
 
 
 @needs_kernel
+@pytest.mark.parametrize("tail", TAIL_SWEEP)
+@pytest.mark.parametrize("kl_type", KL_SWEEP)
+def test_teacher_ruling_out_ids(kl_type, tail):
+    check_teacher_ruling_out_ids(IMPL, kl_type, tail, DEVICE)
+
+
+@needs_kernel
 @pytest.mark.parametrize("kl_type", KL_SWEEP)
 def test_tail_bucket_precise_when_the_top_k_holds_nearly_all_mass(kl_type):
     logits, logprobs, ids = _case(4, 401, 8, seed=9, scale=1.0)
@@ -179,15 +189,39 @@ def test_many_vocab_blocks_match_torch(block_v, tail):
 
 
 @needs_kernel
+@pytest.mark.parametrize("block_v", [16, 64])
+@pytest.mark.parametrize("tail", TAIL_SWEEP)
+def test_logits_at_minus_inf(tail, block_v, monkeypatch):
+    """A masked or padded vocabulary: the first vocab blocks of row 0 hold only -inf, row 1 is
+    -inf outside one window, row 2 at every third id. The online max must not form
+    exp(-inf - -inf); the result is the brute force's, with a zero gradient at -inf."""
+    monkeypatch.setattr(ops, "_vocab_block", lambda vocab, block: (block_v, 4))
+    logits, logprobs, ids = _case(5, 301, 7, seed=23)
+    ids[0] = torch.tensor([170, 199, 230, 250, 260, 281, 300])
+    logits[0, :160] = -math.inf
+    ids[1] = torch.arange(130, 137)
+    logits[1, :120], logits[1, 180:] = -math.inf, -math.inf
+    every_third = torch.zeros(301, dtype=torch.bool, device=DEVICE)
+    every_third[::3] = True
+    every_third[ids[2]] = False
+    logits[2, every_third] = -math.inf
+    for kl_type in KL_SWEEP:
+        div, _, grad = assert_matches_reference(
+            IMPL, logits, logprobs, ids, kl_type=kl_type, tail=tail, temperature=0.9
+        )
+        assert torch.isfinite(div).all() and torch.isfinite(grad).all()
+        assert grad[logits == -math.inf].eq(0).all()
+
+
+@needs_kernel
 def test_inplace_grad_and_no_grad():
     logits, logprobs, ids = _case(4, 301, 6, seed=15)
     weights = torch.arange(4.0, device=DEVICE)
     expected = run_impl(IMPL, logits, logprobs, ids, weights, kl_type="mixed")
     leaf = logits.clone().requires_grad_()
     z = leaf * 1.0
-    div = ops.TopkKLTritonFunction.apply(
-        z, logprobs, ids, TopkKLParams(kl_type="mixed"), 0, None, True, None
-    )[0]
+    mixed = TopkKLParams(kl_type="mixed")
+    div = topk_kl(z, logprobs, ids, params=mixed, implementation=IMPL, inplace_grad=True)
     torch.testing.assert_close(div, expected[0])
     (div * weights).sum().backward()
     torch.testing.assert_close(leaf.grad, expected[2])
@@ -220,7 +254,9 @@ def test_distillation_loss_with_the_kernel_equals_torch():
     results = []
     for implementation in ("triton", "torch"):
         z = logits.view(2, 3, 211).clone().requires_grad_()
-        loss_fn = DistillationLossFn(kl_type="jsd", implementation=implementation)
+        loss_fn = DistillationLossFn(
+            params=TopkKLParams(kl_type="jsd"), implementation=implementation
+        )
         loss, metrics = loss_fn(z, data, global_valid_toks=5)
         loss.backward()
         results.append((loss, metrics, z.grad))
@@ -254,16 +290,23 @@ def test_gpu_realistic_shape_matches_torch(tail):
 def test_weighted_sum_folds_the_weights_into_the_gradient():
     logits, logprobs, ids = _case(6, 201, 5, seed=21)
     weights = torch.tensor([0.5, 0.0, 2.0, 1.0, 0.0, 0.25], device=DEVICE)
+    jsd = TopkKLParams(kl_type="jsd")
     div, _, grad = run_impl(IMPL, logits, logprobs, ids, weights, kl_type="jsd")
     for scale in (1.0, 3.0):  # 1.0: the Triton backward skips its pass over the gradient
         z = logits.clone().requires_grad_()
-        total, stats = topk_kl_weighted_sum(z, logprobs, ids, weights, kl_type="jsd",
+        total, stats = topk_kl_weighted_sum(z, logprobs, ids, weights, params=jsd,
                                             implementation=IMPL)  # fmt: skip
         (scale * total).backward()
         torch.testing.assert_close(total, (div * weights).sum())
         torch.testing.assert_close(z.grad, scale * grad)
         assert stats.forward_kl.shape == (6,)
     with torch.no_grad():
-        total, _ = topk_kl_weighted_sum(logits, logprobs, ids, weights, kl_type="jsd",
+        total, _ = topk_kl_weighted_sum(logits, logprobs, ids, weights, params=jsd,
                                         implementation=IMPL)  # fmt: skip
     torch.testing.assert_close(total, (div * weights).sum())
+
+
+@needs_kernel
+@pytest.mark.parametrize("tail", TAIL_SWEEP)
+def test_weighted_sum_rows_of_weight_zero_add_nothing(tail):
+    check_zero_weight_rows_add_nothing(IMPL, tail, DEVICE)

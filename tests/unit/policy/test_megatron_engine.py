@@ -72,7 +72,7 @@ def test_checkpoint_loads_in_transformers_and_resumes_in_another_layout(
     and a world-size-1 DTensor engine resume with the same loss, gradient norm and lr as the
     tp=2 engine that kept going (the optimizer state is stored unsharded under HF names)."""
     first, second = make_batch(4, k=K, seed=11), make_batch(4, k=K, seed=12)
-    loss_fn = DistillationLossFn(kl_type="reverse", implementation="torch")
+    loss_fn = DistillationLossFn(implementation="torch")  # reverse KL, the default
     checkpoint = tmp_path / "step_1"
 
     cfg = megatron_config(model_dirs["untied"], megatron_cfg__tensor_model_parallel_size=2)

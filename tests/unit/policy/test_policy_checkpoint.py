@@ -26,7 +26,7 @@ K = 5
 def test_save_loads_in_transformers_and_resume_is_exact(model_dirs, ray_session, tmp_path):
     cfg = policy_config(model_dirs["tied"], dtensor_cfg__tensor_parallel_size=2)
     first, second = make_batch(4, k=K, seed=11), make_batch(4, k=K, seed=12)
-    loss_fn = DistillationLossFn(kl_type="reverse", implementation="torch")
+    loss_fn = DistillationLossFn(implementation="torch")  # reverse KL, the default
     checkpoint = tmp_path / "step_1"
 
     policy = Policy(cfg, cpu_cluster(2))

@@ -15,7 +15,7 @@ from references import (
     reference_train,
 )
 
-from nemo_opd.losses import DistillationLossFn, build_loss_mask
+from nemo_opd.losses import DistillationLossFn, TopkKLParams, build_loss_mask
 from nemo_opd.policy.policy import Policy
 
 K = 4
@@ -89,7 +89,7 @@ def check_layout_against_reference(cfg, model_dir: str, workers: int, layout: st
     norm of two AdamW steps and the parameters after them (the Megatron tests use it too)."""
     batch = make_batch(8, k=K, seed=3)
     batch["sample_mask"][5] = 0.0
-    loss_fn = DistillationLossFn(kl_type="mixed", implementation="torch")
+    loss_fn = DistillationLossFn(params=TopkKLParams(kl_type="mixed"), implementation="torch")
     policy = Policy(cfg, cpu_cluster(workers), name=layout)
     try:
         logprobs = policy.get_logprobs(batch)
