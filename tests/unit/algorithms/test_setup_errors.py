@@ -171,3 +171,19 @@ def test_prompt_file_that_is_not_utf8(assets, tmp_path, capsys):
     assert f"error: data.prompt_file: could not read {prompt}: line 1 is not UTF-8 text" in (
         capsys.readouterr().err
     )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="needs setup() to call nemo_opd.algorithms.prompts.check_fills_one_batch",
+)
+def test_fewer_prompts_than_one_batch(assets, tmp_path, capsys):
+    long_prompt = json.dumps({"prompt": "What is 2 + 3? " * 20, "answer": 5})
+    lines = [GOOD_ROW] * 5 + [long_prompt] * 2
+    overrides = _data_files(tmp_path, lines)
+    assert run(assets, tmp_path, *overrides, "data.max_input_seq_length=40") == 2
+    assert (
+        "error: distillation.num_prompts_per_step is 32 but there are only 5 usable train prompts "
+        "(2 skipped as longer than 40 tokens): lower distillation.num_prompts_per_step to at "
+        "most 5, add prompts, or raise data.max_input_seq_length"
+    ) in capsys.readouterr().err
