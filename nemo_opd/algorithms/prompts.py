@@ -37,6 +37,21 @@ def encode_prompts(
     return PromptSet(samples, skipped)
 
 
+def check_fills_one_batch(train: PromptSet, batch_size: int, max_tokens: int) -> None:
+    """Raise SetupError when the usable train prompts (those not skipped as longer than
+    max_tokens) cannot fill one step's batch of batch_size prompts."""
+    usable = len(train.samples)
+    if usable >= batch_size:
+        return
+    problem = f"there are only {usable} usable train prompts"
+    lower = f"lower distillation.num_prompts_per_step to at most {usable}"
+    fixes = f"{lower} or add prompts"
+    if train.skipped:
+        problem += f" ({train.skipped} skipped as longer than {max_tokens} tokens)"
+        fixes = f"{lower}, add prompts, or raise data.max_input_seq_length"
+    raise SetupError(f"distillation.num_prompts_per_step is {batch_size} but {problem}: {fixes}")
+
+
 def repeat_samples(samples: list[dict], times: int) -> tuple[list, list]:
     """Message logs and metadata with every sample repeated `times` times in a row
     (num_generations_per_prompt rollouts of each prompt)."""

@@ -11,11 +11,10 @@ expects the end-of-turn text (e.g. "<|im_end|>\\n") that the model wrote only pa
 rest is prepended to the new message.
 """
 
-from pathlib import Path
-
 from transformers import PreTrainedTokenizerBase
 
 from nemo_opd.data.message_log import Message
+from nemo_opd.data.user_files import read_user_file, read_utf8
 from nemo_opd.errors import SetupError
 
 
@@ -119,10 +118,8 @@ def _check_prompt_template(template: str) -> None:
 
 
 def read_text_file(path: str | None, key: str) -> str | None:
-    """The contents of a prompt file, or None when no path is configured."""
+    """The contents of a UTF-8 prompt file (named by config key `key`), or None when no path is
+    configured. Raises SetupError for a missing file or one that is not UTF-8."""
     if path is None:
         return None
-    file = Path(path)
-    if not file.is_file():
-        raise SetupError(f"{key}: file not found: {file.resolve()}")
-    return file.read_text(encoding="utf-8").strip("\n")
+    return read_user_file(path, key, read_utf8).strip("\n")

@@ -1,15 +1,20 @@
 """Prompt datasets: the embedded tiny_math task, local jsonl/json/parquet files, or a hub dataset
 through `datasets`, returned as records {"prompt": str, "answer": str}."""
 
+import io
 import json
 from collections.abc import Iterable
+from numbers import Number
 from pathlib import Path
 from typing import Literal
 
 from nemo_opd.config import DataConfig
+from nemo_opd.data.user_files import read_user_file, read_utf8
 from nemo_opd.errors import SetupError
 
 Split = Literal["train", "validation"]
+Rows = Iterable[tuple[str, object]]
+"""Rows with where each is in its source ("line 42" of a JSONL file, "item 3", "row 7")."""
 VALIDATION_SPLITS = ("validation", "test")
 
 
@@ -24,7 +29,7 @@ def load_prompt_records(cfg: DataConfig, split: Split) -> list[dict]:
     return records
 
 
-def _load_rows(cfg: DataConfig, split: Split) -> tuple[Iterable[dict], str]:
+def _load_rows(cfg: DataConfig, split: Split) -> tuple[Rows, str]:
     """Rows of the configured source for the split, and a description of that source."""
     path = cfg.train_path if split == "train" else cfg.val_path
     if path is not None:
@@ -34,57 +39,75 @@ def _load_rows(cfg: DataConfig, split: Split) -> tuple[Iterable[dict], str]:
     if name == "tiny_math":
         from nemo_opd.tiny.task import load_tiny_math
 
-        return load_tiny_math(split), f"tiny_math ({split})"
+        return _numbered_rows(load_tiny_math(split)), f"tiny_math ({split})"
     if name is None:
         path_key = "train_path" if split == "train" else "val_path"
         raise SetupError(f"no {split} data: set data.dataset_name or data.{path_key}")
     return _load_hub(name, split, cfg.val_split), f"dataset {name!r} ({split})"
 
 
-def _load_local(path: str, key: str) -> list[dict]:
+def _load_local(path: str, key: str) -> Rows:
     """Rows of a local .jsonl/.json/.parquet file (read directly: no dataset cache)."""
-    file = Path(path)
-    if not file.is_file():
-        raise SetupError(f"{key}: file not found: {file.resolve()}")
-    reader = LOCAL_READERS.get(file.suffix.lower())
+    reader = LOCAL_READERS.get(Path(path).suffix.lower())
     if reader is None:
         raise SetupError(
-            f"{key}: {file.name} has an unsupported extension; use one of "
+            f"{key}: {Path(path).name} has an unsupported extension; use one of "
             f"{', '.join(LOCAL_READERS)}"
         )
-    try:
-        return reader(file)
-    except Exception as error:  # noqa: BLE001 - any parse failure is the user's file
-        raise SetupError(f"{key}: could not read {file}: {error}") from error
+    return read_user_file(path, key, reader)
 
 
-def _read_jsonl(file: Path) -> list[dict]:
-    with open(file, encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
+def _read_jsonl(file: Path) -> Rows:
+    return _jsonl_rows(read_utf8(file))
 
 
-def _read_json(file: Path) -> list[dict]:
-    """A JSON list of rows, or JSON lines saved with a .json name."""
-    text = file.read_text(encoding="utf-8")
-    try:
-        rows = json.loads(text)
-    except json.JSONDecodeError:
-        return _read_jsonl(file)
-    if not isinstance(rows, list):
-        raise ValueError("expected a list of objects")
+def _jsonl_rows(text: str) -> Rows:
+    """One row per non-blank line, numbered by the file's 1-based line."""
+    rows = []
+    # Lines end at \n, \r\n or \r only (not str.splitlines' U+2028 and kin, valid in JSON);
+    # the newline is cut so that json's column is the column in the file.
+    for number, line in enumerate(io.StringIO(text, newline=None), start=1):
+        if line.strip():
+            try:
+                rows.append((f"line {number}", json.loads(line.rstrip("\n"))))
+            except json.JSONDecodeError as error:
+                raise ValueError(
+                    f"line {number} is not valid JSON ({error.msg} at column {error.colno}); "
+                    "each line must hold one JSON object"
+                ) from None
     return rows
 
 
-def _read_parquet(file: Path) -> list[dict]:
+_JSON_SHAPES = "a .json file must hold a list of objects, or one object per line"
+
+
+def _read_json(file: Path) -> Rows:
+    """A JSON list of rows, or JSON lines saved with a .json name."""
+    text = read_utf8(file)
+    try:
+        rows = json.loads(text)
+    except json.JSONDecodeError as error:
+        if not text.lstrip().startswith("["):
+            return _jsonl_rows(text)
+        raise ValueError(
+            f"line {error.lineno} is not valid JSON ({error.msg} at column {error.colno}); "
+            f"{_JSON_SHAPES}"
+        ) from None
+    if not isinstance(rows, list):
+        raise ValueError(f"found {_kind(rows)}; {_JSON_SHAPES}")
+    return [(f"item {number}", row) for number, row in enumerate(rows, start=1)]
+
+
+def _read_parquet(file: Path) -> Rows:
     import pyarrow.parquet as pq
 
-    return pq.read_table(file).to_pylist()
+    return _numbered_rows(pq.read_table(file).to_pylist())
 
 
 LOCAL_READERS = {".jsonl": _read_jsonl, ".json": _read_json, ".parquet": _read_parquet}
 
 
-def _load_hub(name: str, split: Split, val_split: str | None) -> Iterable[dict]:
+def _load_hub(name: str, split: Split, val_split: str | None) -> Rows:
     """Rows of a hub dataset (or a local dataset directory); validation tries val_split, else
     "validation" then "test"."""
     import datasets
@@ -102,24 +125,56 @@ def _load_hub(name: str, split: Split, val_split: str | None) -> Iterable[dict]:
         ) from error
     for candidate in candidates:
         if candidate in available:
-            return datasets.load_dataset(name, split=candidate)
+            return _numbered_rows(datasets.load_dataset(name, split=candidate))
     raise SetupError(
         f"dataset {name!r} has no split {' or '.join(map(repr, candidates))} "
         f"(it has {', '.join(available)}); set data.val_split"
     )
 
 
-def _select_columns(rows: Iterable[dict], prompt_key: str, answer_key: str, where: str) -> list:
-    """[{"prompt", "answer"}] from each row; a missing column is named with those present."""
-    columns = getattr(rows, "column_names", None)
+def _numbered_rows(rows: Iterable[object]) -> Rows:
+    return ((f"row {number}", row) for number, row in enumerate(rows, start=1))
+
+
+def _select_columns(rows: Rows, prompt_key: str, answer_key: str, where: str) -> list[dict]:
+    """[{"prompt", "answer"}] from each row, both as text. A row that is not an object, or whose
+    prompt or answer is missing, null or neither text nor a number, is refused."""
+    keys = {"prompt": (prompt_key, "data.prompt_key"), "answer": (answer_key, "data.answer_key")}
     records = []
-    for index, row in enumerate(rows):
-        for field, key in (("prompt_key", prompt_key), ("answer_key", answer_key)):
+    for position, row in rows:
+        if not isinstance(row, dict):
+            raise SetupError(
+                f"{where}: {position} is {_kind(row)}, not an object: every row must be an "
+                f"object holding the fields {prompt_key!r} (data.prompt_key) and {answer_key!r} "
+                "(data.answer_key)"
+            )
+        record = {}
+        for name, (key, config_key) in keys.items():
             if key not in row:
-                present = columns or sorted(row)
                 raise SetupError(
-                    f"{where}: row {index} has no column {key!r} (data.{field}); columns: "
-                    f"{', '.join(present)}"
+                    f"{where}: {position} has no column {key!r} ({config_key}); columns: "
+                    f"{', '.join(sorted(row))}. Set {config_key} or fix the row"
                 )
-        records.append({"prompt": str(row[prompt_key]), "answer": str(row[answer_key])})
+            value = row[key]
+            if not isinstance(value, str | Number):
+                raise SetupError(
+                    f"{where}: {position}: {key!r} ({config_key}) is {_kind(value)}; the {name} "
+                    "must be text or a number: fix or remove the row"
+                )
+            record[name] = str(value)
+        records.append(record)
     return records
+
+
+def _kind(value: object) -> str:
+    """What a value read from a dataset is, in words ("a list", "null")."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, Number):
+        return f"a number ({value})"
+    kinds = {dict: "an object", list: "a list", str: "a string"}
+    return next(
+        (k for t, k in kinds.items() if isinstance(value, t)), f"a {type(value).__name__} value"
+    )

@@ -1,11 +1,12 @@
 """Math answer verification: pull the final answer out of a model response and compare it with a
 reference answer. Pure functions, no Ray, no sympy, no eval.
 
-Model output is untrusted, so every step is bounded: answers longer than a limit, nesting deeper
-than _MAX_DEPTH, literals with more than _MAX_DIGITS digits, and arithmetic whose result would
-exceed _MAX_BITS bits are refused (counted as wrong) instead of computed; only identical
-normalized text, which costs nothing to compare, still matches. Numbers are compared exactly with
-fractions.Fraction.
+Model output is untrusted, so every step is bounded: answers longer than max_answer_chars (in
+every form, found by reading at most a few characters past that limit, before any cleaning or
+parsing), nesting deeper than _MAX_DEPTH, literals with more than _MAX_DIGITS digits, and
+arithmetic whose result would exceed _MAX_BITS bits are refused (counted as wrong) instead of
+computed; only identical normalized text, which costs nothing to compare, still matches. Numbers
+are compared exactly with fractions.Fraction.
 
 Decisions worth knowing:
 - A percent sign is dropped: "50\\%" equals "50" (not "0.5"); references and models disagree on
@@ -49,7 +50,8 @@ class _Refused(Exception):
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
 _BRACE_RE = re.compile(r"\\[{}]|[{}]")  # escaped braces first, so "\{" is skipped
 _ANSWER_RE = re.compile(r"(?i)\banswer\b\**\s*(?:is\b|:)")
-_EQUALS_END_RE = re.compile(r"=\s*([^=]+?)\s*$")
+_SPACES_RE = re.compile(r"[ \t]*")
+_TOKEN_RE = re.compile(r"[^\s$]+")
 _NUMBER_RE = re.compile(
     r"(?:(?<![\w)}\]])-)?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?(?:/\d+)?|(?<![\w.])\.\d+"
 )
@@ -63,34 +65,34 @@ def extract_answer(text: str, max_chars: int | None = None) -> str | None:
     The content of the last \\boxed{...} / \\fbox{...} (balanced braces, nesting allowed) or
     "\\boxed 5" space form; without any box, the last "answer is X" / "answer: X", else "= X"
     ending the last line, else the last number. The result is lightly cleaned ($, trailing
-    period, \\text{} wrappers, thousands separators). With max_chars, a boxed content longer
-    than that is not scanned to its end and gives None.
+    period, \\text{} wrappers, thousands separators). With max_chars, an answer longer than that
+    (before cleaning), in any form, gives None: it is found by reading at most a few characters
+    more than max_chars past its start, and nothing longer is cleaned or parsed.
     """
     if not isinstance(text, str):
         return None
+    cap = len(text) if max_chars is None else max_chars
     box_at = max(text.rfind(cmd) for cmd in _BOX_COMMANDS)
     if box_at >= 0:
-        raw = _boxed_content(text, box_at, max_chars)
+        raw = _boxed_content(text, box_at, cap)
     else:
-        raw = _plain_answer(text[-_TAIL_CHARS:])
-    if raw is None:
+        raw = _plain_answer(text[-_TAIL_CHARS:], cap)
+    if raw is None or len(raw) > cap:
         return None
     cleaned = clean_answer(raw)
     return cleaned or None
 
 
-def _boxed_content(text: str, start: int, max_chars: int | None) -> str | None:
-    """The argument of the box command at start, or None if it is malformed or too long."""
-    cmd = next(c for c in _BOX_COMMANDS if text.startswith(c, start))
-    pos = start + len(cmd)
-    j = pos
-    while j < len(text) and text[j] in " \t":
-        j += 1
-    if j < len(text) and text[j] == "{":
+def _boxed_content(text: str, start: int, cap: int) -> str | None:
+    """The argument of the box command at start, or None if it is malformed or longer than cap
+    characters. Reads at most cap characters of spaces after the command and cap + 2 after
+    them."""
+    pos = start + next(len(c) for c in _BOX_COMMANDS if text.startswith(c, start))
+    j = _SPACES_RE.match(text, pos, pos + cap).end()
+    end = j + cap + 2  # "{", at most cap characters, "}"
+    if text.startswith("{", j):
         depth = 0
-        for m in _BRACE_RE.finditer(text, j):
-            if max_chars is not None and m.start() - j > max_chars + 1:
-                return None  # longer than any acceptable answer: stop scanning
+        for m in _BRACE_RE.finditer(text, j, end):
             tok = m.group()
             if tok == "{":
                 depth += 1
@@ -98,26 +100,30 @@ def _boxed_content(text: str, start: int, max_chars: int | None) -> str | None:
                 depth -= 1
                 if depth == 0:
                     return text[j + 1 : m.start()]
-        return None  # unbalanced (e.g. a truncated response)
+        return None  # unbalanced (e.g. a truncated response) or longer than cap
     if j > pos:  # "\boxed 5": one token after the space
-        m = re.compile(r"[^\s$]+").match(text, j)
+        m = _TOKEN_RE.match(text, j, end)
         return m.group() if m else None
     return None  # "\boxedx" or "\boxed" at the very end
 
 
-def _plain_answer(tail: str) -> str | None:
-    """An unboxed final answer from the end of a response (see extract_answer)."""
+def _plain_answer(tail: str, cap: int) -> str | None:
+    """An unboxed final answer from the end of a response (see extract_answer); an answer is
+    cut to a few characters past cap before it is looked at further."""
     matches = list(_ANSWER_RE.finditer(tail))
     if matches:
-        rest = tail[matches[-1].end() :].split("\n", 1)[0]
-        ans = _first_statement(rest.strip(" \t*:"))
+        rest = tail[matches[-1].end() :].split("\n", 1)[0].strip(" \t*:")
+        # An answer of at most cap characters ends within cap + 4 ("$$", cap, "$$").
+        ans = _first_statement(rest[: cap + 4])
         if ans:
             return ans
     lines = [ln for ln in tail.strip().split("\n") if ln.strip()]
-    if lines:
-        m = _EQUALS_END_RE.search(lines[-1])
-        if m and clean_answer(m.group(1)):
-            return m.group(1)
+    if lines and "=" in lines[-1]:
+        after = lines[-1][lines[-1].rfind("=") + 1 :].strip()
+        if len(after) > cap:
+            return None
+        if clean_answer(after):
+            return after
     numbers = _NUMBER_RE.findall(tail)
     return numbers[-1] if numbers else None
 
@@ -429,7 +435,7 @@ def verify(response: str, reference: str, max_answer_chars: int) -> bool:
     than max_answer_chars are wrong. Never raises: any internal error counts as wrong."""
     try:
         answer = extract_answer(response, max_chars=max_answer_chars)
-        if answer is None or len(answer) > max_answer_chars:
+        if answer is None:
             return False
         ref = extract_answer(reference) if "\\boxed" in reference else reference
         return ref is not None and answers_equivalent(answer, ref)

@@ -113,3 +113,77 @@ def test_megatron_student_on_cpu_must_train_in_fp32():
     check_megatron_training_precision(load_config(config).policy, "cpu")  # fp32
     dtensor = load_config(config.with_name("distillation_tiny.yaml"), ["policy.precision=bfloat16"])
     check_megatron_training_precision(dtensor.policy, "cpu")  # DTensor's autocast trains on CPU
+
+
+def _data_files(tmp_path, train_lines, val_rows=5):
+    """A train JSONL file with these lines and a valid validation file."""
+    train, val = tmp_path / "train.jsonl", tmp_path / "val.jsonl"
+    train.write_text("".join(line + "\n" for line in train_lines))
+    row = {"prompt": "What is 1 + 1?", "answer": "2"}
+    val.write_text((json.dumps(row) + "\n") * val_rows)
+    return ("data.dataset_name=null", f"data.train_path={train}", f"data.val_path={val}")
+
+
+GOOD_ROW = json.dumps({"prompt": "What is 2 + 3?", "answer": 5})
+
+
+@pytest.mark.parametrize("row", ["[1, 2, 3]", "NaN", '"What is 2 + 3?"', "5"])
+def test_row_that_is_not_an_object(assets, tmp_path, capsys, row):
+    assert run(assets, tmp_path, *_data_files(tmp_path, [GOOD_ROW, row])) == 2
+    err = capsys.readouterr().err
+    assert f"error: data.train_path ({tmp_path / 'train.jsonl'}): line 2 is " in err
+    assert ", not an object: every row must be an object holding the fields 'prompt'" in err
+
+
+def test_malformed_line_is_named_by_its_line_in_the_file(assets, tmp_path, capsys):
+    lines = [GOOD_ROW] * 41 + ['{"prompt": "What is 2 + 3?", "answer": 5']
+    assert run(assets, tmp_path, *_data_files(tmp_path, lines)) == 2
+    assert "line 42 is not valid JSON (Expecting ',' delimiter at column 41)" in (
+        capsys.readouterr().err
+    )
+
+
+@pytest.mark.parametrize(
+    ("row", "refusal"),
+    [
+        ({"prompt": None, "answer": 5}, "line 2: 'prompt' (data.prompt_key) is null"),
+        (
+            {"prompt": "What is 2 + 3?", "answer": None},
+            "line 2: 'answer' (data.answer_key) is null",
+        ),
+        (
+            {"prompt": "What is 2 + 3?", "answer": [5]},
+            "line 2: 'answer' (data.answer_key) is a list",
+        ),
+        ({"prompt": "What is 2 + 3?"}, "line 2 has no column 'answer' (data.answer_key)"),
+    ],
+)
+def test_null_missing_or_list_field(assets, tmp_path, capsys, row, refusal):
+    assert run(assets, tmp_path, *_data_files(tmp_path, [GOOD_ROW, json.dumps(row)])) == 2
+    err = capsys.readouterr().err
+    assert f"error: data.train_path ({tmp_path / 'train.jsonl'}): {refusal}" in err
+
+
+def test_prompt_file_that_is_not_utf8(assets, tmp_path, capsys):
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_bytes("Résous : {}\n".encode("latin-1"))
+    assert run(assets, tmp_path, f"data.prompt_file={prompt}") == 2
+    assert f"error: data.prompt_file: could not read {prompt}: line 1 is not UTF-8 text" in (
+        capsys.readouterr().err
+    )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="needs setup() to call nemo_opd.algorithms.prompts.check_fills_one_batch",
+)
+def test_fewer_prompts_than_one_batch(assets, tmp_path, capsys):
+    long_prompt = json.dumps({"prompt": "What is 2 + 3? " * 20, "answer": 5})
+    lines = [GOOD_ROW] * 5 + [long_prompt] * 2
+    overrides = _data_files(tmp_path, lines)
+    assert run(assets, tmp_path, *overrides, "data.max_input_seq_length=40") == 2
+    assert (
+        "error: distillation.num_prompts_per_step is 32 but there are only 5 usable train prompts "
+        "(2 skipped as longer than 40 tokens): lower distillation.num_prompts_per_step to at "
+        "most 5, add prompts, or raise data.max_input_seq_length"
+    ) in capsys.readouterr().err

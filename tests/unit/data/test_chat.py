@@ -74,3 +74,14 @@ def test_read_text_file(tmp_path):
     assert read_text_file(None, "data.prompt_file") is None
     with pytest.raises(SetupError, match="data.prompt_file: file not found"):
         read_text_file(str(tmp_path / "missing.txt"), "data.prompt_file")
+
+
+def test_read_text_file_that_is_not_utf8(tmp_path):
+    path = tmp_path / "system.txt"
+    path.write_bytes("You are helpful.\nRéponds en français.\n".encode("latin-1"))
+    with pytest.raises(SetupError) as raised:
+        read_text_file(str(path), "data.system_prompt_file")
+    assert str(raised.value) == (
+        f"data.system_prompt_file: could not read {path}: line 2 is not UTF-8 text (byte 0xe9): "
+        "save the file as UTF-8"
+    )

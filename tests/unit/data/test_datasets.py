@@ -1,4 +1,5 @@
 import json
+import re
 
 import pytest
 
@@ -72,3 +73,106 @@ def test_unsupported_extension(tmp_path):
     path.write_text("problem,answer\n")
     with pytest.raises(SetupError, match="unsupported extension"):
         load_prompt_records(DataConfig(train_path=str(path)), "train")
+
+
+def _refusal(path) -> str:
+    """The SetupError message of loading the file at path as the train split."""
+    with pytest.raises(SetupError) as raised:
+        load_prompt_records(DataConfig(train_path=str(path)), "train")
+    return str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("line", "kind"),
+    [
+        ("[1, 2, 3]", "a list"),
+        ("NaN", "a number (nan)"),
+        ('"text"', "a string"),
+        ("7", "a number (7)"),
+    ],
+)
+def test_jsonl_row_that_is_not_an_object_names_its_line(tmp_path, line, kind):
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps({"problem": "p", "answer": "1"}) + "\n\n" + line + "\n")
+    assert _refusal(path) == (
+        f"data.train_path ({path}): line 3 is {kind}, not an object: every row must be an object "
+        "holding the fields 'problem' (data.prompt_key) and 'answer' (data.answer_key)"
+    )
+
+
+def test_json_list_item_that_is_not_an_object_names_its_item(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps([{"problem": "p", "answer": "1"}, [1, 2]]))
+    assert re.search(r"t.json\): item 2 is a list, not an object", _refusal(path))
+
+
+def test_json_that_is_not_a_list(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"rows": []}))
+    assert re.search("found an object; a .json file must hold a list", _refusal(path))
+
+
+def test_malformed_jsonl_line_is_named_by_its_line_in_the_file(tmp_path):
+    path = tmp_path / "t.jsonl"
+    good = json.dumps({"problem": "p", "answer": "1"}) + "\n"
+    path.write_text(good * 40 + "\n" + '{"problem": "p" "answer": "1"}\n' + good)
+    assert _refusal(path) == (
+        f"data.train_path: could not read {path}: line 42 is not valid JSON (Expecting ',' "
+        "delimiter at column 17); each line must hold one JSON object"
+    )
+
+
+def test_malformed_json_list_is_named_by_its_line(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_text('[\n  {"problem": "p", "answer": "1"},\n  {"problem": "p",}\n]\n')
+    assert re.search(r"line 3 is not valid JSON \(.* at column 19\)", _refusal(path))
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".json"])
+def test_data_file_that_is_not_utf8(tmp_path, suffix):
+    path = tmp_path / f"t{suffix}"
+    path.write_bytes(b'{"problem": "p", "answer": "1"}\n{"problem": "caf\xe9", "answer": "1"}\n')
+    assert _refusal(path) == (
+        f"data.train_path: could not read {path}: line 2 is not UTF-8 text (byte 0xe9): save the "
+        "file as UTF-8"
+    )
+
+
+@pytest.mark.parametrize(
+    ("row", "refusal"),
+    [
+        ({"problem": None, "answer": "1"}, "'problem' (data.prompt_key) is null"),
+        ({"problem": "p", "answer": None}, "'answer' (data.answer_key) is null"),
+        ({"problem": "p", "answer": [1, 2]}, "'answer' (data.answer_key) is a list"),
+        ({"problem": {"text": "p"}, "answer": "1"}, "'problem' (data.prompt_key) is an object"),
+    ],
+)
+def test_null_or_structured_prompt_or_answer_is_refused(tmp_path, row, refusal):
+    path = _jsonl(tmp_path / "t.jsonl", [{"problem": "p", "answer": 1}, row])
+    kind = "prompt" if "prompt_key" in refusal else "answer"
+    assert _refusal(path) == (
+        f"data.train_path ({path}): line 2: {refusal}; the {kind} must be text or a number: fix "
+        "or remove the row"
+    )
+
+
+def test_missing_answer_names_the_line(tmp_path):
+    path = _jsonl(tmp_path / "t.jsonl", [{"problem": "p", "answer": 1}, {"problem": "p"}])
+    assert re.search(r"line 2 has no column 'answer' \(data.answer_key\)", _refusal(path))
+
+
+def test_parquet_null_answer_names_the_row(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"problem": ["a", "b"], "answer": [1.5, None]}), path)
+    assert re.search(r"row 2: 'answer' \(data.answer_key\) is null", _refusal(path))
+
+
+def test_numbers_become_text(tmp_path):
+    rows = [{"problem": 12, "answer": 42}, {"problem": "p", "answer": 0.5}]
+    records = load_prompt_records(
+        DataConfig(train_path=_jsonl(tmp_path / "t.jsonl", rows)), "train"
+    )
+    assert records == [{"prompt": "12", "answer": "42"}, {"prompt": "p", "answer": "0.5"}]

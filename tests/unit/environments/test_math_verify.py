@@ -174,3 +174,58 @@ def test_refused_bounds_are_not_computed():
         assert not answers_equivalent(answer, same_value)
         assert answers_equivalent(answer, answer)
     assert answers_equivalent("2^{100}", str(2**100))  # within bounds it is computed
+
+
+CAP = 1000
+HUGE = "1" * 10_000_000
+FILLER = "so we go on. " * 800_000  # 10 MB of text with no box and no digit
+CAPPED_FORMS = {
+    "boxed braces": lambda answer: FILLER + "\\boxed{" + answer + "}",
+    "boxed space": lambda answer: FILLER + "\\boxed " + answer,
+    "fbox": lambda answer: FILLER + "\\fbox{" + answer + "}",
+    "answer is": lambda answer: FILLER + "The answer is " + answer + ". Done.",
+    "equals": lambda answer: FILLER + "so x = " + answer,
+    "last number": lambda answer: FILLER + "I count " + answer + " apples",
+}
+
+
+@pytest.fixture
+def cleaned_lengths(monkeypatch):
+    """The length of every string math_verify cleans (the first step after extraction)."""
+    import nemo_opd.environments.math_verify as math_verify
+
+    lengths, clean = [], math_verify.clean_answer
+    monkeypatch.setattr(math_verify, "clean_answer", lambda s: lengths.append(len(s)) or clean(s))
+    return lengths
+
+
+@pytest.mark.parametrize("form", list(CAPPED_FORMS))
+def test_every_form_is_capped_at_max_answer_chars(form, cleaned_lengths):
+    """An answer of max_answer_chars counts; one character more is refused, and so is a 10 MB
+    answer, in every form: nothing longer than the cap reaches cleaning or parsing."""
+    build = CAPPED_FORMS[form]
+    assert extract_answer(build("1" * CAP), max_chars=CAP) == "1" * CAP
+    assert verify(build("1" * CAP), "1" * CAP, CAP)
+    assert extract_answer(build("1" * (CAP + 1)), max_chars=CAP) is None
+    assert not verify(build("1" * (CAP + 1)), "1" * (CAP + 1), CAP)
+    assert extract_answer(build(HUGE), max_chars=CAP) is None
+    assert not verify(build(HUGE), "1", CAP)
+    assert max(cleaned_lengths) <= CAP
+
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        "\\boxed " + HUGE,
+        "\\boxed" + " " * 10_000_000 + "5",
+        "\\boxed{" + HUGE + "}",
+        "\\fbox{" + "{" * 10_000_000,
+        "The answer is " + HUGE,
+        "x = " + HUGE,
+    ],
+    ids=["boxed space", "boxed after spaces", "boxed braces", "fbox", "answer is", "equals"],
+)
+def test_ten_megabyte_answers_are_not_read(response, cleaned_lengths):
+    assert extract_answer(response, max_chars=CAP) is None
+    assert not verify(response, "5", CAP)
+    assert all(length <= CAP for length in cleaned_lengths)
