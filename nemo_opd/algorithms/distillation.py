@@ -37,7 +37,12 @@ from nemo_opd.algorithms.model_checks import (
     check_vocab_sizes,
     load_model_config,
 )
-from nemo_opd.algorithms.prompts import PromptSet, encode_prompts, repeat_samples
+from nemo_opd.algorithms.prompts import (
+    PromptSet,
+    check_fills_one_batch,
+    encode_prompts,
+    repeat_samples,
+)
 from nemo_opd.algorithms.tokenizers import check_same_vocabulary, load_tokenizer
 from nemo_opd.config import DistillationConfig
 from nemo_opd.data.batching import TensorBatch
@@ -190,6 +195,7 @@ def _build_run(cfg: DistillationConfig, lock: RunLock) -> DistillationRun:
         f"data: {len(train.samples)} train prompts ({train.skipped} skipped as longer than "
         f"{max_prompt} tokens), {len(val.samples)} validation prompts ({val.skipped} skipped)"
     )
+    check_fills_one_batch(train, cfg.distillation.num_prompts_per_step, max_prompt)
     loader = PromptLoader(
         train.samples,
         cfg.distillation.num_prompts_per_step,

@@ -173,10 +173,6 @@ def test_prompt_file_that_is_not_utf8(assets, tmp_path, capsys):
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs setup() to call nemo_opd.algorithms.prompts.check_fills_one_batch",
-)
 def test_fewer_prompts_than_one_batch(assets, tmp_path, capsys):
     long_prompt = json.dumps({"prompt": "What is 2 + 3? " * 20, "answer": 5})
     lines = [GOOD_ROW] * 5 + [long_prompt] * 2
