@@ -75,13 +75,12 @@ def apply_fsdp(
     model: torch.nn.Module,
     mesh: DeviceMesh,
     param_dtype: torch.dtype,
-    sum_gradients: bool = True,
     cpu_offload: bool = False,
 ) -> None:
     """FSDP2 over `mesh`: one group per decoder layer plus the root (embeddings, norm, head).
 
-    Gradients are reduced in fp32 and summed, not averaged (sum_gradients): the loss is already
-    normalized by the global token count. cpu_offload keeps the sharded parameters, gradients
+    Gradients are reduced in fp32 and summed, not averaged: the loss is already normalized by
+    the global token count. cpu_offload keeps the sharded parameters, gradients
     and optimizer state in host memory (FSDP's CPUOffloadPolicy; only meaningful on CUDA).
     """
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
@@ -89,11 +88,10 @@ def apply_fsdp(
     sharded = [*decoder_layers(model), model]
     for module in sharded:
         fully_shard(module, mesh=mesh, mp_policy=policy, offload_policy=offload)
-    if sum_gradients:
-        for module in sharded:  # each call sets only that module's own groups
-            # Plain SUM reductions (gloo has no PREMUL_SUM, which a custom factor would use).
-            module.set_gradient_divide_factor(1.0)
-            module.set_force_sum_reduction_for_comms(True)
+    for module in sharded:  # each call sets only that module's own groups
+        # Plain SUM reductions (gloo has no PREMUL_SUM, which a custom factor would use).
+        module.set_gradient_divide_factor(1.0)
+        module.set_force_sum_reduction_for_comms(True)
 
 
 def tp_replicated_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
