@@ -3,7 +3,7 @@
 Build steps: CPU shim (CPU only) -> Megatron model-parallel state (tensor parallel; the
 groups must coincide with ParallelDims') -> GPTModel from the Hugging Face config
 (megatron_model.py) -> load the Hugging Face checkpoint through the conversion rules
-(models/hf_megatron.py) -> Megatron DDP and optimizer (megatron_optimizer.py) and the
+(megatron_convert.py) -> Megatron DDP and optimizer (megatron_optimizer.py) and the
 learning-rate schedule.
 
 Parallelism:
@@ -51,8 +51,14 @@ from nemo_opd.config import PolicyConfig
 from nemo_opd.distributed.context_parallel import AttentionLayout, segment_causal_mask
 from nemo_opd.distributed.parallel_dims import ParallelDims
 from nemo_opd.models import resolve_pretrained
-from nemo_opd.models.hf_megatron import GPTShape, Rule, conversion_rules, to_hf, to_megatron
 from nemo_opd.policy.engines.base import Engine
+from nemo_opd.policy.engines.megatron_convert import (
+    GPTShape,
+    Rule,
+    conversion_rules,
+    to_hf,
+    to_megatron,
+)
 from nemo_opd.policy.engines.megatron_model import (
     build_gpt_model,
     check_supported,

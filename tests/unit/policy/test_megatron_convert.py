@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, Qwen3Config
 
-from nemo_opd.models.hf_megatron import (
+from nemo_opd.policy.engines.megatron_convert import (
     GPTShape,
     conversion_rules,
     hf_to_megatron,
