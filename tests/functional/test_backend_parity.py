@@ -1,10 +1,11 @@
 """DTensor vs Megatron, step by step, from identical weights on identical batches.
 
-The student is the micro tiny student (Qwen3 architecture, tied embeddings, built in seconds by
-micro_recipe). The rows are tiny-math problems rendered with the tiny tokenizer's chat template,
-each followed by its worked solution as the assistant turn (a fixed stand-in for a rollout, the
-same bytes for both backends); the teacher top-k come from the micro teacher's fp32 Hugging Face
-forward, computed once here and replayed to both backends.
+The student is the micro tiny student (Qwen3 architecture, tied embeddings, built by
+micro_recipe from a few problems and a handful of steps). The rows are tiny-math problems
+rendered with the tiny tokenizer's chat template, each followed by its worked solution as the
+assistant turn (a fixed stand-in for a rollout, the same bytes for both backends); the teacher
+top-k come from the micro teacher's fp32 Hugging Face forward, computed once here and replayed
+to both backends.
 
 For each layout, each backend scores a probe batch (log-probs, top-k), trains STEPS optimizer
 steps with the mixed KL loss, and exports its weights in Hugging Face naming. The per-step loss,
@@ -40,7 +41,7 @@ RTOL = 1e-4  # fp32 on CPU: per-step loss, KLs and gradient norm
 ATOL = 2e-5  # log-probs and top-k log-probs before training
 LOGITS_ATOL = 1e-4  # logits of the exported weights after STEPS AdamW steps at lr 1e-3
 COMPARED = ("loss", "forward_kl", "reverse_kl", "grad_norm")
-# The micro models are nearly uniform after their seconds-long build, so their KL is ~1e-3 and
+# The micro models are nearly uniform after their few training steps, so their KL is ~1e-3 and
 # its relative error is dominated by fp32 cancellation (both backends agree to ~3e-8 in absolute
 # terms). A sharper teacher makes the KL O(1), where a relative tolerance means something.
 TEACHER_TEMPERATURE = 0.25

@@ -3,7 +3,7 @@
 import os
 
 # Read when ray is imported: under `uv run`, Ray would otherwise build a fresh venv for its
-# workers (about a minute); the workers use this venv as is.
+# workers; the workers use this venv as is.
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 
 import pytest  # noqa: E402
