@@ -3,7 +3,8 @@
 The base class owns everything that does not depend on how the model is parallelized:
 microbatching (fixed size, dynamic by token budget, or sequence packing), one microbatch loop
 for training and evaluation, splitting rows over context-parallel ranks, temperature, global
-valid-token loss normalization, metric aggregation and the checkpoint outline (save: gather weights, optimizer, scheduler and
+valid-token loss normalization, metric aggregation, the padded vocabulary's logit mask
+(vocab_padding.py) and the checkpoint outline (save: gather weights, optimizer, scheduler and
 RNG states -> rank 0 writes atomically -> barrier; load: weights -> training state -> RNG ->
 step -> barrier). A backend (DTensorEngine, MegatronEngine) implements only the primitives
 marked abstract below.
@@ -15,6 +16,8 @@ Conventions (see docs/policy.md):
   token t + 1, and 0 at positions t >= input_lengths - 1 (no next token).
 - Context parallelism: each cp rank computes positions [r * S / cp, (r + 1) * S / cp) of
   every (padded or packed) row; per-position outputs are all-gathered over cp.
+- Tensor parallelism: the model holds padded_vocab_size rows, V_pad / tp per rank; logit
+  columns of ids >= vocab_size are -inf, and every output has the real vocabulary.
 """
 
 import math
@@ -47,6 +50,7 @@ from nemo_opd.policy.engines.training_state import (
     restore_rng,
     write_checkpoint,
 )
+from nemo_opd.policy.engines.vocab_padding import mask_padded_logits, padded_vocab_size
 from nemo_opd.utils.checkpoint import atomic_directory
 
 LossFn = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
@@ -109,7 +113,8 @@ class Engine(ABC):
     def forward_logits(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, layout: AttentionLayout
     ) -> torch.Tensor:
-        """Logits of this rank's local positions and vocab shard, [b, s_local, V_local].
+        """Logits of this rank's local positions and vocab shard, [b, s_local, V_pad / tp]
+        (padding columns included: the base masks them).
 
         Runs with autograd when grad mode is on (training) and without otherwise.
         """
@@ -142,15 +147,17 @@ class Engine(ABC):
 
     @abstractmethod
     def iter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """(Hugging Face name, full tensor) of every weight, lm_head included when tied.
+        """(Hugging Face name, full tensor in Hugging Face's shape: the real vocabulary's rows)
+        of every weight, lm_head included when tied.
 
         A collective: every rank must iterate to the end.
         """
 
     @abstractmethod
     def gather_weights(self) -> dict[str, torch.Tensor]:
-        """{Hugging Face name: full fp32 CPU tensor} of every weight, lm_head omitted when
-        tied (as Hugging Face saves it). A collective; only rank 0's result is used."""
+        """{Hugging Face name: full fp32 CPU tensor in Hugging Face's shape} of every weight,
+        lm_head omitted when tied (as Hugging Face saves it). A collective; only rank 0's
+        result is used."""
 
     @abstractmethod
     def gather_optimizer_state(self) -> dict:
@@ -160,11 +167,13 @@ class Engine(ABC):
 
     @abstractmethod
     def load_weights(self, root: Path) -> None:
-        """Load this rank's share of the Hugging Face safetensors weights in `root`."""
+        """Load this rank's share of the Hugging Face safetensors weights in `root` (padding
+        the vocabulary rows)."""
 
     @abstractmethod
     def load_optimizer_state(self, state: dict) -> None:
-        """Load this rank's share of a state dict in gather_optimizer_state's format."""
+        """Load this rank's share of a state dict in gather_optimizer_state's format (padding
+        the vocabulary rows)."""
 
     # ---------------------------------------------------------------- shared by every backend
 
@@ -185,9 +194,14 @@ class Engine(ABC):
         return self.hf_config.vocab_size
 
     @property
+    def padded_vocab_size(self) -> int:
+        """Rows of the model's embedding and output layer (vocab_padding.py)."""
+        return padded_vocab_size(self.vocab_size, self.dims.tp)
+
+    @property
     def vocab_start(self) -> int:
         """Global id of this rank's first logit column."""
-        return self.vocab_size // self.dims.tp * self.dims.local_rank("tp")
+        return self.padded_vocab_size // self.dims.tp * self.dims.local_rank("tp")
 
     def save(self, path: str) -> None:
         """Write a checkpoint directory atomically (a collective: every rank takes part in the
@@ -354,6 +368,8 @@ class Engine(ABC):
             (log-probs [B, S, k] fp32 descending, global ids [B, S, k] int32); positions at or
             beyond input_lengths are 0.
         """
+        if k > self.vocab_size:
+            raise ValueError(f"k={k} exceeds the vocabulary size {self.vocab_size}")
         data = data.to(self.device)
         shape = (*data["input_ids"].shape, k)
         values_out = torch.zeros(shape, dtype=torch.float32, device=self.device)
@@ -513,16 +529,18 @@ class Engine(ABC):
         return torch.cat(parts, dim=1)
 
     def _forward(self, mb: Microbatch) -> torch.Tensor:
-        """Logits [b, s_local, V_local] of this rank's share of a microbatch."""
+        """Logits [b, s_local, V_local] of this rank's share of a microbatch, padded vocabulary
+        columns at -inf."""
         q_start = mb.input_ids.shape[1] // self.dims.cp * self.dims.local_rank("cp")
         layout = AttentionLayout(
             segment_ids=mb.segment_ids,
             q_start=q_start,
             cp_group=self.cp_group if self.dims.cp > 1 else None,
         )
-        return self.forward_logits(
+        logits = self.forward_logits(
             self._cp_shard(mb.input_ids), self._cp_shard(mb.position_ids), layout
         )
+        return mask_padded_logits(logits, self.vocab_start, self.vocab_size)
 
     # ---------------------------------------------------------------- metrics
 

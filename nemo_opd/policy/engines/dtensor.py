@@ -1,9 +1,11 @@
 """DTensorEngine: Hugging Face causal LMs with FSDP2, tensor and context parallelism.
 
 Build steps: register the segment-causal attention -> load the model with from_pretrained ->
-apply tensor parallel over "tp" -> activation checkpointing -> FSDP2 over "dp_cp" -> optimizer
-and scheduler. FSDP is applied even at world size 1, so every parameter is a DTensor and one
-code path serves every layout.
+pad the vocabulary rows of the embedding and lm_head (vocab_padding.py) -> apply tensor
+parallel over "tp" -> activation checkpointing -> FSDP2 over "dp_cp" -> optimizer and
+scheduler. FSDP is applied even at world size 1, so every parameter is a DTensor and one code
+path serves every layout. Weights, checkpoints and optimizer state leave the engine with the
+real vocabulary's rows and are padded again when loaded.
 """
 
 from collections.abc import Iterator
@@ -38,9 +40,15 @@ from nemo_opd.policy.engines.dtensor_parallelize import (
     apply_activation_checkpointing,
     apply_fsdp,
     apply_tensor_parallel,
+    apply_vocab_padding,
     tp_replicated_parameters,
 )
 from nemo_opd.policy.engines.training_state import DTYPES, WEIGHTS_FILE, move_training_state
+from nemo_opd.policy.engines.vocab_padding import (
+    VOCAB_WEIGHTS,
+    resize_vocab_optimizer_state,
+    resize_vocab_weights,
+)
 from nemo_opd.policy.optim import build_training_optimizer
 
 FULL = StateDictOptions(full_state_dict=True)
@@ -81,6 +89,7 @@ class DTensorEngine(Engine):
             dtype=torch.float32,
             attn_implementation=attention,
         ).to(self.device)
+        apply_vocab_padding(model, self.padded_vocab_size)
         if self.dims.tp > 1:
             apply_tensor_parallel(model, self.dims.submesh("tp"))
         if self.cfg.dtensor_cfg.activation_checkpointing:
@@ -150,6 +159,8 @@ class DTensorEngine(Engine):
             tied = "lm_head.weight" not in names and self.hf_config.tie_word_embeddings
             for name, param in names.items():
                 full = param.full_tensor() if isinstance(param, DTensor) else param
+                if name in VOCAB_WEIGHTS:
+                    full = full[: self.vocab_size]
                 full = full.detach().to("cpu", dtype, copy=True)
                 yield name, full
                 if tied and name == "model.embed_tokens.weight":
@@ -173,16 +184,19 @@ class DTensorEngine(Engine):
         weights = get_model_state_dict(self.model, options=FULL_ON_CPU)
         if self.hf_config.tie_word_embeddings:
             weights.pop("lm_head.weight", None)
-        return weights
+        return resize_vocab_weights(weights, self.vocab_size)
 
     def gather_optimizer_state(self) -> dict:
-        return get_optimizer_state_dict(self.model, self.optimizer, options=FULL_ON_CPU)
+        state = get_optimizer_state_dict(self.model, self.optimizer, options=FULL_ON_CPU)
+        return resize_vocab_optimizer_state(state, self.vocab_size)
 
     def load_weights(self, root: Path) -> None:
         weights = load_file(root / WEIGHTS_FILE)
         if self.hf_config.tie_word_embeddings:
             weights.setdefault("lm_head.weight", weights["model.embed_tokens.weight"])
+        weights = resize_vocab_weights(weights, self.padded_vocab_size)
         set_model_state_dict(self.model, weights, options=FULL)
 
     def load_optimizer_state(self, state: dict) -> None:
+        state = resize_vocab_optimizer_state(state, self.padded_vocab_size)
         set_optimizer_state_dict(self.model, self.optimizer, state, options=FULL)

@@ -2,15 +2,17 @@
 
 Build steps: CPU shim (CPU only) -> Megatron model-parallel state (tensor parallel; the
 groups must coincide with ParallelDims') -> GPTModel from the Hugging Face config
-(megatron_model.py) -> load the Hugging Face checkpoint through the conversion rules
-(models/hf_megatron.py) -> Megatron DDP and optimizer (megatron_optimizer.py) and the
-learning-rate schedule.
+(megatron_model.py), its vocabulary padded (vocab_padding.py) -> load the Hugging Face
+checkpoint through the conversion rules (megatron_convert.py, which pads the vocabulary rows on
+the way in and strips them on the way out) -> Megatron DDP and optimizer
+(megatron_optimizer.py) and the learning-rate schedule.
 
 Parallelism:
 - Tensor parallel: Megatron's column/row-parallel linears, the vocab-parallel embedding and a
-  column-parallel output layer with its output kept sharded, so logits are [.., V / tp]
-  (rank r holds ids [r V/tp, (r+1) V/tp)). Qwen3's q/k norms act per head, so under tp each
-  rank's gradient covers only its heads: they are all-reduced over tp before clipping.
+  column-parallel output layer with its output kept sharded, so logits are [.., V_pad / tp]
+  (rank r holds ids [r V_pad/tp, (r+1) V_pad/tp)). Qwen3's q/k norms act per head, so under
+  tp each rank's gradient covers only its heads: they are all-reduced over tp before
+  clipping.
 - Context parallel and sequence packing: the core attention (megatron_model.
   SegmentCausalAttention) all-gathers keys and values over cp and masks by segment, as the
   DTensor engine does; RoPE angles come from the position ids.
@@ -49,8 +51,14 @@ from safetensors import safe_open
 from nemo_opd.config import PolicyConfig
 from nemo_opd.distributed.context_parallel import AttentionLayout, segment_causal_mask
 from nemo_opd.distributed.parallel_dims import ParallelDims
-from nemo_opd.policy.engines.megatron_convert import GPTShape, Rule, conversion_rules, to_hf, to_megatron
 from nemo_opd.policy.engines.base import Engine
+from nemo_opd.policy.engines.megatron_convert import (
+    GPTShape,
+    Rule,
+    conversion_rules,
+    to_hf,
+    to_megatron,
+)
 from nemo_opd.policy.engines.megatron_model import (
     build_gpt_model,
     check_supported,
@@ -99,7 +107,7 @@ class MegatronEngine(Engine):
 
             apply_cpu_shim()
         check_supported(self.hf_config)
-        self.shape = GPTShape.from_hf_config(self.hf_config)
+        self.shape = GPTShape.from_hf_config(self.hf_config, dims.tp)
         self.rules = conversion_rules(self.shape)
         _init_megatron_parallel(dims)
         self.model = self._build_model()
@@ -136,7 +144,8 @@ class MegatronEngine(Engine):
             activation_checkpointing=self.cfg.megatron_cfg.activation_checkpointing,
         )
         cp_group = self.cp_group if self.dims.cp > 1 else None
-        return build_gpt_model(self.hf_config, config, cp_group).to(self.device)
+        model = build_gpt_model(self.hf_config, config, cp_group, self.padded_vocab_size)
+        return model.to(self.device)
 
     def _params_by_rule(self) -> dict[str, torch.nn.Parameter]:
         """The model's parameters in conversion-rule order (checked to be the same set)."""
