@@ -33,20 +33,22 @@ def check_vocab_sizes(student: PretrainedConfig, teacher: PretrainedConfig, toke
 
 
 def check_tensor_parallel(cfg: PolicyConfig, config: PretrainedConfig, section: str) -> None:
-    """The tensor-parallel size divides the attention heads, the key/value heads and the
-    vocabulary (each rank holds an equal slice)."""
+    """The tensor-parallel size divides the attention heads and the key/value heads (each rank
+    holds whole heads). The vocabulary need not divide: the engines pad it."""
     tp = cfg.tensor_parallel_size
     dims = {
         "num_attention_heads": config.num_attention_heads,
         "num_key_value_heads": getattr(config, "num_key_value_heads", None)
         or config.num_attention_heads,
-        "vocab_size": config.vocab_size,
     }
     for name, size in dims.items():
         if size % tp:
             raise SetupError(
                 f"{section}: tensor_parallel_size {tp} must divide the model's {name} ({size}); "
-                f"choose a divisor of {size}"
+                "tensor parallelism gives each rank an equal number of attention heads and of "
+                "key/value heads, so it must divide both "
+                f"({dims['num_attention_heads']} and {dims['num_key_value_heads']}); "
+                "the vocabulary need not divide (it is padded)"
             )
 
 

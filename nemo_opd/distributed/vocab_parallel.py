@@ -4,6 +4,9 @@ Each tensor-parallel rank holds logits [N, V_local] for global ids vocab_start..
 Rows are processed in chunks; per chunk the shard is cast to fp32, its max and sum-exp are
 combined across ranks (collectives.all_reduce_vocab_stats), and top-k candidates are taken
 locally, all-gathered and reduced to the global top-k.
+
+Columns at -inf (a padded vocabulary's padding) get no probability; a shard may be -inf
+entirely (it contributes nothing), as long as some shard has a finite logit in every row.
 """
 
 import torch
@@ -23,7 +26,10 @@ def _logsumexp_and_owned(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Full-vocabulary logsumexp [n] of fp32 shard logits [n, V_local], and `owned` summed."""
     row_max = logits.max(dim=-1).values
-    sumexp = torch.exp(logits - row_max.unsqueeze(-1)).sum(dim=-1, keepdim=True)
+    # A row that is -inf on this whole shard has a sum-exp of 0: shift it by 0, not by its max
+    # (-inf - -inf is NaN). Its max stays -inf, so the combined max comes from other shards.
+    shift = torch.where(torch.isfinite(row_max), row_max, 0.0)
+    sumexp = torch.exp(logits - shift.unsqueeze(-1)).sum(dim=-1, keepdim=True)
     if _is_parallel(group):
         row_max, sumexp, owned = all_reduce_vocab_stats(row_max, sumexp, owned, group)
     return row_max + sumexp.squeeze(-1).log(), owned

@@ -101,14 +101,9 @@ class Policy:
         return values, indices
 
     def _score(self, data: Mapping, call: Callable) -> list:
-        """Pad to a multiple of dp, send shard d to every rank of replica d, collect, trim."""
-        batch, size = pad_batch_to_multiple(TensorBatch(data), self.dims.dp)
-        shards = [ray.put(dict(s)) for s in batch.chunk(batch.size // self.dims.dp)]
-        results = self.workers.run(
-            lambda actor, rank: call(actor, shards[self.dims.coordinates(rank)["dp"]])
-        )
-        outputs = [results[r] for r in self.leaders]
-        return _trim(outputs, size)
+        """Per-row outputs of `call` on every replica, in row order (padding rows dropped)."""
+        shards, size = self._even_shards(data)
+        return _trim(self._run_on_replicas(shards, call), size)
 
     # ---------------------------------------------------------------- training
 
@@ -125,27 +120,38 @@ class Policy:
         """
         global_batch = self.cfg.train_global_batch_size
         shards = shard_for_data_parallel(TensorBatch(data), self.dims.dp, global_batch)
-        refs = [ray.put(dict(s)) for s in shards]
         loss_ref = ray.put(loss_fn)
-        results = self.workers.run(
-            lambda actor, rank: actor.train.remote(
-                refs[self.dims.coordinates(rank)["dp"]], loss_ref, global_batch
-            )
+        results = self._run_on_replicas(
+            shards, lambda actor, shard: actor.train.remote(shard, loss_ref, global_batch)
         )
-        return results[0]
+        return results[0]  # every rank returns the same globally reduced metrics
 
     def evaluate(self, data: Mapping, loss_fn: Callable) -> dict[str, float]:
         """The loss function's metrics on `data` (train's fields, any number of rows) without
         updating the model: e.g. the validation KL between student and teacher."""
-        batch, _ = pad_batch_to_multiple(TensorBatch(data), self.dims.dp)
-        shards = [ray.put(dict(s)) for s in batch.chunk(batch.size // self.dims.dp)]
+        shards, _ = self._even_shards(data)
         loss_ref = ray.put(loss_fn)
-        results = self.workers.run(
-            lambda actor, rank: actor.evaluate.remote(
-                shards[self.dims.coordinates(rank)["dp"]], loss_ref
-            )
+        results = self._run_on_replicas(
+            shards, lambda actor, shard: actor.evaluate.remote(shard, loss_ref)
         )
         return results[0]
+
+    # ---------------------------------------------------------------- dispatch
+
+    def _even_shards(self, data: Mapping) -> tuple[list[TensorBatch], int]:
+        """(dp contiguous shards of `data` padded to a multiple of dp, the unpadded size)."""
+        batch, size = pad_batch_to_multiple(TensorBatch(data), self.dims.dp)
+        return batch.chunk(batch.size // self.dims.dp), size
+
+    def _run_on_replicas(self, shards: list[TensorBatch], call: Callable) -> list:
+        """Send shard d to every rank of replica d (each shard is put in Ray's object store
+        once), run `call(actor, shard_ref)` on every rank and return the results of each
+        replica's (cp = 0, tp = 0) rank, in dp order."""
+        refs = [ray.put(dict(shard)) for shard in shards]
+        results = self.workers.run(
+            lambda actor, rank: call(actor, refs[self.dims.coordinates(rank)["dp"]])
+        )
+        return [results[rank] for rank in self.leaders]
 
     # ---------------------------------------------------------------- state
 

@@ -2,7 +2,6 @@
 
 import os
 from collections.abc import Callable
-from typing import Any
 
 import ray
 import torch
@@ -74,10 +73,6 @@ class PolicyWorker:
             self.cfg, self.dims, device, self.with_optimizer, total_steps=self.total_steps
         )
 
-    def coordinates(self) -> dict[str, int]:
-        """This rank's position on the dp/cp/tp axes."""
-        return self.dims.coordinates(self.rank)
-
     def train(self, data: dict, loss_fn: Callable, global_batch_size: int) -> dict:
         return self.engine.train(TensorBatch(data), loss_fn, global_batch_size)
 
@@ -117,7 +112,3 @@ class PolicyWorker:
     def step(self) -> int:
         """Optimizer steps taken."""
         return self.engine.step
-
-    def ping(self) -> Any:
-        """For liveness checks and tests."""
-        return os.getpid()

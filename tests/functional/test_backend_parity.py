@@ -1,16 +1,19 @@
 """DTensor vs Megatron, step by step, from identical weights on identical batches.
 
-The student is the micro tiny student (Qwen3 architecture, tied embeddings, built in seconds by
-micro_recipe). The rows are tiny-math problems rendered with the tiny tokenizer's chat template,
-each followed by its worked solution as the assistant turn (a fixed stand-in for a rollout, the
-same bytes for both backends); the teacher top-k come from the micro teacher's fp32 Hugging Face
-forward, computed once here and replayed to both backends.
+The student is the micro tiny student (Qwen3 architecture, tied embeddings, built by
+micro_recipe from a few problems and a handful of steps). The rows are tiny-math problems
+rendered with the tiny tokenizer's chat template, each followed by its worked solution as the
+assistant turn (a fixed stand-in for a rollout, the same bytes for both backends); the teacher
+top-k come from the micro teacher's fp32 Hugging Face forward, computed once here and replayed
+to both backends.
 
 For each layout, each backend scores a probe batch (log-probs, top-k), trains STEPS optimizer
-steps with the mixed KL loss, and exports its weights in Hugging Face naming. The per-step loss,
-forward KL, reverse KL and gradient norm must agree within RTOL; the top-k and log-probs within
-ATOL; and the exported weights, loaded into transformers, must give the same logits within
-LOGITS_ATOL. The table printed at the end is the one recorded in docs/megatron.md.
+steps with the mixed KL loss, and exports its weights in Hugging Face naming. One layout runs a
+copy of the student with one more embedding row (vocabulary 321, which tp=2 does not divide:
+both engines pad it to 512 inside and export 321 rows). The per-step loss, forward KL, reverse
+KL and gradient norm must agree within RTOL; the top-k and log-probs within ATOL; and the
+exported weights, loaded into transformers, must give the same logits within LOGITS_ATOL. The
+table printed at the end is the one recorded in docs/megatron.md.
 """
 
 import json
@@ -37,7 +40,7 @@ RTOL = 1e-4  # fp32 on CPU: per-step loss, KLs and gradient norm
 ATOL = 2e-5  # log-probs and top-k log-probs before training
 LOGITS_ATOL = 1e-4  # logits of the exported weights after STEPS AdamW steps at lr 1e-3
 COMPARED = ("loss", "forward_kl", "reverse_kl", "grad_norm")
-# The micro models are nearly uniform after their seconds-long build, so their KL is ~1e-3 and
+# The micro models are nearly uniform after their few training steps, so their KL is ~1e-3 and
 # its relative error is dominated by fp32 cancellation (both backends agree to ~3e-8 in absolute
 # terms). A sharper teacher makes the KL O(1), where a relative tolerance means something.
 TEACHER_TEMPERATURE = 0.25
@@ -48,16 +51,30 @@ PACKING = {
     "logprob_mb_tokens": 128,
     "sequence_length_round": 8,
 }
+ODD_VOCAB = 321  # the micro vocabulary (320) plus one row
 CASES = {
-    # name: (tensor-parallel size, sequence packing); 2 workers each (tp=1 means dp=2)
-    "tp1_dp2_packed": (1, True),
-    "tp2": (2, False),
+    # name: (tensor-parallel size, sequence packing, odd vocabulary); 2 workers each (tp=1
+    # means dp=2)
+    "tp1_dp2_packed": (1, True, False),
+    "tp2": (2, False, False),
+    "tp2_odd_vocab": (2, False, True),
 }
 
 
 @pytest.fixture(scope="module")
 def assets():
     return ensure_tiny_assets(micro_recipe())
+
+
+@pytest.fixture(scope="module")
+def odd_student(assets, tmp_path_factory) -> str:
+    """The micro student with an extra (random, never used as input) embedding row."""
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(assets.student, dtype=torch.float32)
+    model.resize_token_embeddings(ODD_VOCAB, mean_resizing=False)
+    path = tmp_path_factory.mktemp("odd_student")
+    model.save_pretrained(path)
+    return str(path)
 
 
 @pytest.fixture(scope="module")
@@ -94,9 +111,9 @@ def add_teacher_topk(assets, batch: dict) -> dict:
     return {**batch, "teacher_topk_logprobs": values, "teacher_topk_indices": indices.int()}
 
 
-def student_config(assets, backend: str, tp: int, packing: bool) -> PolicyConfig:
+def student_config(assets, student: str, backend: str, tp: int, packing: bool) -> PolicyConfig:
     raw = {
-        "model_name": str(assets.student),
+        "model_name": student,
         "tokenizer": {"name": str(assets.tokenizer)},
         "precision": "float32",
         "train_global_batch_size": ROWS_PER_STEP,
@@ -134,8 +151,8 @@ def run_backend(cfg: PolicyConfig, batch: dict, probe: dict, name: str) -> dict:
     return out
 
 
-def exported_logits(assets, weights: dict, probe: dict) -> torch.Tensor:
-    model = AutoModelForCausalLM.from_pretrained(assets.student, dtype=torch.float32)
+def exported_logits(student: str, weights: dict, probe: dict) -> torch.Tensor:
+    model = AutoModelForCausalLM.from_pretrained(student, dtype=torch.float32)
     model.load_state_dict(weights, strict=True)
     with torch.no_grad():
         return model(input_ids=probe["input_ids"]).logits
@@ -146,12 +163,15 @@ def rel(a: float, b: float) -> float:
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_dtensor_and_megatron_agree(case, assets, ray_session):
-    tp, packing = CASES[case]
+def test_dtensor_and_megatron_agree(case, assets, odd_student, ray_session):
+    tp, packing, odd = CASES[case]
+    student = odd_student if odd else str(assets.student)
     batch = add_teacher_topk(assets, fixed_batch(assets, STEPS * ROWS_PER_STEP, offset=0))
     probe = fixed_batch(assets, 6, offset=200)
     runs = {
-        backend: run_backend(student_config(assets, backend, tp, packing), batch, probe, backend)
+        backend: run_backend(
+            student_config(assets, student, backend, tp, packing), batch, probe, backend
+        )
         for backend in ("dtensor", "megatron")
     }
     dt, mg = runs["dtensor"], runs["megatron"]
@@ -161,8 +181,8 @@ def test_dtensor_and_megatron_agree(case, assets, ray_session):
     topk_err = float((dt["topk"][0] - mg["topk"][0]).abs()[valid].max())
     logits_err = float(
         (
-            exported_logits(assets, dt["weights"], probe)
-            - exported_logits(assets, mg["weights"], probe)
+            exported_logits(student, dt["weights"], probe)
+            - exported_logits(student, mg["weights"], probe)
         )
         .abs()
         .max()

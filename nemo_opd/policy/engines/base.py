@@ -1,9 +1,12 @@
-"""Engine: train(), get_logprobs() and get_topk_logits(), written once for every backend.
+"""Engine: training, evaluation and scoring, written once for every backend.
 
 The base class owns everything that does not depend on how the model is parallelized:
-microbatching (fixed size, dynamic by token budget, or sequence packing), splitting rows over
-context-parallel ranks, temperature, global valid-token loss normalization and metric
-aggregation. A backend (DTensorEngine, later MegatronEngine) implements only the primitives
+microbatching (fixed size, dynamic by token budget, or sequence packing), one microbatch loop
+for training and evaluation, splitting rows over context-parallel ranks, temperature, global
+valid-token loss normalization, metric aggregation, the padded vocabulary's logit mask
+(vocab_padding.py) and the checkpoint outline (save: gather weights, optimizer, scheduler and
+RNG states -> rank 0 writes atomically -> barrier; load: weights -> training state -> RNG ->
+step -> barrier). A backend (DTensorEngine, MegatronEngine) implements only the primitives
 marked abstract below.
 
 Conventions (see docs/policy.md):
@@ -13,15 +16,19 @@ Conventions (see docs/policy.md):
   token t + 1, and 0 at positions t >= input_lengths - 1 (no next token).
 - Context parallelism: each cp rank computes positions [r * S / cp, (r + 1) * S / cp) of
   every (padded or packed) row; per-position outputs are all-gathered over cp.
+- Tensor parallelism: the model holds padded_vocab_size rows, V_pad / tp per rank; logit
+  columns of ids >= vocab_size are -inf, and every output has the real vocabulary.
 """
 
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from transformers import AutoConfig
 
 from nemo_opd.config import PolicyConfig
 from nemo_opd.data.batching import (
@@ -35,8 +42,20 @@ from nemo_opd.distributed.context_parallel import AttentionLayout
 from nemo_opd.distributed.parallel_dims import ParallelDims
 from nemo_opd.distributed.vocab_parallel import vocab_parallel_logprobs, vocab_parallel_topk
 from nemo_opd.losses import build_loss_mask, validate_teacher_topk
+from nemo_opd.policy.engines.training_state import (
+    gather_rng_states,
+    read_step,
+    read_training_state,
+    restore_rng,
+    write_checkpoint,
+)
+from nemo_opd.policy.engines.vocab_padding import mask_padded_logits, padded_vocab_size
+from nemo_opd.tiny import resolve_pretrained
+from nemo_opd.utils.checkpoint import atomic_directory
 
 LossFn = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
+LOSS_FIELDS = ("loss_mask", "teacher_topk_logprobs", "teacher_topk_indices")
+"""Per-position fields a loss function reads (cut into microbatches and cp shards)."""
 
 
 @dataclass
@@ -83,6 +102,8 @@ class Engine(ABC):
         self.device = device
         self.with_optimizer = with_optimizer
         self.step = 0  # optimizer steps taken
+        self.model_dir = resolve_pretrained(cfg.model_name)
+        self.hf_config = AutoConfig.from_pretrained(self.model_dir)
         self.optimizer: torch.optim.Optimizer | None = None  # set by the backend when training
         self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
 
@@ -92,14 +113,15 @@ class Engine(ABC):
     def forward_logits(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, layout: AttentionLayout
     ) -> torch.Tensor:
-        """Logits of this rank's local positions and vocab shard, [b, s_local, V_local].
+        """Logits of this rank's local positions and vocab shard, [b, s_local, V_pad / tp]
+        (padding columns included: the base masks them).
 
         Runs with autograd when grad mode is on (training) and without otherwise.
         """
 
-    @abstractmethod
     def backward(self, loss: torch.Tensor) -> None:
         """Accumulate the gradients of `loss` (already globally normalized)."""
+        loss.backward()
 
     @abstractmethod
     def zero_grad(self) -> None:
@@ -110,17 +132,6 @@ class Engine(ABC):
         """Complete this rank's accumulated gradients (the reductions the backend leaves to
         the engine), clip them to a global norm of cfg.max_grad_norm (None: no clipping) and
         step the optimizer; returns the global norm before clipping."""
-
-    def optimizer_step(self) -> dict[str, float]:
-        """Apply the gradients and step the schedule (the backend's `scheduler`, over the
-        torch optimizer `optimizer`); returns {"grad_norm": ..., "lr": ...}."""
-        if self.optimizer is None:
-            raise RuntimeError("this engine was built without an optimizer (a frozen teacher)")
-        lr = self.optimizer.param_groups[0]["lr"]
-        grad_norm = self.apply_gradients()
-        self.scheduler.step()
-        self.step += 1
-        return {"grad_norm": float(grad_norm), "lr": float(lr)}
 
     @abstractmethod
     def set_train_mode(self, train: bool) -> None:
@@ -136,28 +147,88 @@ class Engine(ABC):
 
     @abstractmethod
     def iter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """(Hugging Face name, full tensor) of every weight, lm_head included when tied.
+        """(Hugging Face name, full tensor in Hugging Face's shape: the real vocabulary's rows)
+        of every weight, lm_head included when tied.
 
         A collective: every rank must iterate to the end.
         """
 
     @abstractmethod
-    def save(self, path: str) -> None:
-        """Write a checkpoint directory (a collective; see docs/policy.md for the layout)."""
+    def gather_weights(self) -> dict[str, torch.Tensor]:
+        """{Hugging Face name: full fp32 CPU tensor in Hugging Face's shape} of every weight,
+        lm_head omitted when tied (as Hugging Face saves it). A collective; only rank 0's
+        result is used."""
 
     @abstractmethod
-    def load(self, path: str) -> None:
-        """Restore weights, optimizer, scheduler, RNG and step from a checkpoint directory."""
+    def gather_optimizer_state(self) -> dict:
+        """The torch optimizer's full state dict keyed by Hugging Face parameter name
+        ({"state": {name: {...}}, "param_groups": [{..., "params": [names]}]}), moments as
+        full CPU tensors of the weights' shapes. A collective; only rank 0's result is used."""
+
+    @abstractmethod
+    def load_weights(self, root: Path) -> None:
+        """Load this rank's share of the Hugging Face safetensors weights in `root` (padding
+        the vocabulary rows)."""
+
+    @abstractmethod
+    def load_optimizer_state(self, state: dict) -> None:
+        """Load this rank's share of a state dict in gather_optimizer_state's format (padding
+        the vocabulary rows)."""
+
+    # ---------------------------------------------------------------- shared by every backend
+
+    def optimizer_step(self) -> dict[str, float]:
+        """Apply the gradients and step the schedule (the backend's `scheduler`, over the
+        torch optimizer `optimizer`); returns {"grad_norm": ..., "lr": ...}."""
+        if self.optimizer is None:
+            raise RuntimeError("this engine was built without an optimizer (a frozen teacher)")
+        lr = self.optimizer.param_groups[0]["lr"]
+        grad_norm = self.apply_gradients()
+        self.scheduler.step()
+        self.step += 1
+        return {"grad_norm": float(grad_norm), "lr": float(lr)}
 
     @property
-    @abstractmethod
-    def vocab_start(self) -> int:
-        """Global id of this rank's first logit column."""
-
-    @property
-    @abstractmethod
     def vocab_size(self) -> int:
         """The model's full (global) vocabulary size."""
+        return self.hf_config.vocab_size
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """Rows of the model's embedding and output layer (vocab_padding.py)."""
+        return padded_vocab_size(self.vocab_size, self.dims.tp)
+
+    @property
+    def vocab_start(self) -> int:
+        """Global id of this rank's first logit column."""
+        return self.padded_vocab_size // self.dims.tp * self.dims.local_rank("tp")
+
+    def save(self, path: str) -> None:
+        """Write a checkpoint directory atomically (a collective: every rank takes part in the
+        gathers, rank 0 writes; the layout is training_state.py's)."""
+        weights = self.gather_weights()
+        optimizer = self.gather_optimizer_state() if self.optimizer is not None else None
+        scheduler = self.scheduler.state_dict() if self.scheduler is not None else None
+        rng = gather_rng_states()
+        if dist.get_rank() == 0:
+            with atomic_directory(path) as tmp:
+                config = self.hf_config.to_dict()
+                write_checkpoint(tmp, weights, config, optimizer, scheduler, rng, self.step)
+        dist.barrier()
+
+    def load(self, path: str) -> None:
+        """Restore weights, optimizer, scheduler, RNG and step from a checkpoint directory (the
+        RNG states only when the world size is the same)."""
+        root = Path(path)
+        self.load_weights(root)
+        state = read_training_state(root)
+        if state is not None:
+            if self.optimizer is not None and state["optimizer"] is not None:
+                self.load_optimizer_state(state["optimizer"])
+                self.scheduler.load_state_dict(state["scheduler"])
+            restore_rng(state["rng"])
+        self.step = read_step(root, self.step)
+        dist.barrier()
 
     # ---------------------------------------------------------------- process groups
 
@@ -197,11 +268,35 @@ class Engine(ABC):
 
         Returns:
             {name: [one value per step]}: the loss function's metrics summed over microbatches
-            and dp/cp ranks, plus grad_norm, lr and global_valid_toks.
+            and dp/cp ranks, plus global_valid_toks, grad_norm and lr.
         """
         local_rows = global_batch_size // self.dims.dp
         if data.size % local_rows:
             raise ValueError(f"{data.size} local rows is not a multiple of {local_rows}")
+        data = self._loss_inputs(data)
+        history: dict[str, list[float]] = {}
+        self.set_train_mode(True)
+        for step_data in data.chunk(local_rows):
+            self.zero_grad()
+            metrics = self._loss_pass(step_data, loss_fn, train=True)
+            metrics.update(self.optimizer_step())
+            for name, value in metrics.items():
+                history.setdefault(name, []).append(value)
+        return history
+
+    @torch.no_grad()
+    def evaluate(self, data: TensorBatch, loss_fn: LossFn) -> dict[str, float]:
+        """The loss function's metrics over all of this rank's rows, without a gradient step
+        (e.g. the validation KL). Same inputs as train; any number of rows; normalized by the
+        valid tokens of the whole call across dp ranks."""
+        data = self._loss_inputs(data)
+        self.set_train_mode(False)
+        return self._loss_pass(data, loss_fn, train=False)
+
+    def _loss_inputs(self, data: TensorBatch) -> TensorBatch:
+        """`data` on the device with its loss_mask, the teacher's top-k checked where the mask
+        grades (once per call: one host sync), so a malformed teacher fails here, naming the
+        problem, instead of turning the loss or a metric into NaN."""
         data = data.to(self.device)
         data["loss_mask"] = build_loss_mask(data["token_mask"], data.get("sample_mask"))
         validate_teacher_topk(
@@ -209,56 +304,33 @@ class Engine(ABC):
             data["teacher_topk_indices"],
             self.vocab_size,
             mask=data["loss_mask"],
-        )  # once per call: one host sync
-        history: dict[str, list[float]] = {}
-        self.set_train_mode(True)
-        for step_data in data.chunk(local_rows):
-            for name, value in self._train_step(step_data, loss_fn).items():
-                history.setdefault(name, []).append(value)
-        return history
+        )
+        return data
 
-    def _train_step(self, data: TensorBatch, loss_fn: LossFn) -> dict[str, float]:
-        """Forward/backward every microbatch of one global batch, then step."""
+    def _loss_pass(self, data: TensorBatch, loss_fn: LossFn, train: bool) -> dict[str, float]:
+        """Run loss_fn on every microbatch of `data` (with train: the training microbatches,
+        and backward after each), every loss normalized by the valid positions of `data` on
+        all dp ranks.
+
+        Returns:
+            the loss function's metrics summed over microbatches and dp/cp ranks, and
+            global_valid_toks.
+        """
         valid = data["loss_mask"].sum().reshape(1)
         dist.all_reduce(valid, group=self.dp_group)
-        fields = ("loss_mask", "teacher_topk_logprobs", "teacher_topk_indices")
+        make = self._train_microbatches if train else self._scoring_microbatches
         sums: dict[str, torch.Tensor] = {}
-        self.zero_grad()
-        for mb in self._train_microbatches(data, fields):
-            local = {key: self._cp_shard(mb.fields[key]) for key in fields}
-            logits = self._forward(mb)
+        for mb in make(data, LOSS_FIELDS):
+            fields = {key: self._cp_shard(mb.fields[key]) for key in LOSS_FIELDS}
             loss, metrics = loss_fn(
-                logits, local, valid[0], vocab_start=self.vocab_start, tp_group=self.tp_group
-            )
-            self.backward(loss)
-            for name, value in metrics.items():
-                sums[name] = sums.get(name, 0.0) + value.detach().float()
-        metrics = self._reduce_sums(sums)
-        metrics.update(self.optimizer_step())
-        metrics["global_valid_toks"] = float(valid[0])
-        return metrics
-
-    @torch.no_grad()
-    def evaluate(self, data: TensorBatch, loss_fn: LossFn) -> dict[str, float]:
-        """The loss function's metrics over all of this rank's rows, without a gradient step
-        (e.g. the validation KL). Same inputs as train; any number of rows; normalized by the
-        valid tokens of the whole call across dp ranks."""
-        data = data.to(self.device)
-        data["loss_mask"] = build_loss_mask(data["token_mask"], data.get("sample_mask"))
-        self.set_train_mode(False)
-        valid = data["loss_mask"].sum().reshape(1)
-        dist.all_reduce(valid, group=self.dp_group)
-        fields = ("loss_mask", "teacher_topk_logprobs", "teacher_topk_indices")
-        sums: dict[str, torch.Tensor] = {}
-        for mb in self._scoring_microbatches(data, fields):
-            local = {key: self._cp_shard(mb.fields[key]) for key in fields}
-            _, metrics = loss_fn(
                 self._forward(mb),
-                local,
+                fields,
                 valid[0].clamp(min=1),
                 vocab_start=self.vocab_start,
                 tp_group=self.tp_group,
             )
+            if train:
+                self.backward(loss)
             for name, value in metrics.items():
                 sums[name] = sums.get(name, 0.0) + value.detach().float()
         metrics = self._reduce_sums(sums)
@@ -296,6 +368,8 @@ class Engine(ABC):
             (log-probs [B, S, k] fp32 descending, global ids [B, S, k] int32); positions at or
             beyond input_lengths are 0.
         """
+        if k > self.vocab_size:
+            raise ValueError(f"k={k} exceeds the vocabulary size {self.vocab_size}")
         data = data.to(self.device)
         shape = (*data["input_ids"].shape, k)
         values_out = torch.zeros(shape, dtype=torch.float32, device=self.device)
@@ -455,16 +529,18 @@ class Engine(ABC):
         return torch.cat(parts, dim=1)
 
     def _forward(self, mb: Microbatch) -> torch.Tensor:
-        """Logits [b, s_local, V_local] of this rank's share of a microbatch."""
+        """Logits [b, s_local, V_local] of this rank's share of a microbatch, padded vocabulary
+        columns at -inf."""
         q_start = mb.input_ids.shape[1] // self.dims.cp * self.dims.local_rank("cp")
         layout = AttentionLayout(
             segment_ids=mb.segment_ids,
             q_start=q_start,
             cp_group=self.cp_group if self.dims.cp > 1 else None,
         )
-        return self.forward_logits(
+        logits = self.forward_logits(
             self._cp_shard(mb.input_ids), self._cp_shard(mb.position_ids), layout
         )
+        return mask_padded_logits(logits, self.vocab_start, self.vocab_size)
 
     # ---------------------------------------------------------------- metrics
 

@@ -1,9 +1,11 @@
 """DTensorEngine: Hugging Face causal LMs with FSDP2, tensor and context parallelism.
 
 Build steps: register the segment-causal attention -> load the model with from_pretrained ->
-apply tensor parallel over "tp" -> activation checkpointing -> FSDP2 over "dp_cp" -> optimizer
-and scheduler. FSDP is applied even at world size 1, so every parameter is a DTensor and one
-code path serves every layout.
+pad the vocabulary rows of the embedding and lm_head (vocab_padding.py) -> apply tensor
+parallel over "tp" -> activation checkpointing -> FSDP2 over "dp_cp" -> optimizer and
+scheduler. FSDP is applied even at world size 1, so every parameter is a DTensor and one code
+path serves every layout. Weights, checkpoints and optimizer state leave the engine with the
+real vocabulary's rows and are padded again when loaded.
 """
 
 from collections.abc import Iterator
@@ -12,7 +14,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from safetensors.torch import load_file
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -39,21 +40,19 @@ from nemo_opd.policy.engines.dtensor_parallelize import (
     apply_activation_checkpointing,
     apply_fsdp,
     apply_tensor_parallel,
+    apply_vocab_padding,
     tp_replicated_parameters,
 )
-from nemo_opd.policy.engines.training_state import (
-    DTYPES,
-    WEIGHTS_FILE,
-    gather_rng_states,
-    move_training_state,
-    read_step,
-    read_training_state,
-    restore_rng,
-    write_checkpoint,
+from nemo_opd.policy.engines.training_state import DTYPES, WEIGHTS_FILE, move_training_state
+from nemo_opd.policy.engines.vocab_padding import (
+    VOCAB_WEIGHTS,
+    resize_vocab_optimizer_state,
+    resize_vocab_weights,
 )
 from nemo_opd.policy.optim import build_training_optimizer
-from nemo_opd.tiny import resolve_pretrained
-from nemo_opd.utils.checkpoint import atomic_directory
+
+FULL = StateDictOptions(full_state_dict=True)
+FULL_ON_CPU = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
 class DTensorEngine(Engine):
@@ -86,10 +85,11 @@ class DTensorEngine(Engine):
             raise NotImplementedError("dtensor_cfg.sequence_parallel is not implemented yet")
         attention = register_attention()
         model = AutoModelForCausalLM.from_pretrained(
-            resolve_pretrained(self.cfg.model_name),
+            self.model_dir,
             dtype=torch.float32,
             attn_implementation=attention,
         ).to(self.device)
+        apply_vocab_padding(model, self.padded_vocab_size)
         if self.dims.tp > 1:
             apply_tensor_parallel(model, self.dims.submesh("tp"))
         if self.cfg.dtensor_cfg.activation_checkpointing:
@@ -105,14 +105,6 @@ class DTensorEngine(Engine):
         return model
 
     # ---------------------------------------------------------------- compute primitives
-
-    @property
-    def vocab_size(self) -> int:
-        return self.model.config.vocab_size
-
-    @property
-    def vocab_start(self) -> int:
-        return self.vocab_size // self.dims.tp * self.dims.local_rank("tp")
 
     def set_train_mode(self, train: bool) -> None:
         # The root FSDP module keeps its parameters unsharded after a forward; a forward
@@ -135,9 +127,6 @@ class DTensorEngine(Engine):
         )
         logits = output.logits
         return logits.to_local() if isinstance(logits, DTensor) else logits
-
-    def backward(self, loss: torch.Tensor) -> None:
-        loss.backward()
 
     def zero_grad(self) -> None:
         self.model.zero_grad(set_to_none=True)
@@ -167,9 +156,11 @@ class DTensorEngine(Engine):
         dtype = DTYPES[self.cfg.precision]
         with self._unsharded():
             names = dict(self.model.named_parameters())
-            tied = "lm_head.weight" not in names and self.model.config.tie_word_embeddings
+            tied = "lm_head.weight" not in names and self.hf_config.tie_word_embeddings
             for name, param in names.items():
                 full = param.full_tensor() if isinstance(param, DTensor) else param
+                if name in VOCAB_WEIGHTS:
+                    full = full[: self.vocab_size]
                 full = full.detach().to("cpu", dtype, copy=True)
                 yield name, full
                 if tied and name == "model.embed_tokens.weight":
@@ -189,43 +180,23 @@ class DTensorEngine(Engine):
             for module in groups:
                 module.reshard()
 
-    def save(self, path: str) -> None:
-        """Write `path` atomically (rank 0 writes; every rank takes part in the gathers).
-
-        Layout: config.json + model.safetensors (Hugging Face, loadable by from_pretrained and
-        vLLM; fp32 master weights), training_state.pt (full optimizer and scheduler state,
-        every rank's RNG state), nemo_opd.json (step).
-        """
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        weights = get_model_state_dict(self.model, options=options)
-        optim = None
-        if self.optimizer is not None:
-            optim = get_optimizer_state_dict(self.model, self.optimizer, options=options)
-        if self.model.config.tie_word_embeddings:
+    def gather_weights(self) -> dict[str, torch.Tensor]:
+        weights = get_model_state_dict(self.model, options=FULL_ON_CPU)
+        if self.hf_config.tie_word_embeddings:
             weights.pop("lm_head.weight", None)
-        scheduler = self.scheduler.state_dict() if self.scheduler is not None else None
-        rng = gather_rng_states()
-        if dist.get_rank() == 0:
-            with atomic_directory(path) as tmp:
-                config = self.model.config.to_dict()
-                write_checkpoint(tmp, weights, config, optim, scheduler, rng, self.step)
-        dist.barrier()
+        return resize_vocab_weights(weights, self.vocab_size)
 
-    def load(self, path: str) -> None:
-        """Restore what save() wrote (the same world size is needed for the RNG states)."""
-        root = Path(path)
+    def gather_optimizer_state(self) -> dict:
+        state = get_optimizer_state_dict(self.model, self.optimizer, options=FULL_ON_CPU)
+        return resize_vocab_optimizer_state(state, self.vocab_size)
+
+    def load_weights(self, root: Path) -> None:
         weights = load_file(root / WEIGHTS_FILE)
-        if self.model.config.tie_word_embeddings:
+        if self.hf_config.tie_word_embeddings:
             weights.setdefault("lm_head.weight", weights["model.embed_tokens.weight"])
-        options = StateDictOptions(full_state_dict=True)
-        set_model_state_dict(self.model, weights, options=options)
-        state = read_training_state(root)
-        if state is not None:
-            if self.optimizer is not None and state["optimizer"] is not None:
-                set_optimizer_state_dict(
-                    self.model, self.optimizer, state["optimizer"], options=options
-                )
-                self.scheduler.load_state_dict(state["scheduler"])
-            restore_rng(state["rng"])
-        self.step = read_step(root, self.step)
-        dist.barrier()
+        weights = resize_vocab_weights(weights, self.padded_vocab_size)
+        set_model_state_dict(self.model, weights, options=FULL)
+
+    def load_optimizer_state(self, state: dict) -> None:
+        state = resize_vocab_optimizer_state(state, self.padded_vocab_size)
+        set_optimizer_state_dict(self.model, self.optimizer, state, options=FULL)

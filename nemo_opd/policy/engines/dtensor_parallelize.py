@@ -1,8 +1,8 @@
 """apply_* functions that parallelize a Hugging Face causal LM in place (DTensor backend).
 
-Order (as in torchtitan): tensor parallel -> activation checkpointing -> FSDP. Context
-parallelism needs no module changes: the attention function gathers keys and values
-(nemo_opd.distributed.context_parallel).
+Order (as in torchtitan, after padding the vocabulary): vocabulary padding -> tensor parallel
+-> activation checkpointing -> FSDP. Context parallelism needs no module changes: the
+attention function gathers keys and values (nemo_opd.distributed.context_parallel).
 """
 
 import torch
@@ -20,6 +20,8 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from nemo_opd.policy.engines.vocab_padding import resize_vocab_rows
+
 TP_REPLICATED_SUFFIXES = ("self_attn.q_norm.weight", "self_attn.k_norm.weight")
 """Parameters applied per attention head: under TP each rank sees only its heads, so their
 gradients are partial and must be summed over the tp group (see tp_replicated_parameters)."""
@@ -30,18 +32,36 @@ def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
     return model.model.layers
 
 
+def apply_vocab_padding(model: torch.nn.Module, rows: int) -> None:
+    """Give the embedding and lm_head `rows` rows, the new ones zero (one shared parameter
+    when they are tied); the logits then have `rows` columns (see vocab_padding.py)."""
+    embed, head = model.get_input_embeddings(), model.get_output_embeddings()
+    if embed.weight.shape[0] == rows:
+        return
+    embed.weight = torch.nn.Parameter(resize_vocab_rows(embed.weight.detach(), rows))
+    embed.num_embeddings = rows
+    if model.config.tie_word_embeddings:
+        head.weight = embed.weight
+    else:
+        head.weight = torch.nn.Parameter(resize_vocab_rows(head.weight.detach(), rows))
+    head.out_features = rows
+
+
 def apply_tensor_parallel(model: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
     """Megatron-style TP: q/k/v and gate/up column-parallel, o and down row-parallel, the
-    embedding and lm_head split along the vocabulary; logits stay vocab-sharded [.., V/tp]."""
+    embedding and lm_head split along the (padded) vocabulary; logits stay vocab-sharded
+    [.., V_pad / tp]."""
     config = model.config
     tp = tp_mesh.size()
     for name, size in (
         ("num_attention_heads", config.num_attention_heads),
         ("num_key_value_heads", config.num_key_value_heads),
-        ("vocab_size", config.vocab_size),
     ):
         if size % tp:
             raise ValueError(f"tensor_parallel_size {tp} must divide the model's {name} ({size})")
+    rows = model.get_input_embeddings().weight.shape[0]
+    if rows % tp:
+        raise ValueError(f"{rows} embedding rows do not divide by {tp}: apply_vocab_padding first")
     block_plan = {
         "self_attn.q_proj": ColwiseParallel(),
         "self_attn.k_proj": ColwiseParallel(),
@@ -75,13 +95,12 @@ def apply_fsdp(
     model: torch.nn.Module,
     mesh: DeviceMesh,
     param_dtype: torch.dtype,
-    sum_gradients: bool = True,
     cpu_offload: bool = False,
 ) -> None:
     """FSDP2 over `mesh`: one group per decoder layer plus the root (embeddings, norm, head).
 
-    Gradients are reduced in fp32 and summed, not averaged (sum_gradients): the loss is already
-    normalized by the global token count. cpu_offload keeps the sharded parameters, gradients
+    Gradients are reduced in fp32 and summed, not averaged: the loss is already normalized by
+    the global token count. cpu_offload keeps the sharded parameters, gradients
     and optimizer state in host memory (FSDP's CPUOffloadPolicy; only meaningful on CUDA).
     """
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
@@ -89,11 +108,10 @@ def apply_fsdp(
     sharded = [*decoder_layers(model), model]
     for module in sharded:
         fully_shard(module, mesh=mesh, mp_policy=policy, offload_policy=offload)
-    if sum_gradients:
-        for module in sharded:  # each call sets only that module's own groups
-            # Plain SUM reductions (gloo has no PREMUL_SUM, which a custom factor would use).
-            module.set_gradient_divide_factor(1.0)
-            module.set_force_sum_reduction_for_comms(True)
+    for module in sharded:  # each call sets only that module's own groups
+        # Plain SUM reductions (gloo has no PREMUL_SUM, which a custom factor would use).
+        module.set_gradient_divide_factor(1.0)
+        module.set_force_sum_reduction_for_comms(True)
 
 
 def tp_replicated_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:

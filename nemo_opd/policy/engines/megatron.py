@@ -2,15 +2,17 @@
 
 Build steps: CPU shim (CPU only) -> Megatron model-parallel state (tensor parallel; the
 groups must coincide with ParallelDims') -> GPTModel from the Hugging Face config
-(megatron_model.py) -> load the Hugging Face checkpoint through the conversion rules
-(models/hf_megatron.py) -> Megatron DDP and optimizer (megatron_optimizer.py) and the
-learning-rate schedule.
+(megatron_model.py), its vocabulary padded (vocab_padding.py) -> load the Hugging Face
+checkpoint through the conversion rules (megatron_convert.py, which pads the vocabulary rows on
+the way in and strips them on the way out) -> Megatron DDP and optimizer
+(megatron_optimizer.py) and the learning-rate schedule.
 
 Parallelism:
 - Tensor parallel: Megatron's column/row-parallel linears, the vocab-parallel embedding and a
-  column-parallel output layer with its output kept sharded, so logits are [.., V / tp]
-  (rank r holds ids [r V/tp, (r+1) V/tp)). Qwen3's q/k norms act per head, so under tp each
-  rank's gradient covers only its heads: they are all-reduced over tp before clipping.
+  column-parallel output layer with its output kept sharded, so logits are [.., V_pad / tp]
+  (rank r holds ids [r V_pad/tp, (r+1) V_pad/tp)). Qwen3's q/k norms act per head, so under
+  tp each rank's gradient covers only its heads: they are all-reduced over tp before
+  clipping.
 - Context parallel and sequence packing: the core attention (megatron_model.
   SegmentCausalAttention) all-gathers keys and values over cp and masks by segment, as the
   DTensor engine does; RoPE angles come from the position ids.
@@ -45,13 +47,18 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
 from safetensors import safe_open
-from transformers import AutoConfig
 
 from nemo_opd.config import PolicyConfig
 from nemo_opd.distributed.context_parallel import AttentionLayout, segment_causal_mask
 from nemo_opd.distributed.parallel_dims import ParallelDims
-from nemo_opd.models.hf_megatron import GPTShape, Rule, conversion_rules, to_hf, to_megatron
 from nemo_opd.policy.engines.base import Engine
+from nemo_opd.policy.engines.megatron_convert import (
+    GPTShape,
+    Rule,
+    conversion_rules,
+    to_hf,
+    to_megatron,
+)
 from nemo_opd.policy.engines.megatron_model import (
     build_gpt_model,
     check_supported,
@@ -61,19 +68,8 @@ from nemo_opd.policy.engines.megatron_model import (
     transformer_config,
 )
 from nemo_opd.policy.engines.megatron_optimizer import build_megatron_optimizer, wrap_ddp
-from nemo_opd.policy.engines.training_state import (
-    DTYPES,
-    WEIGHTS_FILE,
-    gather_rng_states,
-    move_training_state,
-    read_step,
-    read_training_state,
-    restore_rng,
-    write_checkpoint,
-)
+from nemo_opd.policy.engines.training_state import DTYPES, WEIGHTS_FILE, move_training_state
 from nemo_opd.policy.optim import build_scheduler
-from nemo_opd.tiny import resolve_pretrained
-from nemo_opd.utils.checkpoint import atomic_directory
 
 # Replicated parameters whose gradient each tensor-parallel rank computes only in part.
 PER_HEAD_NORMS = ("self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight")
@@ -110,15 +106,13 @@ class MegatronEngine(Engine):
             from nemo_opd.policy.engines.megatron_cpu_shim import apply_cpu_shim
 
             apply_cpu_shim()
-        model_dir = resolve_pretrained(cfg.model_name)
-        self.hf_config = AutoConfig.from_pretrained(model_dir)
         check_supported(self.hf_config)
-        self.shape = GPTShape.from_hf_config(self.hf_config)
+        self.shape = GPTShape.from_hf_config(self.hf_config, dims.tp)
         self.rules = conversion_rules(self.shape)
         _init_megatron_parallel(dims)
         self.model = self._build_model()
         self.params = self._params_by_rule()
-        self._load_weights(_hf_reader(Path(model_dir)))
+        self.load_weights(Path(self.model_dir))
         self.inv_freq = rope_frequencies(self.hf_config).to(device)
         self.ddp = None
         if with_optimizer:
@@ -150,7 +144,8 @@ class MegatronEngine(Engine):
             activation_checkpointing=self.cfg.megatron_cfg.activation_checkpointing,
         )
         cp_group = self.cp_group if self.dims.cp > 1 else None
-        return build_gpt_model(self.hf_config, config, cp_group).to(self.device)
+        model = build_gpt_model(self.hf_config, config, cp_group, self.padded_vocab_size)
+        return model.to(self.device)
 
     def _params_by_rule(self) -> dict[str, torch.nn.Parameter]:
         """The model's parameters in conversion-rule order (checked to be the same set)."""
@@ -168,14 +163,6 @@ class MegatronEngine(Engine):
 
     # ---------------------------------------------------------------- compute primitives
 
-    @property
-    def vocab_size(self) -> int:
-        return self.hf_config.vocab_size
-
-    @property
-    def vocab_start(self) -> int:
-        return self.vocab_size // self.dims.tp * self.dims.local_rank("tp")
-
     def set_train_mode(self, train: bool) -> None:
         self.model.train(train)
 
@@ -192,9 +179,6 @@ class MegatronEngine(Engine):
         if dtype == torch.float32:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=dtype)
-
-    def backward(self, loss: torch.Tensor) -> None:
-        loss.backward()
 
     def zero_grad(self) -> None:
         if self.ddp is not None:
@@ -247,38 +231,16 @@ class MegatronEngine(Engine):
                 if name == "model.embed_tokens.weight" and self.shape.tied:
                     yield "lm_head.weight", full.to("cpu", dtype)
 
-    def _load_weights(self, get_hf: Callable[[str], torch.Tensor]) -> None:
-        rank, tp = self.dims.local_rank("tp"), self.dims.tp
-        with torch.no_grad():
-            for rule in self.rules:
-                hf = [get_hf(name) for name in rule.hf_names]
-                self.params[rule.megatron_name].copy_(to_megatron(rule, hf, self.shape, rank, tp))
-
-    def save(self, path: str) -> None:
-        """Write `path` atomically (rank 0 writes; every rank takes part in the gathers).
-
-        Layout as DTensorEngine.save: config.json + model.safetensors (fp32, HF names, lm_head
-        omitted when tied), training_state.pt (optimizer state by HF name, scheduler, every
-        rank's RNG state), nemo_opd.json (step).
-        """
-        weights = {
+    def gather_weights(self) -> dict[str, torch.Tensor]:
+        return {
             name: full.to("cpu", torch.float32)
             for rule in self.rules
             for name, full in self._gather_to_hf(rule, self.params[rule.megatron_name].detach())
         }
-        optim = self._full_optimizer_state() if self.optimizer is not None else None
-        scheduler = self.scheduler.state_dict() if self.scheduler is not None else None
-        rng = gather_rng_states()
-        if dist.get_rank() == 0:
-            with atomic_directory(path) as tmp:
-                config = self.hf_config.to_dict()
-                write_checkpoint(tmp, weights, config, optim, scheduler, rng, self.step)
-        dist.barrier()
 
-    def _full_optimizer_state(self) -> dict:
-        """AdamW state as torch's full optimizer state dict keyed by HF parameter name
-        ({"state": {name: {...}}, "param_groups": [{..., "params": [names]}]}), the format
-        the DTensor engine writes. Moments are gathered over tp and converted like weights."""
+    def gather_optimizer_state(self) -> dict:
+        """AdamW's moments gathered over tp and converted like the weights (the format the
+        DTensor engine writes)."""
         state: dict[str, dict] = {}
         for rule in self.rules:
             local = self.optimizer.state.get(self.params[rule.megatron_name], {})
@@ -301,14 +263,23 @@ class MegatronEngine(Engine):
         ]
         return {"state": state, "param_groups": groups}
 
-    def _load_optimizer_state(self, full: dict) -> None:
-        """Inverse of _full_optimizer_state: this rank's AdamW state from the full one."""
+    def load_weights(self, root: Path) -> None:
+        """Weights from a Hugging Face safetensors checkpoint (single file or sharded with an
+        index), read one tensor at a time."""
+        get_hf = _hf_reader(root)
         rank, tp = self.dims.local_rank("tp"), self.dims.tp
-        saved = full["state"]
+        with torch.no_grad():
+            for rule in self.rules:
+                hf = [get_hf(name) for name in rule.hf_names]
+                self.params[rule.megatron_name].copy_(to_megatron(rule, hf, self.shape, rank, tp))
+
+    def load_optimizer_state(self, state: dict) -> None:
+        rank, tp = self.dims.local_rank("tp"), self.dims.tp
+        saved = state["state"]
         # torch keys a state dict by position in the group, which is Megatron's order
         params = self.optimizer.param_groups[0]["params"]
         position = {id(param): index for index, param in enumerate(params)}
-        state = {}
+        local = {}
         for rule in self.rules:
             if rule.hf_names[0] not in saved:
                 continue
@@ -316,25 +287,12 @@ class MegatronEngine(Engine):
             for key in ("exp_avg", "exp_avg_sq"):
                 hf = [saved[name][key] for name in rule.hf_names]
                 entry[key] = to_megatron(rule, hf, self.shape, rank, tp)
-            state[position[id(self.params[rule.megatron_name])]] = entry
+            local[position[id(self.params[rule.megatron_name])]] = entry
         # Keep Megatron's own group keys (wd_mult, ...) next to the saved hyperparameters.
         current = {k: v for k, v in self.optimizer.param_groups[0].items() if k != "params"}
-        hyper = {k: v for k, v in full["param_groups"][0].items() if k != "params"}
+        hyper = {k: v for k, v in state["param_groups"][0].items() if k != "params"}
         group = {**current, **hyper, "params": list(range(len(params)))}
-        self.optimizer.load_state_dict({"state": state, "param_groups": [group]})
-
-    def load(self, path: str) -> None:
-        """Restore what save() wrote (the same world size is needed for the RNG states)."""
-        root = Path(path)
-        self._load_weights(_hf_reader(root))
-        state = read_training_state(root)
-        if state is not None:
-            if self.optimizer is not None and state["optimizer"] is not None:
-                self._load_optimizer_state(state["optimizer"])
-                self.scheduler.load_state_dict(state["scheduler"])
-            restore_rng(state["rng"])
-        self.step = read_step(root, self.step)
-        dist.barrier()
+        self.optimizer.load_state_dict({"state": local, "param_groups": [group]})
 
 
 def _check_supported_layout(cfg: PolicyConfig) -> None:

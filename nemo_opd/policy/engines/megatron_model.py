@@ -180,22 +180,24 @@ def build_gpt_model(
     hf_config: PretrainedConfig,
     config: TransformerConfig,
     cp_group: torch.distributed.ProcessGroup | None,
+    vocab_size: int,
 ) -> GPTModel:
     """An uninitialized GPTModel with the architecture of `hf_config` (load weights next).
 
     Megatron's model-parallel state must be initialized first (tensor parallel size as in
-    `config`). The vocabulary is not padded: it must divide by the tensor-parallel size.
+    `config`). `vocab_size` is the padded vocabulary (vocab_padding.py): it must divide by the
+    tensor-parallel size.
     """
     check_supported(hf_config)
     tp = config.tensor_model_parallel_size
-    if hf_config.vocab_size % tp:
+    if vocab_size % tp:
         raise ValueError(
-            f"vocab_size {hf_config.vocab_size} must be divisible by the tensor-parallel size {tp}"
+            f"vocab_size {vocab_size} must be divisible by the tensor-parallel size {tp}"
         )
     return GPTModel(
         config=config,
         transformer_layer_spec=layer_spec(config.qk_layernorm, cp_group),
-        vocab_size=hf_config.vocab_size,
+        vocab_size=vocab_size,
         max_sequence_length=hf_config.max_position_embeddings,
         parallel_output=True,
         share_embeddings_and_output_weights=hf_config.tie_word_embeddings,
@@ -233,7 +235,7 @@ def gpt_logits(
     rotary: torch.Tensor,
     visible: torch.Tensor,
 ) -> torch.Tensor:
-    """Vocab-parallel logits [b, s_local, V / tp] of a GPTModel.
+    """Vocab-parallel logits [b, s_local, V_pad / tp] of a GPTModel (V_pad: its vocabulary).
 
     Args:
         input_ids: [b, s_local] this rank's positions.

@@ -183,3 +183,25 @@ def test_fewer_prompts_than_one_batch(assets, tmp_path, capsys):
         "(2 skipped as longer than 40 tokens): lower distillation.num_prompts_per_step to at "
         "most 5, add prompts, or raise data.max_input_seq_length"
     ) in capsys.readouterr().err
+
+
+def test_tensor_parallel_needs_whole_heads_not_a_divisible_vocabulary():
+    from transformers import Qwen3Config
+
+    from nemo_opd.algorithms.model_checks import check_tensor_parallel
+    from nemo_opd.config import PolicyConfig
+    from nemo_opd.errors import SetupError
+
+    model = Qwen3Config(vocab_size=481, num_attention_heads=4, num_key_value_heads=2)
+
+    def policy(tp: int) -> PolicyConfig:
+        raw = {"model_name": "m", "tokenizer": {"name": "m"}, "max_total_sequence_length": 8}
+        return PolicyConfig.model_validate({**raw, "dtensor_cfg": {"tensor_parallel_size": tp}})
+
+    check_tensor_parallel(policy(2), model, "policy")  # 481 rows: padded by the engines
+    refused = (
+        r"policy: tensor_parallel_size 4 must divide the model's num_key_value_heads \(2\); .*"
+        r"must divide both \(4 and 2\); the vocabulary need not divide"
+    )
+    with pytest.raises(SetupError, match=refused):
+        check_tensor_parallel(policy(4), model, "policy")

@@ -3,7 +3,7 @@
 import os
 
 # Read when ray is imported: under `uv run`, Ray would otherwise build a fresh venv for its
-# workers (about a minute); the workers use this venv as is.
+# workers; the workers use this venv as is.
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 
 import pytest  # noqa: E402
@@ -16,12 +16,13 @@ from nemo_opd.config import (
 )
 
 VOCAB = 256
+ODD_VOCAB = 301  # tensor parallelism pads it (to 384 at tp=1, 512 at tp=2: rank 1 is part padding)
 SEQ = 24
 
 
-def tiny_qwen3(tied: bool) -> Qwen3Config:
+def tiny_qwen3(tied: bool, vocab: int = VOCAB) -> Qwen3Config:
     return Qwen3Config(
-        vocab_size=VOCAB,
+        vocab_size=vocab,
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
@@ -34,9 +35,9 @@ def tiny_qwen3(tied: bool) -> Qwen3Config:
     )
 
 
-def _save_model(path, tied: bool, seed: int) -> str:
+def _save_model(path, tied: bool, seed: int, vocab: int = VOCAB) -> str:
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_qwen3(tied), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(tiny_qwen3(tied, vocab), dtype=torch.float32)
     with torch.no_grad():  # sharpen the random model so top-k has clear winners
         model.lm_head.weight.mul_(8.0) if not tied else model.model.embed_tokens.weight.mul_(8.0)
     model.save_pretrained(path)
@@ -45,11 +46,14 @@ def _save_model(path, tied: bool, seed: int) -> str:
 
 @pytest.fixture(scope="session")
 def model_dirs(tmp_path_factory):
-    """{"tied": dir, "untied": dir} of tiny random Qwen3 models."""
+    """{"tied": dir, "untied": dir, "odd_tied": dir, "odd_untied": dir} of tiny random Qwen3
+    models (vocabulary VOCAB, or ODD_VOCAB for the odd_* ones)."""
     root = tmp_path_factory.mktemp("tiny_models")
     return {
         "tied": _save_model(root / "tied", True, seed=1),
         "untied": _save_model(root / "untied", False, seed=2),
+        "odd_tied": _save_model(root / "odd_tied", True, seed=3, vocab=ODD_VOCAB),
+        "odd_untied": _save_model(root / "odd_untied", False, seed=4, vocab=ODD_VOCAB),
     }
 
 
@@ -108,12 +112,15 @@ def frozen_topk(cfg: PolicyConfig, workers: int, batch: dict, k: int) -> tuple:
         teacher.shutdown()
 
 
-def make_batch(num_rows: int, k: int = 4, seed: int = 0, teacher: bool = True) -> dict:
-    """Rows of different lengths (right-padded with id 0), random masks and teacher top-k."""
+def make_batch(
+    num_rows: int, k: int = 4, seed: int = 0, teacher: bool = True, vocab: int = VOCAB
+) -> dict:
+    """Rows of different lengths (right-padded with id 0), random masks and teacher top-k, with
+    ids below `vocab`."""
     gen = torch.Generator().manual_seed(seed)
     lengths = torch.randint(6, SEQ + 1, (num_rows,), generator=gen)
     lengths[0] = SEQ
-    ids = torch.randint(1, VOCAB, (num_rows, SEQ), generator=gen)
+    ids = torch.randint(1, vocab, (num_rows, SEQ), generator=gen)
     positions = torch.arange(SEQ)
     valid = positions < lengths.unsqueeze(1)
     ids = torch.where(valid, ids, 0)
@@ -125,7 +132,7 @@ def make_batch(num_rows: int, k: int = 4, seed: int = 0, teacher: bool = True) -
         "sample_mask": torch.ones(num_rows),
     }
     if teacher:
-        logits = torch.randn(num_rows, SEQ, VOCAB, generator=gen) * 3
+        logits = torch.randn(num_rows, SEQ, vocab, generator=gen) * 3
         values, indices = torch.log_softmax(logits, -1).topk(k, dim=-1)
         batch["teacher_topk_logprobs"] = values
         batch["teacher_topk_indices"] = indices.to(torch.int32)
@@ -133,10 +140,12 @@ def make_batch(num_rows: int, k: int = 4, seed: int = 0, teacher: bool = True) -
 
 
 @pytest.fixture(scope="module")
-def ray_session():
-    """One local Ray instance per test module (workers use this venv as is)."""
+def ray_session(request):
+    """One local Ray instance per test module (workers use this venv as is) with 2 CPUs, or
+    the module's RAY_CPUS (logical CPUs: 4 lets 4 one-CPU workers share a 2-core machine)."""
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    cpus = getattr(request.module, "RAY_CPUS", 2)
+    ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()

@@ -19,7 +19,7 @@ from test_policy_parallel import (
     assert_topk_close,
     check_layout_against_reference,
 )
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from nemo_opd.distributed.worker_group import WorkerError
 from nemo_opd.losses import DistillationLossFn
@@ -51,6 +51,8 @@ LAYOUTS = {
     ),
     "dp2": ("untied", 2, {}),
     "packed_cp2": ("tied", 2, {"megatron_cfg__context_parallel_size": 2, **PACKING}),
+    # A vocabulary (301) that tp does not divide: padded to 512 inside the engine.
+    "tp2_odd_vocab": ("odd_tied", 2, {"megatron_cfg__tensor_model_parallel_size": 2}),
 }
 
 
@@ -68,14 +70,19 @@ def test_layout_matches_reference(layout, model_dirs, ray_session):
 def test_checkpoint_loads_in_transformers_and_resumes_in_another_layout(
     model_dirs, ray_session, tmp_path
 ):
-    """Saved at tp=2: from_pretrained gives the same log-probs; a world-size-1 Megatron engine
-    and a world-size-1 DTensor engine resume with the same loss, gradient norm and lr as the
-    tp=2 engine that kept going (the optimizer state is stored unsharded under HF names)."""
-    first, second = make_batch(4, k=K, seed=11), make_batch(4, k=K, seed=12)
+    """Saved at tp=2 with the odd vocabulary (padded to 512 inside the engine): from_pretrained
+    loads the real shapes and gives the same log-probs; a world-size-1 Megatron engine and a
+    world-size-1 DTensor engine (both padding to 384) resume with the same loss, gradient norm
+    and lr as the tp=2 engine that kept going (the optimizer state is stored unsharded under HF
+    names, with the real vocabulary)."""
+    model = model_dirs["odd_untied"]
+    vocab = AutoConfig.from_pretrained(model).vocab_size
+    first = make_batch(4, k=K, seed=11, vocab=vocab)
+    second = make_batch(4, k=K, seed=12, vocab=vocab)
     loss_fn = DistillationLossFn(implementation="torch")  # reverse KL, the default
     checkpoint = tmp_path / "step_1"
 
-    cfg = megatron_config(model_dirs["untied"], megatron_cfg__tensor_model_parallel_size=2)
+    cfg = megatron_config(model, megatron_cfg__tensor_model_parallel_size=2)
     policy = Policy(cfg, cpu_cluster(2), name="megatron_save")
     try:
         policy.train(first, loss_fn)
@@ -88,6 +95,7 @@ def test_checkpoint_loads_in_transformers_and_resumes_in_another_layout(
         policy.shutdown()
 
     hf = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
+    assert hf.lm_head.weight.shape[0] == hf.config.vocab_size == vocab
     hf_logprobs = reference_logprobs(hf, second)
     valid = torch.arange(hf_logprobs.shape[1]) < second["input_lengths"].unsqueeze(1) - 1
     assert (hf_logprobs - saved_logprobs).abs()[valid].max() < LOGPROB_ATOL
@@ -95,8 +103,8 @@ def test_checkpoint_loads_in_transformers_and_resumes_in_another_layout(
     # The same checkpoint resumes in either backend (the DTensor engine reads the optimizer
     # state Megatron's optimizer wrote).
     for backend, cfg in (
-        ("megatron", megatron_config(model_dirs["untied"])),
-        ("dtensor", policy_config(model_dirs["untied"])),
+        ("megatron", megatron_config(model)),
+        ("dtensor", policy_config(model)),
     ):
         again = train_after_resume(cfg, 1, str(checkpoint), second, loss_fn, step=1)
         for name in ("loss", "grad_norm", "lr"):
@@ -110,12 +118,16 @@ def test_checkpoint_loads_in_transformers_and_resumes_in_another_layout(
 
 
 def test_frozen_teacher_topk(model_dirs, ray_session):
+    """tp=2 on the odd vocabulary: Hugging Face's top-k, every id a real one."""
+    reference = load_reference(model_dirs["odd_untied"])
+    vocab = reference.config.vocab_size
     cfg = megatron_config(
-        model_dirs["untied"], megatron_cfg__tensor_model_parallel_size=2, optimizer=None
+        model_dirs["odd_untied"], megatron_cfg__tensor_model_parallel_size=2, optimizer=None
     )
-    batch = make_batch(5, teacher=False, seed=4)
+    batch = make_batch(5, teacher=False, seed=4, vocab=vocab)
     values, indices = frozen_topk(cfg, 2, batch, K)
-    ref_values, ref_indices = reference_topk(load_reference(model_dirs["untied"]), batch, K)
+    assert int(indices.max()) < vocab
+    ref_values, ref_indices = reference_topk(reference, batch, K)
     assert_topk_close(
         values, indices, ref_values, ref_indices, batch["input_lengths"], LOGPROB_ATOL
     )

@@ -5,7 +5,14 @@ import time
 import pytest
 import ray
 import torch
-from conftest import cpu_cluster, frozen_topk, make_batch, policy_config, train_after_resume
+from conftest import (
+    ODD_VOCAB,
+    cpu_cluster,
+    frozen_topk,
+    make_batch,
+    policy_config,
+    train_after_resume,
+)
 from references import (
     load_reference,
     reference_logits,
@@ -23,9 +30,16 @@ from nemo_opd.policy.policy import Policy
 K = 5
 
 
-def test_save_loads_in_transformers_and_resume_is_exact(model_dirs, ray_session, tmp_path):
-    cfg = policy_config(model_dirs["tied"], dtensor_cfg__tensor_parallel_size=2)
-    first, second = make_batch(4, k=K, seed=11), make_batch(4, k=K, seed=12)
+@pytest.mark.parametrize("saved_tp,resumed_tp", [(2, 2), (1, 2)])
+def test_save_loads_in_transformers_and_resumes(
+    saved_tp, resumed_tp, model_dirs, ray_session, tmp_path
+):
+    """A checkpoint of the odd-vocabulary model (padded inside the engine) is a plain Hugging
+    Face checkpoint with the real shapes, and resumes at the same tensor-parallel size exactly
+    and at another one within float rounding."""
+    cfg = policy_config(model_dirs["odd_tied"], dtensor_cfg__tensor_parallel_size=saved_tp)
+    first = make_batch(4, k=K, seed=11, vocab=ODD_VOCAB)
+    second = make_batch(4, k=K, seed=12, vocab=ODD_VOCAB)
     loss_fn = DistillationLossFn(implementation="torch")  # reverse KL, the default
     checkpoint = tmp_path / "step_1"
 
@@ -44,6 +58,8 @@ def test_save_loads_in_transformers_and_resume_is_exact(model_dirs, ray_session,
 
     # The saved weights are a plain Hugging Face checkpoint.
     hf = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
+    assert hf.config.vocab_size == ODD_VOCAB
+    assert hf.get_input_embeddings().weight.shape[0] == ODD_VOCAB
     with torch.no_grad():
         logp = torch.log_softmax(reference_logits(hf, second), -1)
     targets = torch.roll(second["input_ids"], -1, dims=1)
@@ -51,10 +67,12 @@ def test_save_loads_in_transformers_and_resume_is_exact(model_dirs, ray_session,
     valid = torch.arange(hf_logprobs.shape[1]) < second["input_lengths"].unsqueeze(1) - 1
     assert (hf_logprobs - saved_logprobs).abs()[valid].max() < 2e-5
 
-    again = train_after_resume(cfg, 2, str(checkpoint), second, loss_fn, step=1)
+    resumed = policy_config(model_dirs["odd_tied"], dtensor_cfg__tensor_parallel_size=resumed_tp)
+    again = train_after_resume(resumed, 2, str(checkpoint), second, loss_fn, step=1)
+    rtol = 1e-6 if resumed_tp == saved_tp else 1e-5  # another layout sums in another order
     for name in ("loss", "grad_norm", "lr"):
         torch.testing.assert_close(
-            torch.tensor(again[name]), torch.tensor(continued[name]), rtol=1e-6, atol=0
+            torch.tensor(again[name]), torch.tensor(continued[name]), rtol=rtol, atol=0
         )
     # Scoring between training steps must not disturb training: the step after the save
     # matches a plain HF backward from the saved weights.
@@ -65,10 +83,14 @@ def test_save_loads_in_transformers_and_resume_is_exact(model_dirs, ray_session,
 
 
 def test_teacher_topk_equals_hf_topk(model_dirs, ray_session):
-    cfg = policy_config(model_dirs["untied"], dtensor_cfg__tensor_parallel_size=2, optimizer=None)
-    batch = make_batch(5, teacher=False, seed=4)  # 5 rows: not a multiple of dp is fine
+    """At tp=2 on the odd vocabulary (rank 1's shard is partly padding): the same values and
+    ids as Hugging Face, every id a real one."""
+    model = model_dirs["odd_untied"]
+    cfg = policy_config(model, dtensor_cfg__tensor_parallel_size=2, optimizer=None)
+    # 5 rows: not a multiple of dp is fine
+    batch = make_batch(5, teacher=False, seed=4, vocab=ODD_VOCAB)
     values, indices = frozen_topk(cfg, 2, batch, K)
-    ref_values, ref_indices = reference_topk(load_reference(model_dirs["untied"]), batch, K)
+    ref_values, ref_indices = reference_topk(load_reference(model), batch, K)
     valid = torch.arange(values.shape[1]) < batch["input_lengths"].unsqueeze(1)
     assert values.dtype == torch.float32 and indices.dtype == torch.int32
     assert (values - ref_values).abs()[valid].max() < 2e-5
@@ -96,6 +118,32 @@ def test_parallel_sizes_must_divide_world(model_dirs, ray_session, tp, cp):
     )
     with pytest.raises(ValueError, match=r"tensor_parallel_size .* must divide the 2 workers"):
         Policy(cfg, cpu_cluster(2))
+
+
+def test_evaluate_refuses_a_malformed_teacher(model_dirs, ray_session):
+    """evaluate checks the teacher's top-k where the loss grades, as train does: a NaN or an
+    id outside the vocabulary stops the call with a message naming it (the loss is never
+    run), instead of a NaN validation metric."""
+
+    def loss_fn(*args, **kwargs):
+        raise AssertionError("the loss must not run on a malformed teacher")
+
+    policy = Policy(policy_config(model_dirs["odd_tied"]), cpu_cluster(1), name="eval_checks")
+    try:
+        for key, value, message in (
+            ("teacher_topk_logprobs", float("nan"), "non-finite teacher_topk_logprobs"),
+            (
+                "teacher_topk_indices",
+                ODD_VOCAB,
+                rf"teacher_topk_indices outside \[0, {ODD_VOCAB}\)",
+            ),
+        ):
+            batch = make_batch(2, k=K, seed=13, vocab=ODD_VOCAB)
+            batch[key][1, 5, 0] = value  # position 5 of row 1 is graded
+            with pytest.raises(WorkerError, match=message):
+                policy.evaluate(batch, loss_fn)
+    finally:
+        policy.shutdown()
 
 
 def test_dead_worker_is_named(model_dirs, ray_session):

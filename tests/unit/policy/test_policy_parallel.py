@@ -1,7 +1,9 @@
-"""Every parallel layout on 2 CPU workers (gloo) matches a single-process HF reference.
+"""Every parallel layout on 2 or 4 CPU workers (gloo) matches a single-process HF reference.
 
 Each layout checks, on one Policy: get_logprobs, get_topk_logits (values; ids up to swaps of
 near-ties), the per-step training loss of two optimizer steps, and the parameters after them.
+The odd_* models have a vocabulary (301) that tensor parallelism does not divide: the engine
+pads it, and everything it returns must still have the real vocabulary.
 """
 
 import pytest
@@ -18,6 +20,7 @@ from references import (
 from nemo_opd.losses import DistillationLossFn, TopkKLParams, build_loss_mask
 from nemo_opd.policy.policy import Policy
 
+RAY_CPUS = 4  # logical: the 4-worker layouts run on a 2-core machine too
 K = 4
 LOGPROB_ATOL = 2e-5
 LOSS_RTOL = 1e-4
@@ -66,6 +69,13 @@ LAYOUTS = {
             "sequence_packing__sequence_length_round": 1,
         },
     ),
+    "tp2_odd_vocab": ("odd_tied", 2, {"dtensor_cfg__tensor_parallel_size": 2}),
+    "tp2_dp2_odd_vocab": ("odd_untied", 4, {"dtensor_cfg__tensor_parallel_size": 2}),
+    "tp2_cp2_odd_vocab": (
+        "odd_tied",
+        4,
+        {"dtensor_cfg__tensor_parallel_size": 2, "dtensor_cfg__context_parallel_size": 2},
+    ),
 }
 
 
@@ -87,7 +97,8 @@ def check_layout_against_reference(cfg, model_dir: str, workers: int, layout: st
     """One Policy of `cfg` on `workers` CPU workers against the single-process HF fp32
     reference of `model_dir`: get_logprobs, get_topk_logits, evaluate, the loss and gradient
     norm of two AdamW steps and the parameters after them (the Megatron tests use it too)."""
-    batch = make_batch(8, k=K, seed=3)
+    reference = load_reference(model_dir)
+    batch = make_batch(8, k=K, seed=3, vocab=reference.config.vocab_size)
     batch["sample_mask"][5] = 0.0
     loss_fn = DistillationLossFn(params=TopkKLParams(kl_type="mixed"), implementation="torch")
     policy = Policy(cfg, cpu_cluster(workers), name=layout)
@@ -101,7 +112,6 @@ def check_layout_against_reference(cfg, model_dir: str, workers: int, layout: st
     finally:
         policy.shutdown()
 
-    reference = load_reference(model_dir)
     ref_logprobs = reference_logprobs(reference, batch)
     ref_values, ref_indices = reference_topk(reference, batch, K)
     logprob_err = (logprobs - ref_logprobs).abs().max()
@@ -128,6 +138,7 @@ def check_layout_against_reference(cfg, model_dir: str, workers: int, layout: st
     torch.testing.assert_close(torch.tensor(metrics["grad_norm"]), torch.tensor(ref_norms), **close)
     worst = 0.0
     for name, ref in ref_params.items():
+        assert weights[name].shape == ref.shape, f"{layout}: {name} has shape {weights[name].shape}"
         err = (weights[name] - ref.detach()).abs().max()
         assert err < PARAM_ATOL, f"{layout}: {name} differs by {err:.3g} after 2 steps"
         worst = max(worst, float(err))

@@ -1,10 +1,11 @@
-"""HF <-> Megatron conversion: exact round trips and Megatron's layout of each fused weight."""
+"""HF <-> Megatron conversion: exact round trips and Megatron's layout of each fused weight and
+of the padded vocabulary."""
 
 import pytest
 import torch
 from transformers import LlamaConfig, Qwen3Config
 
-from nemo_opd.models.hf_megatron import (
+from nemo_opd.policy.engines.megatron_convert import (
     GPTShape,
     conversion_rules,
     hf_to_megatron,
@@ -14,9 +15,9 @@ from nemo_opd.models.hf_megatron import (
 HIDDEN, FFN, VOCAB = 24, 40, 36
 
 
-def _config(family: str, tied: bool):
+def _config(family: str, tied: bool, vocab: int = VOCAB):
     common = {
-        "vocab_size": VOCAB,
+        "vocab_size": vocab,
         "hidden_size": HIDDEN,
         "intermediate_size": FFN,
         "num_hidden_layers": 2,
@@ -45,9 +46,11 @@ def _random_hf_state(config) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("tp", [1, 2, 4])
 def test_round_trip_is_exact(family, tied, tp):
     config = _config(family, tied)
-    shape = GPTShape.from_hf_config(config)
+    shape = GPTShape.from_hf_config(config, tp)
     hf = _random_hf_state(config)
     shards = [hf_to_megatron(hf, shape, rank, tp) for rank in range(tp)]
+    rows = {s["embedding.word_embeddings.weight"].shape[0] for s in shards}
+    assert rows == {shape.padded_vocab_size // tp}
     back = dict(megatron_to_hf(shards, shape))
     assert set(back) == set(hf)
     for name, tensor in hf.items():
@@ -104,16 +107,31 @@ def test_fc1_shard_is_gate_then_up():
 
 
 def test_vocab_and_row_parallel_shards():
-    config = _config("qwen3", tied=False)
-    shape = GPTShape.from_hf_config(config)
+    """The vocabulary (301, odd) is padded to 512 rows at tp=2: rank 0 holds ids 0..255, rank 1
+    ids 256..300 and 211 zero rows; the way back strips them."""
+    config = _config("qwen3", tied=False, vocab=301)
+    shape = GPTShape.from_hf_config(config, tp=2)
+    assert (shape.vocab_size, shape.padded_vocab_size) == (301, 512)
     hf = _random_hf_state(config)
-    shard = hf_to_megatron(hf, shape, 1, 2)
-    assert torch.equal(shard["output_layer.weight"], hf["lm_head.weight"][VOCAB // 2 :])
-    assert torch.equal(
-        shard["embedding.word_embeddings.weight"], hf["model.embed_tokens.weight"][VOCAB // 2 :]
-    )
+    shards = [hf_to_megatron(hf, shape, rank, 2) for rank in range(2)]
+    for name, hf_name in (
+        ("output_layer.weight", "lm_head.weight"),
+        ("embedding.word_embeddings.weight", "model.embed_tokens.weight"),
+    ):
+        first, second = (shard[name] for shard in shards)
+        assert torch.equal(first, hf[hf_name][:256])
+        assert torch.equal(second[:45], hf[hf_name][256:])
+        assert not second[45:].any() and second.shape[0] == 256
+    back = dict(megatron_to_hf(shards, shape))
+    assert torch.equal(back["lm_head.weight"], hf["lm_head.weight"])
     o_proj = hf["model.layers.0.self_attn.o_proj.weight"]
     assert torch.equal(
-        shard["decoder.layers.0.self_attention.linear_proj.weight"],
+        shards[1]["decoder.layers.0.self_attention.linear_proj.weight"],
         o_proj[:, o_proj.shape[1] // 2 :],
     )
+
+
+def test_padded_vocabulary_must_divide_by_tp():
+    shape = GPTShape.from_hf_config(_config("qwen3", tied=True), tp=1)  # 128 rows
+    with pytest.raises(ValueError, match=r"padded vocabulary \(128\) does not divide by 3"):
+        hf_to_megatron(_random_hf_state(_config("qwen3", tied=True)), shape, 0, 3)

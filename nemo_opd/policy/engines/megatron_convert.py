@@ -4,20 +4,24 @@ Megatron names follow megatron-core's local GPT layer spec. Each Megatron parame
 from one or more Hugging Face tensors by one of five rules ("kind"):
 
     replicated  norms: the same tensor on every tensor-parallel rank
-    rows        embedding and lm_head: rank r holds vocab rows [r V/tp, (r+1) V/tp)
+    rows        embedding and lm_head, padded with zero rows to the padded vocabulary
+                (vocab_padding.py): rank r holds rows [r V_pad/tp, (r+1) V_pad/tp); the
+                padding is stripped on the way back
     cols        o_proj and down_proj (row-parallel linears): rank r holds input columns
     qkv         linear_qkv: q, k and v interleaved per query group,
                 [g0: q heads of g0, k0, v0 | g1: ... ] (rows), groups split over ranks
     fc1         linear_fc1: rank r holds [gate rows of r; up rows of r] (SwiGLU's chunk(2))
 
-The rules are linear re-arrangements, so they apply unchanged to anything shaped like the
-weights (Adam's moment estimates included) and round-trip exactly.
+The rules are linear re-arrangements (plus zero padding), so they apply unchanged to anything
+shaped like the weights (Adam's moment estimates included) and round-trip exactly.
 """
 
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
+
+from nemo_opd.policy.engines.vocab_padding import padded_vocab_size, resize_vocab_rows
 
 Kind = str  # "replicated" | "rows" | "cols" | "qkv" | "fc1"
 
@@ -31,6 +35,8 @@ class GPTShape:
         num_heads, num_kv_heads, head_dim: attention heads (query, key/value) and their width.
         tied: lm_head shares the embedding (no output_layer.weight / lm_head.weight of its own).
         qk_norm: Qwen3-style per-head q_norm / k_norm.
+        vocab_size: the Hugging Face model's vocabulary (rows of its embedding and lm_head).
+        padded_vocab_size: rows of the Megatron embedding and output layer.
     """
 
     num_layers: int
@@ -39,9 +45,12 @@ class GPTShape:
     head_dim: int
     tied: bool
     qk_norm: bool
+    vocab_size: int
+    padded_vocab_size: int
 
     @classmethod
-    def from_hf_config(cls, config) -> "GPTShape":
+    def from_hf_config(cls, config, tp: int = 1) -> "GPTShape":
+        """The shape of the Megatron model of `config` at tensor-parallel size `tp`."""
         head_dim = getattr(config, "head_dim", None) or (
             config.hidden_size // config.num_attention_heads
         )
@@ -52,6 +61,8 @@ class GPTShape:
             head_dim=head_dim,
             tied=bool(config.tie_word_embeddings),
             qk_norm=config.model_type == "qwen3",
+            vocab_size=config.vocab_size,
+            padded_vocab_size=padded_vocab_size(config.vocab_size, tp),
         )
 
 
@@ -138,7 +149,12 @@ def to_megatron(
     if rule.kind == "replicated":
         return hf[0].clone()
     if rule.kind == "rows":
-        return hf[0].chunk(tp_size, dim=0)[tp_rank].clone()
+        if shape.padded_vocab_size % tp_size:
+            raise ValueError(
+                f"the padded vocabulary ({shape.padded_vocab_size}) does not divide by {tp_size}"
+            )
+        padded = resize_vocab_rows(hf[0], shape.padded_vocab_size)
+        return padded.chunk(tp_size, dim=0)[tp_rank].clone()
     if rule.kind == "cols":
         return hf[0].chunk(tp_size, dim=1)[tp_rank].clone()
     if rule.kind == "fc1":
@@ -166,7 +182,7 @@ def to_hf(rule: Rule, shards: list[torch.Tensor], shape: GPTShape) -> list[torch
     if rule.kind == "replicated":
         return [shards[0].clone()]
     if rule.kind == "rows":
-        return [torch.cat(shards, dim=0)]
+        return [resize_vocab_rows(torch.cat(shards, dim=0), shape.vocab_size)]
     if rule.kind == "cols":
         return [torch.cat(shards, dim=1)]
     if rule.kind == "fc1":

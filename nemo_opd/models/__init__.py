@@ -1,1 +1,0 @@
-"""Model-format conversion (Hugging Face <-> Megatron)."""
