@@ -338,6 +338,13 @@ class PolicyConfig(Section):
     """Pad each batch's sequence length to a multiple of this (sequence parallel needs a
     multiple of the tensor-parallel size; context parallel is padded for automatically)."""
 
+    make_vocab_size_divisible_by: int = Field(128, ge=1, le=MAX_TOKENS)
+    """Inside the engine, the embedding and output layer get the vocabulary rounded up to a
+    multiple of this x the tensor-parallel size (Megatron's key of the same name), so that any
+    vocabulary splits evenly over tensor-parallel ranks. Padded ids are masked out of every
+    softmax, top-k and loss, and never leave the engine: exports and checkpoints have the real
+    vocabulary. 1 pads only what tensor parallelism needs."""
+
     dtensor_cfg: DTensorConfig = Field(default_factory=DTensorConfig)
     """The DTensor backend."""
 

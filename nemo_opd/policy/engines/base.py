@@ -196,7 +196,9 @@ class Engine(ABC):
     @property
     def padded_vocab_size(self) -> int:
         """Rows of the model's embedding and output layer (vocab_padding.py)."""
-        return padded_vocab_size(self.vocab_size, self.dims.tp)
+        return padded_vocab_size(
+            self.vocab_size, self.dims.tp, self.cfg.make_vocab_size_divisible_by
+        )
 
     @property
     def vocab_start(self) -> int:

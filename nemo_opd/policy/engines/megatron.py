@@ -107,7 +107,9 @@ class MegatronEngine(Engine):
 
             apply_cpu_shim()
         check_supported(self.hf_config)
-        self.shape = GPTShape.from_hf_config(self.hf_config, dims.tp)
+        self.shape = GPTShape.from_hf_config(
+            self.hf_config, dims.tp, cfg.make_vocab_size_divisible_by
+        )
         self.rules = conversion_rules(self.shape)
         _init_megatron_parallel(dims)
         self.model = self._build_model()

@@ -21,7 +21,11 @@ from dataclasses import dataclass
 
 import torch
 
-from nemo_opd.policy.engines.vocab_padding import padded_vocab_size, resize_vocab_rows
+from nemo_opd.policy.engines.vocab_padding import (
+    VOCAB_PAD_MULTIPLE,
+    padded_vocab_size,
+    resize_vocab_rows,
+)
 
 Kind = str  # "replicated" | "rows" | "cols" | "qkv" | "fc1"
 
@@ -49,8 +53,9 @@ class GPTShape:
     padded_vocab_size: int
 
     @classmethod
-    def from_hf_config(cls, config, tp: int = 1) -> "GPTShape":
-        """The shape of the Megatron model of `config` at tensor-parallel size `tp`."""
+    def from_hf_config(cls, config, tp: int = 1, multiple: int = VOCAB_PAD_MULTIPLE) -> "GPTShape":
+        """The shape of the Megatron model of `config` at tensor-parallel size `tp`, its
+        vocabulary padded to a multiple of `multiple` x tp."""
         head_dim = getattr(config, "head_dim", None) or (
             config.hidden_size // config.num_attention_heads
         )
@@ -62,7 +67,7 @@ class GPTShape:
             tied=bool(config.tie_word_embeddings),
             qk_norm=config.model_type == "qwen3",
             vocab_size=config.vocab_size,
-            padded_vocab_size=padded_vocab_size(config.vocab_size, tp),
+            padded_vocab_size=padded_vocab_size(config.vocab_size, tp, multiple),
         )
 
 

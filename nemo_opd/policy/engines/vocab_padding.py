@@ -1,11 +1,11 @@
 """The padded vocabulary: how engines split a vocabulary that tensor parallelism does not divide.
 
 As Megatron does, an engine builds its embedding and output layer with V_pad rows: the real
-vocabulary V rounded up to a multiple of VOCAB_PAD_MULTIPLE x tp, so that every tensor-parallel
-rank holds V_pad / tp rows (rank r: ids [r V_pad / tp, (r + 1) V_pad / tp); the last ranks' shards
-may be partly or entirely padding). The padded rows are zero and their logit columns are masked
-to -inf (mask_padded_logits) before any softmax, log-prob, top-k or loss sees them, so they get
-no probability and no gradient.
+vocabulary V rounded up to a multiple of policy.make_vocab_size_divisible_by x tp, so that
+every tensor-parallel rank holds V_pad / tp rows (rank r: ids [r V_pad / tp, (r + 1) V_pad /
+tp); the last ranks' shards may be partly or entirely padding). The padded rows are zero and
+their logit columns are masked to -inf (mask_padded_logits) before any softmax, log-prob, top-k
+or loss sees them, so they get no probability and no gradient.
 
 Nothing padded leaves an engine: exported weights, checkpoints and optimizer moments have the
 real V rows (resize_vocab_* strip them on the way out and pad them again on the way in), so a
@@ -17,16 +17,16 @@ import torch
 from nemo_opd.data.batching import round_up
 
 VOCAB_PAD_MULTIPLE = 128
-"""Rows per tensor-parallel shard are a multiple of this (Megatron's default
-make_vocab_size_divisible_by, which keeps the output layer's matrix shapes aligned)."""
+"""The default of policy.make_vocab_size_divisible_by (Megatron's default too): rows per
+tensor-parallel shard are a multiple of it, which keeps the output layer's shapes aligned."""
 
 VOCAB_WEIGHTS = ("model.embed_tokens.weight", "lm_head.weight")
 """The Hugging Face weights with one row per vocabulary id."""
 
 
-def padded_vocab_size(vocab_size: int, tp: int) -> int:
-    """V rounded up to a multiple of VOCAB_PAD_MULTIPLE x tp."""
-    return round_up(vocab_size, VOCAB_PAD_MULTIPLE * tp)
+def padded_vocab_size(vocab_size: int, tp: int, multiple: int = VOCAB_PAD_MULTIPLE) -> int:
+    """V rounded up to a multiple of `multiple` x tp."""
+    return round_up(vocab_size, multiple * tp)
 
 
 def resize_vocab_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:

@@ -112,6 +112,7 @@ def test_vocab_and_row_parallel_shards():
     config = _config("qwen3", tied=False, vocab=301)
     shape = GPTShape.from_hf_config(config, tp=2)
     assert (shape.vocab_size, shape.padded_vocab_size) == (301, 512)
+    assert GPTShape.from_hf_config(config, tp=2, multiple=1).padded_vocab_size == 302
     hf = _random_hf_state(config)
     shards = [hf_to_megatron(hf, shape, rank, 2) for rank in range(2)]
     for name, hf_name in (

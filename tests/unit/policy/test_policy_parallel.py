@@ -70,7 +70,12 @@ LAYOUTS = {
         },
     ),
     "tp2_odd_vocab": ("odd_tied", 2, {"dtensor_cfg__tensor_parallel_size": 2}),
-    "tp2_dp2_odd_vocab": ("odd_untied", 4, {"dtensor_cfg__tensor_parallel_size": 2}),
+    # policy.make_vocab_size_divisible_by 1: 302 rows, 151 per rank, one of them padding
+    "tp2_dp2_odd_vocab": (
+        "odd_untied",
+        4,
+        {"dtensor_cfg__tensor_parallel_size": 2, "make_vocab_size_divisible_by": 1},
+    ),
     "tp2_cp2_odd_vocab": (
         "odd_tied",
         4,
