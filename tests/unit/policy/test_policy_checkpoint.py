@@ -1,5 +1,7 @@
 """Checkpoints (HF layout, resume), the frozen teacher, offload/onload and failure modes."""
 
+import os
+import resource
 import time
 
 import pytest
@@ -22,10 +24,12 @@ from references import (
 )
 from transformers import AutoModelForCausalLM
 
+from nemo_opd.config import CheckpointingConfig
 from nemo_opd.distributed.cluster import ClusterResourceError
 from nemo_opd.distributed.worker_group import WorkerError
 from nemo_opd.losses import DistillationLossFn
 from nemo_opd.policy.policy import Policy
+from nemo_opd.utils.checkpoint_manager import CheckpointManager
 
 K = 5
 
@@ -131,7 +135,7 @@ def test_evaluate_refuses_a_malformed_teacher(model_dirs, ray_session):
     policy = Policy(policy_config(model_dirs["odd_tied"]), cpu_cluster(1), name="eval_checks")
     try:
         for key, value, message in (
-            ("teacher_topk_logprobs", float("nan"), "non-finite teacher_topk_logprobs"),
+            ("teacher_topk_logprobs", float("nan"), r"NaN or \+inf teacher_topk_logprobs"),
             (
                 "teacher_topk_indices",
                 ODD_VOCAB,
@@ -142,6 +146,39 @@ def test_evaluate_refuses_a_malformed_teacher(model_dirs, ray_session):
             batch[key][1, 5, 0] = value  # position 5 of row 1 is graded
             with pytest.raises(WorkerError, match=message):
                 policy.evaluate(batch, loss_fn)
+    finally:
+        policy.shutdown()
+
+
+def test_a_save_that_fails_part_way_keeps_the_earlier_checkpoints(
+    model_dirs, ray_session, tmp_path
+):
+    """A save stopped part-way by a real write limit (a file-size limit set on the live rank-0
+    worker, which stops a write as a full disk would) fails naming the cause, leaves nothing
+    of itself, and the earlier checkpoint still verifies and loads."""
+    policy = Policy(policy_config(model_dirs["tied"]), cpu_cluster(1), name="save_fault")
+    manager = CheckpointManager(CheckpointingConfig(checkpoint_dir=str(tmp_path)))
+
+    def write(directory):
+        policy.save(str(directory / "policy"))
+
+    try:
+        first = manager.save(1, write)
+        files = manager.load_state(first)["files"]
+        limit = files["policy/model.safetensors"]["bytes"] + 1  # the weights fit, the moments not
+        assert files["policy/training_state.pt"]["bytes"] > limit
+        rank0 = policy.workers.actors[0]
+        pid = ray.get(rank0.__ray_call__.remote(lambda worker: os.getpid()))
+        hard = resource.prlimit(pid, resource.RLIMIT_FSIZE)[1]
+        resource.prlimit(pid, resource.RLIMIT_FSIZE, (limit, hard))
+        cause = rf"training_state.pt failed .*may not write files over {limit:,} bytes"
+        with pytest.raises(
+            WorkerError, match=rf"save_fault: worker rank 0 raised OSError: .*{cause}"
+        ):
+            manager.save(2, write)
+        assert sorted(os.listdir(tmp_path)) == ["step_1"]
+        manager.verify(first)
+        policy.load(str(first / "policy"))  # reading is not limited
     finally:
         policy.shutdown()
 

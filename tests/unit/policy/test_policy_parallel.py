@@ -69,11 +69,10 @@ LAYOUTS = {
             "sequence_packing__sequence_length_round": 1,
         },
     ),
-    "tp2_odd_vocab": ("odd_tied", 2, {"dtensor_cfg__tensor_parallel_size": 2}),
-    # policy.make_vocab_size_divisible_by 1: 302 rows, 151 per rank, one of them padding
-    "tp2_dp2_odd_vocab": (
-        "odd_untied",
-        4,
+    # policy.make_vocab_size_divisible_by 1: 302 rows, 151 per rank, the last one padding
+    "tp2_odd_vocab": (
+        "odd_tied",
+        2,
         {"dtensor_cfg__tensor_parallel_size": 2, "make_vocab_size_divisible_by": 1},
     ),
     "tp2_cp2_odd_vocab": (
