@@ -129,6 +129,12 @@ class DistillationLossFn:
             validate_inputs=validate_inputs,
         )
 
+    @property
+    def input_fields(self) -> tuple[str, ...]:
+        """The per-position fields of `data` the engine passes (it cuts them into
+        microbatches): the aligned loss mask and the teacher's top-k."""
+        return ("loss_mask", "teacher_topk_logprobs", "teacher_topk_indices")
+
     def __call__(
         self,
         logits: torch.Tensor,
