@@ -7,10 +7,14 @@ One step of distillation_train, in order:
     1. refit     push the student's weights into vLLM, only when they changed
     2. rollout   run_multi_turn_rollout over the math environment
     3. flatten   message logs -> input_ids, input_lengths, token_mask, sample_mask
-    4. teacher   top-k log-probs and ids of every position
-    5. train     student.train with DistillationLossFn (one optimizer step per global batch)
-    6. validate  every val_period steps: accuracy, average length, validation KL
-    7. save/log  checkpoint every save_period steps; metrics to console, JSONL, TensorBoard
+    4. teacher   what the objective uses: top-k log-probs and ids of every position, and/or
+                 the log-prob of every sampled token (no teacher at all for reward-only RL)
+    5. advantage (objective.loss policy_gradient) the student's log-probs before the update,
+                 vLLM's sampling log-probs, and the advantages (nemo_opd.algorithms.advantages)
+    6. train     student.train with the objective's loss (DistillationLossFn or
+                 PolicyGradientLossFn; one optimizer step per global batch)
+    7. validate  every val_period steps: greedy accuracy, avg@k, average length, validation KL
+    8. save/log  checkpoint every save_period steps; metrics to console, JSONL, TensorBoard
 
 Resuming is automatic: when checkpointing.checkpoint_dir holds a checkpoint, the student,
 optimizer, data position and step are restored, and sampling seeds depend only on (seed, step),
@@ -31,6 +35,7 @@ import ray
 import torch
 from ray.util.placement_group import PlacementGroup
 
+from nemo_opd.algorithms.advantages import compute_advantages, group_ids_for
 from nemo_opd.algorithms.model_checks import (
     check_megatron_training_precision,
     check_tensor_parallel,
@@ -59,13 +64,14 @@ from nemo_opd.distributed.placement import worker_split
 from nemo_opd.environments import MathEnvironment
 from nemo_opd.errors import RunError, SetupError
 from nemo_opd.generation import VllmGeneration, logprob_mismatch
-from nemo_opd.losses import DistillationLossFn
+from nemo_opd.losses import DistillationLossFn, PolicyGradientLossFn, build_loss_mask
+from nemo_opd.policy.engines.base import metric_reduction
 from nemo_opd.policy.policy import Policy
 from nemo_opd.rollouts import RolloutResult, run_multi_turn_rollout
-from nemo_opd.tiny.assets import resolve_pretrained
+from nemo_opd.tiny.assets import recorded_heldout_accuracy, resolve_pretrained
 from nemo_opd.utils.checkpoint_manager import CheckpointManager
 from nemo_opd.utils.logger import Logger
-from nemo_opd.utils.plot import plot_metrics
+from nemo_opd.utils.plot import ROLLOUTS_KEY, plot_metrics
 from nemo_opd.utils.run_dirs import RunLock, check_writable
 from nemo_opd.utils.stop_signal import StopSignal
 from nemo_opd.utils.timers import Timers
@@ -89,9 +95,10 @@ class DistillationRun:
     loader: PromptLoader
     environments: dict
     student: Policy
-    teacher: Policy
+    teacher: Policy | None
     generation: VllmGeneration
-    loss_fn: DistillationLossFn
+    loss_fn: DistillationLossFn | PolicyGradientLossFn
+    val_loss_fn: DistillationLossFn | None
     logger: Logger
     checkpoints: CheckpointManager
     placement: PlacementGroup
@@ -103,7 +110,8 @@ class DistillationRun:
     def shutdown(self) -> None:
         """Stop every worker (generation first: it holds the most memory)."""
         for part in (self.generation, self.student, self.teacher):
-            part.shutdown()
+            if part is not None:
+                part.shutdown()
         for env in self.environments.values():
             env.shutdown()
         ray.util.remove_placement_group(self.placement)
@@ -164,15 +172,17 @@ def _build_run(cfg: DistillationConfig, lock: RunLock) -> DistillationRun:
 
     # Tokenizers: one shared vocabulary.
     tokenizer = load_tokenizer(cfg.policy.tokenizer, "policy")
-    check_same_vocabulary(tokenizer, load_tokenizer(cfg.teacher.tokenizer, "teacher"))
+    if cfg.teacher is not None:
+        check_same_vocabulary(tokenizer, load_tokenizer(cfg.teacher.tokenizer, "teacher"))
 
     # Model configs: vocabularies and tensor-parallel sizes fit.
     student_config = load_model_config(cfg.policy, "policy")
-    teacher_config = load_model_config(cfg.teacher, "teacher")
-    check_vocab_sizes(student_config, teacher_config, len(tokenizer))
     check_tensor_parallel(cfg.policy, student_config, "policy")
-    check_tensor_parallel(cfg.teacher, teacher_config, "teacher")
-    if cfg.distillation.topk_logits_k > student_config.vocab_size:
+    if cfg.teacher is not None:
+        teacher_config = load_model_config(cfg.teacher, "teacher")
+        check_vocab_sizes(student_config, teacher_config, len(tokenizer))
+        check_tensor_parallel(cfg.teacher, teacher_config, "teacher")
+    if cfg.teacher is not None and cfg.distillation.topk_logits_k > student_config.vocab_size:
         raise SetupError(
             f"distillation.topk_logits_k ({cfg.distillation.topk_logits_k}) exceeds the "
             f"vocabulary size ({student_config.vocab_size})"
@@ -203,7 +213,7 @@ def _build_run(cfg: DistillationConfig, lock: RunLock) -> DistillationRun:
         cfg.distillation.seed,
     )
 
-    # Workers: Ray, environments, student, teacher, generation.
+    # Workers: Ray, environments, student, teacher (when an objective term uses one), generation.
     _init_ray(cfg)
     environments = {"math": MathEnvironment(cfg.env.math)}
     split = worker_split(cfg.cluster, cfg.policy.generation)
@@ -224,15 +234,17 @@ def _build_run(cfg: DistillationConfig, lock: RunLock) -> DistillationRun:
         placement=placement,
         share=SHARE,
     )
-    teacher = Policy(
-        cfg.teacher,
-        cfg.cluster,
-        optimizer=False,
-        num_workers=split.training,
-        name="teacher",
-        placement=placement,
-        share=SHARE,
-    )
+    teacher = None
+    if cfg.teacher is not None:
+        teacher = Policy(
+            cfg.teacher,
+            cfg.cluster,
+            optimizer=False,
+            num_workers=split.training,
+            name="teacher",
+            placement=placement,
+            share=SHARE,
+        )
     generation.wait_until_ready()
     _print_temperatures(cfg)
 
@@ -246,7 +258,8 @@ def _build_run(cfg: DistillationConfig, lock: RunLock) -> DistillationRun:
         student=student,
         teacher=teacher,
         generation=generation,
-        loss_fn=DistillationLossFn.from_config(cfg.loss_fn),
+        loss_fn=_build_loss(cfg),
+        val_loss_fn=DistillationLossFn.from_config(cfg.loss_fn) if teacher else None,
         logger=None,
         checkpoints=CheckpointManager(cfg.checkpointing),
         placement=placement,
@@ -267,6 +280,8 @@ def _resolve_model_paths(cfg: DistillationConfig) -> DistillationConfig:
     update = {}
     for section in ("policy", "teacher"):
         model = getattr(cfg, section)
+        if model is None:
+            continue
         tokenizer = model.tokenizer.model_copy(
             update={"name": resolve_pretrained(model.tokenizer.name)}
         )
@@ -284,10 +299,12 @@ def _init_ray(cfg: DistillationConfig) -> None:
     ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=True)
 
 
+def _rollouts_per_step(cfg: DistillationConfig) -> int:
+    return cfg.distillation.num_prompts_per_step * cfg.distillation.num_generations_per_prompt
+
+
 def _optimizer_steps_per_step(cfg: DistillationConfig) -> int:
-    loop = cfg.distillation
-    rollouts = loop.num_prompts_per_step * loop.num_generations_per_prompt
-    return rollouts // cfg.policy.train_global_batch_size
+    return _rollouts_per_step(cfg) // cfg.policy.train_global_batch_size
 
 
 def _build_generation(
@@ -313,15 +330,53 @@ def _build_generation(
     )
 
 
+def _build_loss(cfg: DistillationConfig) -> DistillationLossFn | PolicyGradientLossFn:
+    """The objective's training loss: the top-k divergence, or the policy-gradient loss at the
+    sampling temperature (its ratios compare with vLLM's sampling log-probs)."""
+    if cfg.objective.loss == "topk_kl":
+        return DistillationLossFn.from_config(cfg.loss_fn)
+    return PolicyGradientLossFn.from_config(
+        cfg.objective, cfg.loss_fn, temperature=_sampling_temperature(cfg)
+    )
+
+
+def _sampling_temperature(cfg: DistillationConfig) -> float:
+    return cfg.policy.generation.temperature or 1.0
+
+
 def _teacher_temperature(cfg: DistillationConfig) -> float:
     return cfg.distillation.teacher_temperature or cfg.loss_fn.temperature
 
 
 def _print_temperatures(cfg: DistillationConfig) -> None:
+    objective = cfg.objective
+    student = cfg.loss_fn.temperature
+    if objective.loss == "policy_gradient":
+        student = _sampling_temperature(cfg)
+    teacher = f", teacher {_teacher_temperature(cfg)}" if objective.uses_teacher else ""
     print(
+        f"objective: {_describe_objective(cfg)}\n"
         f"temperatures: sampling {cfg.policy.generation.temperature}, student in the loss "
-        f"{cfg.loss_fn.temperature}, teacher {_teacher_temperature(cfg)}"
+        f"{student}{teacher}"
     )
+
+
+def _describe_objective(cfg: DistillationConfig) -> str:
+    """One line naming the loss and its enabled terms."""
+    objective = cfg.objective
+    if objective.loss == "topk_kl":
+        return f"top-k {cfg.loss_fn.kl_type} divergence (k={cfg.distillation.topk_logits_k})"
+    terms = []
+    if objective.opd_coef > 0:
+        terms.append(
+            f"{objective.opd_coef} x sampled reverse KL (discount {objective.opd_discount})"
+        )
+    if objective.uses_reward:
+        terms.append(f"{objective.reward_coef} x reward ({objective.reward_estimator})")
+    loss = f"policy gradient over advantages {' + '.join(terms)}"
+    if objective.topk_kl_coef > 0:
+        loss += f", plus {objective.topk_kl_coef} x top-k {cfg.loss_fn.kl_type} divergence"
+    return loss
 
 
 def _restore_latest(state: DistillationRun) -> None:
@@ -353,7 +408,8 @@ def distillation_train(state: DistillationRun) -> bool:
     loop = state.cfg.distillation
     timers = Timers()
     if loop.val_at_start and state.step == 0:
-        state.logger.log({**validate(state, timers), **timers.summary()}, step=0)
+        metrics = {**validate(state, timers), **timers.summary(), ROLLOUTS_KEY: 0}
+        state.logger.log(metrics, step=0)
     batches = iter(state.loader)
     with StopSignal() as stop:
         while state.step < loop.max_num_steps and state.loader.epoch < loop.max_num_epochs:
@@ -361,6 +417,9 @@ def distillation_train(state: DistillationRun) -> bool:
             with timers.time("train"):
                 metrics = _train_step(state, next(batches), step, timers)
             state.step = step
+            metrics[ROLLOUTS_KEY] = (
+                step * loop.num_prompts_per_step * loop.num_generations_per_prompt
+            )
             last = step == loop.max_num_steps
             if (loop.val_period and step % loop.val_period == 0) or (last and loop.val_at_end):
                 metrics.update(validate(state, timers))
@@ -377,7 +436,7 @@ def distillation_train(state: DistillationRun) -> bool:
 
 
 def _train_step(state: DistillationRun, samples: list, step: int, timers: Timers) -> dict:
-    """Steps 1-5 of the loop for one batch of prompts; returns its metrics."""
+    """Steps 1-6 of the loop for one batch of prompts; returns its metrics."""
     cfg, loop = state.cfg, state.cfg.distillation
     # 1. refit
     with timers.time("refit"):
@@ -387,12 +446,18 @@ def _train_step(state: DistillationRun, samples: list, step: int, timers: Timers
         logs, metadata = repeat_samples(samples, loop.num_generations_per_prompt)
         rollout = _rollout(state, logs, metadata, greedy=False, seed=_step_seed(cfg, step))
     # 3. flatten and 4. teacher
-    batch = _scored_batch(state, rollout, timers)
+    objective = cfg.objective
+    batch = _scored_batch(
+        state, rollout, timers, topk=objective.uses_topk, sampled=objective.uses_sampled_teacher
+    )
     metrics = {}
+    # 5. advantages
+    if objective.loss == "policy_gradient":
+        metrics.update(_policy_gradient_inputs(state, batch, rollout, len(samples), timers))
     if cfg.policy.generation.logprob_check:
         with timers.time("logprob_check"):
             metrics["generation/logprob_mismatch"] = _logprob_mismatch(state, batch, rollout)
-    # 5. train
+    # 6. train
     with timers.time("policy_training"):
         history = state.student.train(batch, state.loss_fn)
     metrics.update(_train_metrics(history, batch, rollout))
@@ -400,17 +465,70 @@ def _train_step(state: DistillationRun, samples: list, step: int, timers: Timers
     return metrics
 
 
-def _scored_batch(state: DistillationRun, rollout: RolloutResult, timers: Timers) -> TensorBatch:
+def _scored_batch(
+    state: DistillationRun, rollout: RolloutResult, timers: Timers, *, topk: bool, sampled: bool
+) -> TensorBatch:
     """Steps 3-4: the rollouts flattened into a batch (input_ids, input_lengths, token_mask,
-    sample_mask) with the teacher's top-k log-probs and ids of every position."""
+    sample_mask) with, as asked, the teacher's top-k log-probs and ids of every position
+    (teacher_topk_logprobs, teacher_topk_indices [B, S, k]) and its log-prob of every sampled
+    token (teacher_logprobs [B, S], position t scoring token t + 1)."""
     cfg = state.cfg
     batch = flatten_message_logs(rollout.message_logs, state.formatter.tokenizer.pad_token_id)
-    with timers.time("teacher_topk"):
-        values, indices = state.teacher.get_topk_logits(
-            batch, cfg.distillation.topk_logits_k, temperature=_teacher_temperature(cfg)
-        )
-    batch["teacher_topk_logprobs"], batch["teacher_topk_indices"] = values, indices
+    temperature = _teacher_temperature(cfg)
+    if topk:
+        with timers.time("teacher_topk"):
+            values, indices = state.teacher.get_topk_logits(
+                batch, cfg.distillation.topk_logits_k, temperature=temperature
+            )
+        batch["teacher_topk_logprobs"], batch["teacher_topk_indices"] = values, indices
+    if sampled:
+        with timers.time("teacher_logprobs"):
+            batch["teacher_logprobs"] = state.teacher.get_logprobs(batch, temperature=temperature)
     return batch
+
+
+def _policy_gradient_inputs(
+    state: DistillationRun,
+    batch: TensorBatch,
+    rollout: RolloutResult,
+    num_prompts: int,
+    timers: Timers,
+) -> dict:
+    """Step 5: add old_logprobs (the student's, before this step's updates, at the sampling
+    temperature), sampler_logprobs (vLLM's) and advantages ([B, S], position t scoring token
+    t + 1) to the batch; returns the advantages' metrics as train/*."""
+    cfg, objective = state.cfg, state.cfg.objective
+    with timers.time("old_logprobs"):
+        old = state.student.get_logprobs(batch, temperature=_sampling_temperature(cfg))
+    batch["old_logprobs"] = old
+    batch["sampler_logprobs"] = _sampler_logprobs(rollout, old)
+    with timers.time("advantages"):
+        mask = build_loss_mask(batch["token_mask"], batch["sample_mask"])
+        advantages, stats = compute_advantages(
+            mask,
+            rewards=rollout.rewards,
+            group_ids=group_ids_for(num_prompts, cfg.distillation.num_generations_per_prompt),
+            student_logprobs=old,
+            teacher_logprobs=batch.get("teacher_logprobs"),
+            opd_coef=objective.opd_coef,
+            opd_discount=objective.opd_discount,
+            reward_estimator=objective.reward_estimator if objective.uses_reward else "none",
+            reward_coef=objective.reward_coef,
+            normalize_std=objective.grpo_normalize_std,
+        )
+    batch["advantages"] = advantages
+    return {f"train/{name}": value for name, value in stats.items()}
+
+
+def _sampler_logprobs(rollout: RolloutResult, old: torch.Tensor) -> torch.Tensor:
+    """vLLM's log-prob of every sampled token at the position that predicts it, [B, S]; where
+    vLLM reported none (tokens it did not sample), the student's own (a correction weight
+    of 1)."""
+    generated, known = flatten_generation_logprobs(rollout.message_logs, old.shape[1])
+    shifted = torch.roll(generated, -1, dims=1)
+    known = torch.roll(known, -1, dims=1)
+    known[:, -1] = 0
+    return torch.where(known > 0, shifted, old)
 
 
 def _timing_metrics(timers: Timers, num_tokens: float) -> dict:
@@ -432,7 +550,13 @@ def _refit_if_stale(state: DistillationRun) -> None:
 
 
 def _rollout(
-    state: DistillationRun, logs: list, metadata: list, *, greedy: bool, seed: int | None
+    state: DistillationRun,
+    logs: list,
+    metadata: list,
+    *,
+    greedy: bool,
+    seed: int | None,
+    temperature: float | None = None,
 ) -> RolloutResult:
     """Rollouts with the generation engine awake (and asleep again afterwards)."""
     cfg = state.cfg
@@ -449,6 +573,7 @@ def _rollout(
             max_new_tokens=cfg.policy.generation.max_new_tokens,
             greedy=greedy,
             seed=seed,
+            temperature=temperature,
         )
     finally:
         state.generation.finish_generation()
@@ -462,12 +587,15 @@ def _step_seed(cfg: DistillationConfig, step: int) -> int:
 
 def _logprob_mismatch(state: DistillationRun, batch: TensorBatch, rollout: RolloutResult) -> float:
     """Mean |vLLM log-prob - student log-prob| over the generated tokens of this step's first
-    generation.logprob_check_samples rollouts (all of them when null)."""
+    generation.logprob_check_samples rollouts (all of them when null); a policy-gradient step
+    reuses the old log-probs it already computed."""
     gen_cfg = state.cfg.policy.generation
     rows = min(batch.size, gen_cfg.logprob_check_samples or batch.size)
     checked = batch.slice(0, rows)
-    temperature = gen_cfg.temperature or 1.0
-    student = state.student.get_logprobs(checked, temperature=temperature)  # [rows, S]
+    if "old_logprobs" in checked:
+        student = checked["old_logprobs"]
+    else:
+        student = state.student.get_logprobs(checked, temperature=_sampling_temperature(state.cfg))
     generated, mask = flatten_generation_logprobs(
         rollout.message_logs[:rows], checked["input_ids"].shape[1]
     )
@@ -476,8 +604,12 @@ def _logprob_mismatch(state: DistillationRun, batch: TensorBatch, rollout: Rollo
 
 
 def _train_metrics(history: dict, batch: TensorBatch, rollout: RolloutResult) -> dict:
-    """train/* (loss-function metrics averaged over the step's optimizer steps), rollout/*."""
-    metrics = {f"train/{name}": sum(values) / len(values) for name, values in history.items()}
+    """train/* (loss-function metrics averaged over the step's optimizer steps; *_min / *_max:
+    their min / max), rollout/*."""
+    combine = {"min": min, "max": max, "sum": lambda values: sum(values) / len(values)}
+    metrics = {
+        f"train/{name}": combine[metric_reduction(name)](values) for name, values in history.items()
+    }
     metrics["train/reward"] = float(rollout.rewards.mean())
     metrics["train/num_tokens"] = float(batch["input_lengths"].sum())
     metrics.update({f"rollout/{name}": value for name, value in rollout.metrics.items()})
@@ -510,34 +642,69 @@ def _rollout_records(rollout: RolloutResult) -> list[dict]:
 
 def validate(state: DistillationRun, timers: Timers) -> dict:
     """Greedy rollouts of the validation prompts: accuracy (mean env reward), average generated
-    length, and the divergence between student and teacher on those rollouts."""
+    length and, with a teacher, the top-k divergence between student and teacher on those
+    rollouts; with distillation.val_samples_per_prompt = k, also avg@k and pass@k of k sampled
+    rollouts per prompt."""
     loop = state.cfg.distillation
     with timers.time("validation"):
         with timers.time("refit"):
             _refit_if_stale(state)
-        samples = state.val_prompts.samples
-        rewards, lengths, kl_sums, count = [], [], {}, 0
-        for start in range(0, len(samples), loop.val_batch_size):
-            chunk = samples[start : start + loop.val_batch_size]
-            logs, metadata = repeat_samples(chunk, 1)
-            with timers.time("generation"):
-                rollout = _rollout(state, logs, metadata, greedy=True, seed=None)
-            batch = _scored_batch(state, rollout, timers)
-            with timers.time("student_eval"):
-                evaluated = state.student.evaluate(batch, state.loss_fn)
-            tokens = evaluated["global_valid_toks"]
-            for name in ("loss", "forward_kl", "reverse_kl", "top1_agreement"):
-                kl_sums[name] = kl_sums.get(name, 0.0) + evaluated[name] * tokens
-            count += tokens
-            rewards.append(rollout.rewards)
-            lengths.append(rollout.metrics["mean_generated_tokens"] * len(chunk))
-    rewards = torch.cat(rewards)
+        metrics = _validate_greedy(state, timers)
+        if loop.val_samples_per_prompt:
+            metrics.update(_validate_sampled(state, timers, loop.val_samples_per_prompt))
+    return metrics
+
+
+def _validate_greedy(state: DistillationRun, timers: Timers) -> dict:
+    loop = state.cfg.distillation
+    samples = state.val_prompts.samples
+    rewards, lengths, kl_sums, count = [], [], {}, 0
+    for start in range(0, len(samples), loop.val_batch_size):
+        chunk = samples[start : start + loop.val_batch_size]
+        logs, metadata = repeat_samples(chunk, 1)
+        with timers.time("generation"):
+            rollout = _rollout(state, logs, metadata, greedy=True, seed=None)
+        rewards.append(rollout.rewards)
+        lengths.append(rollout.metrics["mean_generated_tokens"] * len(chunk))
+        if state.val_loss_fn is None:
+            continue
+        batch = _scored_batch(state, rollout, timers, topk=True, sampled=False)
+        with timers.time("student_eval"):
+            evaluated = state.student.evaluate(batch, state.val_loss_fn)
+        tokens = evaluated["global_valid_toks"]
+        for name in ("loss", "forward_kl", "reverse_kl", "top1_agreement"):
+            kl_sums[name] = kl_sums.get(name, 0.0) + evaluated[name] * tokens
+        count += tokens
     metrics = {
-        "validation/accuracy": float(rewards.mean()),
+        "validation/accuracy": float(torch.cat(rewards).mean()),
         "validation/avg_length": sum(lengths) / len(samples),
     }
     metrics.update({f"validation/{n}": s / max(count, 1.0) for n, s in kl_sums.items()})
     return metrics
+
+
+def _validate_sampled(state: DistillationRun, timers: Timers, k: int) -> dict:
+    """validation/accuracy_avg@k (mean reward over k samples of every prompt at
+    distillation.val_temperature) and validation/pass@k (the fraction of prompts with a
+    reward-1 sample). Seeds depend only on (seed, prompt index), so every validation samples
+    alike and a resumed run reproduces them."""
+    loop = state.cfg.distillation
+    samples = state.val_prompts.samples
+    chunk_prompts = max(1, loop.val_batch_size // k)
+    rewards = []
+    for start in range(0, len(samples), chunk_prompts):
+        logs, metadata = repeat_samples(samples[start : start + chunk_prompts], k)
+        seed = loop.seed * 1_000_003 + 7 + start * k * 1_000
+        with timers.time("generation"):
+            rollout = _rollout(
+                state, logs, metadata, greedy=False, seed=seed, temperature=loop.val_temperature
+            )
+        rewards.append(rollout.rewards)
+    per_prompt = torch.cat(rewards).reshape(len(samples), k)
+    return {
+        f"validation/accuracy_avg@{k}": float(per_prompt.mean()),
+        f"validation/pass@{k}": float((per_prompt >= 1).any(dim=1).float().mean()),
+    }
 
 
 # ------------------------------------------------------------------------------- save and export
@@ -574,6 +741,13 @@ def export_final_model(state: DistillationRun) -> Path:
     state.formatter.tokenizer.save_pretrained(str(target))
     metrics_file = Path(state.cfg.logger.log_dir) / "metrics.jsonl"
     if metrics_file.exists():
-        plot_metrics(metrics_file, Path(state.cfg.logger.log_dir) / "curves.png")
+        references = {}
+        teacher = state.cfg.teacher
+        accuracy = recorded_heldout_accuracy(teacher.model_name) if teacher else None
+        if accuracy is not None:
+            references["validation/accuracy"] = ("teacher, at its build", accuracy)
+        plot_metrics(
+            metrics_file, Path(state.cfg.logger.log_dir) / "curves.png", references=references
+        )
     print(f"final student: {target}")
     return target

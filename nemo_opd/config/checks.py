@@ -20,9 +20,11 @@ MODEL_SECTIONS = ("policy", "teacher")
 
 
 def _models(cfg: "DistillationConfig") -> Iterator[tuple[str, "PolicyConfig"]]:
-    """(section name, section) for the student and the teacher."""
+    """(section name, section) for the student and the teacher (when there is one)."""
     for name in MODEL_SECTIONS:
-        yield name, getattr(cfg, name)
+        model = getattr(cfg, name)
+        if model is not None:
+            yield name, model
 
 
 def _training_world(cfg: "DistillationConfig") -> int | None:
@@ -82,7 +84,7 @@ def check_policy_trains_teacher_frozen(cfg: "DistillationConfig") -> list[str]:
         if getattr(cfg.policy, key) is None:
             problems.append(f"policy.{key} is required (the student trains and generates)")
     for key in ("optimizer", "scheduler", "generation"):
-        if getattr(cfg.teacher, key) is not None:
+        if cfg.teacher is not None and getattr(cfg.teacher, key) is not None:
             problems.append(f"teacher.{key} must be null: the teacher is frozen and never samples")
     return problems
 
@@ -267,7 +269,7 @@ def check_sequence_lengths(cfg: "DistillationConfig") -> list[str]:
             f"data.max_input_seq_length ({prompt}) must be less than "
             f"policy.max_total_sequence_length ({longest}) to leave room for a response"
         )
-    teacher = cfg.teacher.max_total_sequence_length
+    teacher = cfg.teacher.max_total_sequence_length if cfg.teacher is not None else longest
     if teacher < longest:
         problems.append(
             f"teacher.max_total_sequence_length ({teacher}) must be at least "
@@ -285,6 +287,68 @@ def check_loss_parameters(cfg: "DistillationConfig") -> list[str]:
             "loss_fn.kl_type is 'jsd' (at 0 or 1 the divergence is identically zero)"
         ]
     return []
+
+
+def check_objective(cfg: "DistillationConfig") -> list[str]:
+    """A teacher is configured exactly when an objective term uses one; a policy-gradient
+    objective has a nonzero advantage term and samples at a temperature above 0; GRPO and RLOO
+    have at least 2 generations per prompt; topk_kl uses no policy-gradient key."""
+    objective, teacher = cfg.objective, cfg.teacher
+    problems = []
+    if objective.uses_teacher and teacher is None:
+        problems.append(
+            f"objective.loss is {objective.loss!r} with a term that needs the teacher "
+            "(loss topk_kl, objective.opd_coef > 0 or objective.topk_kl_coef > 0), but teacher "
+            "is null; configure a teacher section"
+        )
+    if not objective.uses_teacher and teacher is not None:
+        problems.append(
+            "teacher is configured but no objective term uses it (objective.loss "
+            f"{objective.loss!r}, opd_coef {objective.opd_coef}, topk_kl_coef "
+            f"{objective.topk_kl_coef}); set teacher to null (teacher=null on the command line)"
+        )
+    if objective.loss == "topk_kl":
+        return problems + _policy_gradient_keys_set(objective)
+    if objective.opd_coef == 0 and not objective.uses_reward:
+        problems.append(
+            "objective.loss is 'policy_gradient' but every advantage term is off (opd_coef 0, "
+            f"reward_estimator {objective.reward_estimator!r}, reward_coef "
+            f"{objective.reward_coef}); set objective.opd_coef > 0, or a reward_estimator with "
+            "reward_coef > 0 (or objective.loss=topk_kl for the top-k divergence alone)"
+        )
+    generations = cfg.distillation.num_generations_per_prompt
+    if objective.uses_reward and objective.reward_estimator in ("grpo", "rloo") and generations < 2:
+        problems.append(
+            f"objective.reward_estimator {objective.reward_estimator!r} compares the samples of "
+            "one prompt, so distillation.num_generations_per_prompt must be at least 2 (it is "
+            f"{generations})"
+        )
+    generation = cfg.policy.generation
+    if generation is not None and generation.temperature == 0:
+        problems.append(
+            "objective.loss 'policy_gradient' needs sampled rollouts: "
+            "policy.generation.temperature must be above 0"
+        )
+    return problems
+
+
+def _policy_gradient_keys_set(objective) -> list[str]:
+    """The advantage keys set away from off under objective.loss topk_kl (they do nothing)."""
+    unused = [
+        f"objective.{key} ({value!r})"
+        for key, value in (
+            ("opd_coef", objective.opd_coef),
+            ("reward_estimator", objective.reward_estimator),
+            ("topk_kl_coef", objective.topk_kl_coef),
+        )
+        if value not in (0.0, "none")
+    ]
+    if not unused:
+        return []
+    return [
+        f"{', '.join(unused)} only apply to objective.loss 'policy_gradient', but it is "
+        "'topk_kl'; set objective.loss=policy_gradient or leave them at 0 / none"
+    ]
 
 
 def check_data_source(cfg: "DistillationConfig") -> list[str]:
@@ -335,6 +399,7 @@ CHECKS: tuple[Callable[["DistillationConfig"], list[str]], ...] = (
     check_sequence_length_divisibility,
     check_sequence_lengths,
     check_loss_parameters,
+    check_objective,
     check_data_source,
     check_checkpointing,
 )

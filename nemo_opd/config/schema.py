@@ -7,7 +7,9 @@ is generated from them by reference.py). A component receives only its own secti
     DistillationConfig
       policy, teacher   PolicyConfig: model, tokenizer, batch sizes, backend (dtensor_cfg or
                         megatron_cfg), microbatching, optimizer, scheduler, generation
-      loss_fn           LossConfig: the divergence
+      loss_fn           LossConfig: the top-k divergence
+      objective         ObjectiveConfig: the training loss (top-k divergence or policy
+                        gradient) and the advantage terms of a policy-gradient loss
       distillation      DistillationLoopConfig: rollouts per step, steps, top-k, validation
       data, env         DataConfig, EnvConfig: prompts and the environments that grade them
       logger, cluster, checkpointing
@@ -431,6 +433,89 @@ class LossConfig(Section):
     """The fused Triton kernel, the plain-torch implementation, or auto (Triton where it runs)."""
 
 
+class ObjectiveConfig(Section):
+    """What the student is trained to minimize (docs/objectives.md).
+
+    loss topk_kl is the dense top-k divergence of loss_fn (NeMo-RL's on-policy distillation).
+    loss policy_gradient is OPD as reinforcement learning: an importance-sampled, PPO-clipped
+    policy-gradient loss over advantages that sum the enabled terms, the sampled-token reverse
+    KL to the teacher (opd_coef; tinker-cookbook, SkyRL) and the environment's reward through an
+    estimator (reward_estimator; GRPO, RLOO, REINFORCE++), both at once being slime's form, and
+    optionally the top-k divergence added to the loss (topk_kl_coef).
+    """
+
+    loss: Literal["topk_kl", "policy_gradient"] = "topk_kl"
+    """topk_kl: minimize loss_fn's divergence to the teacher's top-k; policy_gradient: the
+    policy-gradient loss over the advantage terms below."""
+
+    opd_coef: float = Field(0.0, ge=0, le=1e6)
+    """policy_gradient: weight of the on-policy distillation advantage, minus the (discounted)
+    sampled-token reverse KL k_t = log pi_student(y_t) - log pi_teacher(y_t); 0 turns it off.
+    tinker-cookbook's kl_penalty_coef, slime's --opd-kl-coef."""
+
+    opd_discount: float = Field(0.0, ge=0, le=1)
+    """policy_gradient: discount gamma of the reverse-KL return over a sample's assistant tokens
+    (0: each token's own k_t; 1: the sum of k over the rest of the sample). tinker-cookbook's
+    kl_discount_factor."""
+
+    reward_estimator: Literal["none", "grpo", "rloo", "reinforce_pp"] = "none"
+    """policy_gradient: advantage of the environment's reward: none, grpo (normalized within
+    each prompt's group of num_generations_per_prompt samples), rloo (leave-one-out baseline),
+    reinforce_pp (REINFORCE++: normalized over the batch's tokens). slime's
+    --advantage-estimator."""
+
+    reward_coef: float = Field(1.0, ge=0, le=1e6)
+    """policy_gradient: weight of the reward advantage."""
+
+    grpo_normalize_std: bool = True
+    """grpo and reinforce_pp: divide by the standard deviation (false: only subtract the mean,
+    as Dr. GRPO does)."""
+
+    clip_eps_low: float | None = Field(0.2, ge=0, le=1)
+    """policy_gradient: PPO clipping of the ratio pi_theta / pi_old from below at 1 - eps; null
+    does not clip from below."""
+
+    clip_eps_high: float | None = Field(0.2, ge=0, le=1e3)
+    """policy_gradient: PPO clipping of the ratio from above at 1 + eps; null does not clip from
+    above (with both null the loss is tinker-cookbook's importance_sampling loss)."""
+
+    sampler_correction: bool = True
+    """policy_gradient: weight each token by pi_old / pi_sampler (vLLM's own log-prob of the
+    sampled token), correcting the mismatch between the trainer and the sampler."""
+
+    is_cap: float | None = Field(2.0, gt=0, le=1e6)
+    """policy_gradient: truncate the sampler-correction weight at this value (truncated
+    importance sampling); null does not truncate."""
+
+    topk_kl_coef: float = Field(0.0, ge=0, le=1e6)
+    """policy_gradient: add loss_fn's top-k divergence to the loss with this weight (one loss
+    for the hybrid); 0 leaves it out."""
+
+    @property
+    def uses_topk(self) -> bool:
+        """Whether a term needs the teacher's top-k log-probs."""
+        return self.loss == "topk_kl" or self.topk_kl_coef > 0
+
+    @property
+    def uses_sampled_teacher(self) -> bool:
+        """Whether a term needs the teacher's log-probs of the sampled tokens."""
+        return self.loss == "policy_gradient" and self.opd_coef > 0
+
+    @property
+    def uses_reward(self) -> bool:
+        """Whether the environment's reward enters the advantages."""
+        return (
+            self.loss == "policy_gradient"
+            and self.reward_estimator != "none"
+            and self.reward_coef > 0
+        )
+
+    @property
+    def uses_teacher(self) -> bool:
+        """Whether any term needs a teacher."""
+        return self.uses_topk or self.uses_sampled_teacher
+
+
 class DistillationLoopConfig(Section):
     """How many rollouts each step makes, how long training runs, and when it validates."""
 
@@ -472,6 +557,14 @@ class DistillationLoopConfig(Section):
 
     val_batch_size: int = Field(64, gt=0, le=MAX_ROWS)
     """Prompts per validation generation batch."""
+
+    val_samples_per_prompt: int = Field(0, ge=0, le=1024)
+    """k > 0 also samples k rollouts of every validation prompt at val_temperature and logs
+    validation/accuracy_avg@k (mean reward of all k) and validation/pass@k (some sample right),
+    beside the greedy validation/accuracy; 0 does not."""
+
+    val_temperature: float = Field(1.0, gt=0, le=100)
+    """Sampling temperature of the avg@k validation rollouts."""
 
     seed: int = Field(42, ge=0, le=MAX_SEED)
     """Seed for data order, sampling and initialization."""
@@ -654,12 +747,17 @@ class DistillationConfig(Section):
     policy: PolicyConfig
     """The student: the model that generates rollouts and is trained."""
 
-    teacher: PolicyConfig
+    teacher: PolicyConfig | None = None
     """The frozen teacher that grades every token of the rollouts (same schema as policy;
-    optimizer, scheduler and generation are null)."""
+    optimizer, scheduler and generation are null). Null when no objective term uses a teacher
+    (a reward-only baseline such as GRPO): then no teacher is started."""
 
     loss_fn: LossConfig = Field(default_factory=LossConfig)
-    """The divergence minimized between teacher and student."""
+    """The top-k divergence between teacher and student (the loss of objective.loss topk_kl,
+    the optional term of policy_gradient, and the validation divergence)."""
+
+    objective: ObjectiveConfig = Field(default_factory=ObjectiveConfig)
+    """The training loss and, for a policy-gradient loss, its advantage terms."""
 
     distillation: DistillationLoopConfig
     """The distillation loop."""

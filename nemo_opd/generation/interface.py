@@ -35,9 +35,11 @@ class GenerationInterface(Protocol):
         max_new_tokens: list[int] | int | None = None,
         greedy: bool = False,
         seed: int | None = None,
+        temperature: float | None = None,
     ) -> GenerationOutput:
         """Sample one continuation per prompt (token ids). max_new_tokens may differ per prompt
-        (the rollout shrinks it so a sequence never exceeds max_seq_len)."""
+        (the rollout shrinks it so a sequence never exceeds max_seq_len); temperature overrides
+        the engine's configured sampling temperature for this call (None keeps it)."""
         ...
 
     def refit(self, weights: dict[str, torch.Tensor] | Any, version: int) -> bool:

@@ -115,6 +115,7 @@ class VllmGeneration:
         max_new_tokens: list[int] | int | None = None,
         greedy: bool = False,
         seed: int | None = None,
+        temperature: float | None = None,
     ) -> GenerationOutput:
         """One continuation per prompt (B prompts of token ids), in prompt order.
 
@@ -122,10 +123,11 @@ class VllmGeneration:
             budget of 0 yields an empty continuation with finish reason "length".
         greedy: argmax decoding (also when cfg.temperature is 0).
         seed: base seed; prompt i samples with seed + i. None uses the engines' own RNG.
+        temperature: sampling temperature of this call; None uses cfg.temperature.
         """
         budgets = _budgets(max_new_tokens, self.cfg.max_new_tokens, len(prompts))
         active = [i for i, budget in enumerate(budgets) if budget > 0]
-        sampling = self._sampling(greedy)
+        sampling = self._sampling(greedy, temperature)
         chunks = _split(active, len(self.engines))
         started = time.perf_counter()
         refs = [
@@ -184,11 +186,12 @@ class VllmGeneration:
             ray.kill(engine)
         self.engines = []
 
-    def _sampling(self, greedy: bool) -> dict:
+    def _sampling(self, greedy: bool, temperature: float | None = None) -> dict:
         """The sampling settings every request of one generate() call shares."""
-        greedy = greedy or self.cfg.temperature == 0
+        temperature = self.cfg.temperature if temperature is None else temperature
+        greedy = greedy or temperature == 0
         return {
-            "temperature": 0.0 if greedy else self.cfg.temperature,
+            "temperature": 0.0 if greedy else temperature,
             "top_p": 1.0 if greedy else self.cfg.top_p,
             "top_k": None if greedy else self.cfg.top_k,
             "stop_token_ids": self.cfg.stop_token_ids,

@@ -65,6 +65,7 @@ def run_multi_turn_rollout(
     *,
     greedy: bool = False,
     seed: int | None = None,
+    temperature: float | None = None,
 ) -> RolloutResult:
     """Run every conversation to its end (see the module docstring).
 
@@ -80,6 +81,7 @@ def run_multi_turn_rollout(
         max_new_tokens: most tokens per assistant turn.
         greedy: decode greedily (validation).
         seed: sampling seed for this call.
+        temperature: sampling temperature (None: the engine's configured one).
     """
     logs = [list(log) for log in message_logs]
     metadata = [dict(m) for m in metadata]
@@ -91,7 +93,8 @@ def run_multi_turn_rollout(
             break
         turn_seed = None if seed is None else seed + turn
         budget = (max_new_tokens, max_seq_len)
-        _generate_turn(generation, formatter, logs, states, active, budget, greedy, turn_seed)
+        sampling = {"greedy": greedy, "seed": turn_seed, "temperature": temperature}
+        _generate_turn(generation, formatter, logs, states, active, budget, sampling)
         steps = _grade(task_to_env, logs, metadata, active)
         last_turn = turn == max_rollout_turns - 1
         for i, (reward, done, reply, meta) in steps.items():
@@ -128,15 +131,15 @@ def _generate_turn(
     states: list[_State],
     active: list[int],
     budget: tuple[int, int],
-    greedy: bool,
-    seed: int | None,
+    sampling: dict,
 ) -> None:
     """One assistant message for each active conversation, appended to its log; budget is
-    (max_new_tokens, max_seq_len)."""
+    (max_new_tokens, max_seq_len), sampling the generate() keywords greedy, seed and
+    temperature."""
     max_new_tokens, max_seq_len = budget
     prompts = [[t for m in logs[i] for t in m["token_ids"]] for i in active]
     budgets = [min(max_new_tokens, max_seq_len - len(p)) for p in prompts]
-    output = generation.generate(prompts, max_new_tokens=budgets, greedy=greedy, seed=seed)
+    output = generation.generate(prompts, max_new_tokens=budgets, **sampling)
     for j, i in enumerate(active):
         ids, logprobs = output.token_ids[j], output.logprobs[j]
         state = states[i]

@@ -234,6 +234,18 @@ def resolve_pretrained(name_or_path: str) -> str:
     return str(getattr(ensure_tiny_assets(), name))
 
 
+def recorded_heldout_accuracy(model_dir: str | Path) -> float | None:
+    """The held-out accuracy a tiny build measured for the model in `model_dir` (its manifest
+    records it for "teacher" and "student"), or None for a model that is not a tiny build."""
+    model_dir = Path(model_dir)
+    manifest = model_dir.parent / "manifest.json"
+    try:
+        entry = json.loads(manifest.read_text())["models"][model_dir.name]
+        return float(entry["heldout_accuracy"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Build (if needed) and report the tiny assets.")
     parser.add_argument("--rebuild", action="store_true", help="build again and replace")

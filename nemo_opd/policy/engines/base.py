@@ -54,8 +54,12 @@ from nemo_opd.tiny import resolve_pretrained
 from nemo_opd.utils.checkpoint import atomic_directory
 
 LossFn = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
-LOSS_FIELDS = ("loss_mask", "teacher_topk_logprobs", "teacher_topk_indices")
-"""Per-position fields a loss function reads (cut into microbatches and cp shards)."""
+"""A loss function: loss_fn(logits, fields, global_valid_toks, vocab_start=, tp_group=) ->
+(loss, metrics), with an `input_fields` attribute naming the per-position fields it reads
+(DistillationLossFn, PolicyGradientLossFn)."""
+DERIVED_FIELDS = ("loss_mask", "targets")
+"""Fields the engine makes itself: the aligned loss mask, and targets[:, t] = input_ids[:, t + 1]
+(the token position t predicts)."""
 
 
 @dataclass
@@ -260,22 +264,24 @@ class Engine(ABC):
         """One optimizer step per global batch of this rank's shard.
 
         Args:
-            data: this dp rank's rows: input_ids, input_lengths, token_mask, sample_mask,
-                teacher_topk_logprobs, teacher_topk_indices; a multiple of
-                global_batch_size / dp rows, in step order.
+            data: this dp rank's rows: input_ids, input_lengths, token_mask, sample_mask, and
+                the per-position fields loss_fn.input_fields names (e.g. the teacher's top-k,
+                or old log-probs and advantages); a multiple of global_batch_size / dp rows, in
+                step order.
             loss_fn: called as loss_fn(logits, fields, global_valid_toks, vocab_start=,
-                tp_group=) with fields holding loss_mask and the teacher top-k, returning
-                (loss, metrics); see DistillationLossFn.
+                tp_group=) with fields holding its input_fields (loss_mask and targets made
+                here), returning (loss, metrics); see DistillationLossFn.
             global_batch_size: rows per optimizer step across all dp ranks.
 
         Returns:
             {name: [one value per step]}: the loss function's metrics summed over microbatches
-            and dp/cp ranks, plus global_valid_toks, grad_norm and lr.
+            and dp/cp ranks (those named *_min / *_max: their min / max), plus
+            global_valid_toks, grad_norm and lr.
         """
         local_rows = global_batch_size // self.dims.dp
         if data.size % local_rows:
             raise ValueError(f"{data.size} local rows is not a multiple of {local_rows}")
-        data = self._loss_inputs(data)
+        data = self._loss_inputs(data, loss_fn.input_fields)
         history: dict[str, list[float]] = {}
         self.set_train_mode(True)
         for step_data in data.chunk(local_rows):
@@ -291,22 +297,29 @@ class Engine(ABC):
         """The loss function's metrics over all of this rank's rows, without a gradient step
         (e.g. the validation KL). Same inputs as train; any number of rows; normalized by the
         valid tokens of the whole call across dp ranks."""
-        data = self._loss_inputs(data)
+        data = self._loss_inputs(data, loss_fn.input_fields)
         self.set_train_mode(False)
         return self._loss_pass(data, loss_fn, train=False)
 
-    def _loss_inputs(self, data: TensorBatch) -> TensorBatch:
-        """`data` on the device with its loss_mask, the teacher's top-k checked where the mask
+    def _loss_inputs(self, data: TensorBatch, fields: tuple[str, ...]) -> TensorBatch:
+        """`data` on the device with its loss_mask (and targets when `fields` name them); the
+        fields the loss reads must be there, and the teacher's top-k is checked where the mask
         grades (once per call: one host sync), so a malformed teacher fails here, naming the
         problem, instead of turning the loss or a metric into NaN."""
         data = data.to(self.device)
         data["loss_mask"] = build_loss_mask(data["token_mask"], data.get("sample_mask"))
-        validate_teacher_topk(
-            data["teacher_topk_logprobs"],
-            data["teacher_topk_indices"],
-            self.vocab_size,
-            mask=data["loss_mask"],
-        )
+        if "targets" in fields:
+            data["targets"] = torch.roll(data["input_ids"], -1, dims=1)
+        missing = [name for name in fields if name not in data]
+        if missing:
+            raise ValueError(f"the loss reads {missing}, which the batch does not hold")
+        if "teacher_topk_logprobs" in fields:
+            validate_teacher_topk(
+                data["teacher_topk_logprobs"],
+                data["teacher_topk_indices"],
+                self.vocab_size,
+                mask=data["loss_mask"],
+            )
         return data
 
     def _loss_pass(self, data: TensorBatch, loss_fn: LossFn, train: bool) -> dict[str, float]:
@@ -315,15 +328,16 @@ class Engine(ABC):
         all dp ranks.
 
         Returns:
-            the loss function's metrics summed over microbatches and dp/cp ranks, and
-            global_valid_toks.
+            the loss function's metrics summed over microbatches and dp/cp ranks (*_min /
+            *_max: reduced by min / max), and global_valid_toks.
         """
         valid = data["loss_mask"].sum().reshape(1)
         dist.all_reduce(valid, group=self.dp_group)
         make = self._train_microbatches if train else self._scoring_microbatches
+        names = loss_fn.input_fields
         sums: dict[str, torch.Tensor] = {}
-        for mb in make(data, LOSS_FIELDS):
-            fields = {key: self._cp_shard(mb.fields[key]) for key in LOSS_FIELDS}
+        for mb in make(data, names):
+            fields = {key: self._cp_shard(mb.fields[key]) for key in names}
             loss, metrics = loss_fn(
                 self._forward(mb),
                 fields,
@@ -333,8 +347,7 @@ class Engine(ABC):
             )
             if train:
                 self.backward(loss)
-            for name, value in metrics.items():
-                sums[name] = sums.get(name, 0.0) + value.detach().float()
+            _accumulate(sums, metrics)  # dummies too: every rank reduces the same names
         metrics = self._reduce_sums(sums)
         metrics["global_valid_toks"] = float(valid[0])
         return metrics
@@ -547,10 +560,39 @@ class Engine(ABC):
     # ---------------------------------------------------------------- metrics
 
     def _reduce_sums(self, sums: dict[str, torch.Tensor]) -> dict[str, float]:
-        """Sum per-rank metric sums over dp and cp (tp ranks hold copies) in one all-reduce."""
-        if not sums:
-            return {}
-        names = sorted(sums)
-        stacked = torch.stack([torch.as_tensor(sums[n], device=self.device) for n in names])
-        dist.all_reduce(stacked, group=self.dp_cp_group)
-        return dict(zip(names, stacked.tolist(), strict=True))
+        """Reduce per-rank metrics over dp and cp (tp ranks hold copies): sums in one
+        all-reduce, *_min and *_max in one more each."""
+        reduced = {}
+        for op, names in _names_by_reduction(sums).items():
+            if not names:
+                continue
+            stacked = torch.stack([torch.as_tensor(sums[n], device=self.device) for n in names])
+            dist.all_reduce(stacked, op=op, group=self.dp_cp_group)
+            reduced.update(zip(names, stacked.tolist(), strict=True))
+        return reduced
+
+
+def metric_reduction(name: str) -> str:
+    """How a loss metric combines over microbatches and ranks: "min" for names ending in _min,
+    "max" for _max, "sum" for the rest (per-token sums already divided by the global count)."""
+    for kind in ("min", "max"):
+        if name.endswith(f"_{kind}"):
+            return kind
+    return "sum"
+
+
+def _accumulate(totals: dict[str, torch.Tensor], metrics: dict[str, torch.Tensor]) -> None:
+    """Fold one microbatch's metrics into the running totals (metric_reduction's rule)."""
+    combine = {"sum": torch.add, "min": torch.minimum, "max": torch.maximum}
+    for name, value in metrics.items():
+        value = value.detach().float()
+        total = totals.get(name)
+        totals[name] = value if total is None else combine[metric_reduction(name)](total, value)
+
+
+def _names_by_reduction(sums: dict) -> dict[dist.ReduceOp, list[str]]:
+    ops = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
+    grouped: dict = {op: [] for op in ops.values()}
+    for name in sorted(sums):
+        grouped[ops[metric_reduction(name)]].append(name)
+    return grouped

@@ -71,3 +71,27 @@ def test_tiny_config_can_switch_to_megatron_by_override():
         ["policy.dtensor_cfg.enabled=false", "policy.megatron_cfg.enabled=true"],
     )
     assert cfg.policy.backend == "megatron" and cfg.teacher.backend == "dtensor"
+
+
+def test_rl_objective_configs():
+    default = load_config(REPO / "examples/configs/distillation_tiny.yaml")
+    opd = load_config(REPO / "examples/configs/opd_rl_tiny.yaml")
+    grpo = load_config(REPO / "examples/configs/grpo_tiny.yaml")
+    hybrid = load_config(REPO / "examples/configs/opd_grpo_tiny.yaml")
+    assert default.objective.loss == "topk_kl" and default.objective.uses_topk
+    # tinker-cookbook / SkyRL: sampled reverse KL per token, plain importance sampling.
+    assert opd.objective.loss == "policy_gradient" and opd.objective.uses_sampled_teacher
+    assert opd.objective.opd_discount == 0 and not opd.objective.uses_reward
+    assert opd.objective.clip_eps_low is opd.objective.clip_eps_high is opd.objective.is_cap is None
+    assert not opd.objective.uses_topk and opd.teacher is not None
+    # GRPO alone: no teacher anywhere.
+    assert grpo.teacher is None and not grpo.objective.uses_teacher
+    assert grpo.objective.reward_estimator == "grpo" and grpo.objective.uses_reward
+    # slime: GRPO plus the OPD term, same rollouts per step as GRPO.
+    assert hybrid.objective.uses_reward and hybrid.objective.opd_coef > 0 and hybrid.teacher
+    assert hybrid.teacher.model_name == default.teacher.model_name
+    for cfg in (opd, grpo, hybrid):
+        loop = cfg.distillation
+        rollouts = loop.num_prompts_per_step * loop.num_generations_per_prompt
+        assert rollouts == 64 and loop.max_num_steps == default.distillation.max_num_steps
+        assert cfg.policy == default.policy

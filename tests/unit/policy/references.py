@@ -3,7 +3,7 @@
 import torch
 from transformers import AutoModelForCausalLM
 
-from nemo_opd.losses import DistillationLossFn, build_loss_mask
+from nemo_opd.losses import build_loss_mask
 
 
 def load_reference(model_dir: str) -> torch.nn.Module:
@@ -32,18 +32,24 @@ def reference_topk(model, batch: dict, k: int) -> tuple[torch.Tensor, torch.Tens
     return logp.topk(k, dim=-1)
 
 
-def reference_train(model, batch: dict, loss_fn: DistillationLossFn, cfg, steps_rows: int):
-    """Per-step losses, gradient norms (before clipping) and final parameters of AdamW with
-    clipping and linear warmup, on one process."""
+def reference_train(
+    model, batch: dict, loss_fn, cfg, steps_rows: int, optimizer: tuple | None = None
+):
+    """Per-step losses, gradient norms (before clipping), final parameters and (optimizer,
+    schedule) of AdamW with clipping and linear warmup, on one process; `optimizer` continues
+    an earlier call's."""
     opt = cfg.optimizer
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=opt.lr, betas=opt.betas, eps=opt.eps,
-        weight_decay=opt.weight_decay, foreach=False,
-    )  # fmt: skip
-    warmup = cfg.scheduler.warmup_steps
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: (s + 1) / (warmup + 1) if s < warmup else 1.0
-    )
+    if optimizer is None:
+        adamw = torch.optim.AdamW(
+            model.parameters(), lr=opt.lr, betas=opt.betas, eps=opt.eps,
+            weight_decay=opt.weight_decay, foreach=False,
+        )  # fmt: skip
+        warmup = cfg.scheduler.warmup_steps
+        schedule = torch.optim.lr_scheduler.LambdaLR(
+            adamw, lambda s: (s + 1) / (warmup + 1) if s < warmup else 1.0
+        )
+        optimizer = (adamw, schedule)
+    optimizer, sched = optimizer
     losses, norms = [], []
     size = batch["input_ids"].shape[0]
     for start in range(0, size, steps_rows):
@@ -56,4 +62,4 @@ def reference_train(model, batch: dict, loss_fn: DistillationLossFn, cfg, steps_
         optimizer.step()
         sched.step()
         losses.append(loss.item())
-    return losses, norms, dict(model.named_parameters())
+    return losses, norms, dict(model.named_parameters()), (optimizer, sched)

@@ -80,7 +80,7 @@ def test_save_loads_in_transformers_and_resumes(
         )
     # Scoring between training steps must not disturb training: the step after the save
     # matches a plain HF backward from the saved weights.
-    _, ref_norms, _ = reference_train(hf, second, loss_fn, cfg, steps_rows=4)
+    _, ref_norms, _, _ = reference_train(hf, second, loss_fn, cfg, steps_rows=4)
     torch.testing.assert_close(
         torch.tensor(continued["grad_norm"]), torch.tensor(ref_norms), rtol=1e-5, atol=0
     )

@@ -1,7 +1,9 @@
 """Every parallel layout on 2 or 4 CPU workers (gloo) matches a single-process HF reference.
 
 Each layout checks, on one Policy: get_logprobs, get_topk_logits (values; ids up to swaps of
-near-ties), the per-step training loss of two optimizer steps, and the parameters after them.
+near-ties), the per-step training loss of two optimizer steps of the top-k divergence, then two
+of the policy-gradient loss (clipped, importance-weighted, with the top-k term added), and the
+parameters after them.
 The odd_* models have a vocabulary (301) that tensor parallelism does not divide: the engine
 pads it, and everything it returns must still have the real vocabulary.
 """
@@ -17,7 +19,12 @@ from references import (
     reference_train,
 )
 
-from nemo_opd.losses import DistillationLossFn, TopkKLParams, build_loss_mask
+from nemo_opd.losses import (
+    DistillationLossFn,
+    PolicyGradientLossFn,
+    TopkKLParams,
+    build_loss_mask,
+)
 from nemo_opd.policy.policy import Policy
 
 RAY_CPUS = 4  # logical: the 4-worker layouts run on a 2-core machine too
@@ -112,6 +119,8 @@ def check_layout_against_reference(cfg, model_dir: str, workers: int, layout: st
         evaluated = policy.evaluate(batch, loss_fn)
         policy.full_weights()  # as in the loop (refit, then train): gathering must not disturb
         metrics = policy.train(batch, loss_fn)
+        pg_batch, pg_loss_fn = policy_gradient_case(batch, policy.get_logprobs(batch))
+        pg_metrics = policy.train(pg_batch, pg_loss_fn)
         weights = policy.full_weights()
     finally:
         policy.shutdown()
@@ -131,7 +140,7 @@ def check_layout_against_reference(cfg, model_dir: str, workers: int, layout: st
     )
     assert evaluated["global_valid_toks"] == float(count)
 
-    ref_losses, ref_norms, ref_params = reference_train(
+    ref_losses, ref_norms, ref_params, ref_optimizer = reference_train(
         reference, batch, loss_fn, cfg, cfg.train_global_batch_size
     )
     assert len(metrics["loss"]) == 2
@@ -140,6 +149,20 @@ def check_layout_against_reference(cfg, model_dir: str, workers: int, layout: st
     # The gradient norm is scale-sensitive (AdamW's update is not): it catches a gradient that
     # is averaged instead of summed over ranks, or counted twice.
     torch.testing.assert_close(torch.tensor(metrics["grad_norm"]), torch.tensor(ref_norms), **close)
+
+    # The policy-gradient loss, on weights the top-k steps have moved from the old log-probs'.
+    pg_batch["loss_mask"] = build_loss_mask(pg_batch["token_mask"], pg_batch["sample_mask"])
+    pg_batch["targets"] = torch.roll(pg_batch["input_ids"], -1, dims=1)
+    ref_pg_losses, ref_pg_norms, ref_params, _ = reference_train(
+        reference, pg_batch, pg_loss_fn, cfg, cfg.train_global_batch_size, optimizer=ref_optimizer
+    )
+    torch.testing.assert_close(
+        torch.tensor(pg_metrics["loss"]), torch.tensor(ref_pg_losses), **close
+    )
+    torch.testing.assert_close(
+        torch.tensor(pg_metrics["grad_norm"]), torch.tensor(ref_pg_norms), **close
+    )
+    assert pg_metrics["clip_fraction"][0] > 0 and min(pg_metrics["ratio_min"]) < 1
     worst = 0.0
     for name, ref in ref_params.items():
         assert weights[name].shape == ref.shape, f"{layout}: {name} has shape {weights[name].shape}"
@@ -155,6 +178,27 @@ def check_layout_against_reference(cfg, model_dir: str, workers: int, layout: st
     torch.testing.assert_close(
         weights["lm_head.weight"], ref_head.detach(), atol=PARAM_ATOL, rtol=0
     )
+
+
+def policy_gradient_case(batch: dict, old_logprobs: torch.Tensor) -> tuple[dict, object]:
+    """The batch with the fields of a policy-gradient step (old log-probs from before the top-k
+    steps, a sampler that disagrees a little, advantages of both signs) and a loss that clips
+    from both sides, truncates the sampler weights and adds the top-k term."""
+    gen = torch.Generator().manual_seed(11)
+    shape = old_logprobs.shape
+    pg_batch = dict(batch)
+    pg_batch["old_logprobs"] = old_logprobs
+    pg_batch["sampler_logprobs"] = old_logprobs + 0.3 * torch.randn(shape, generator=gen)
+    pg_batch["advantages"] = torch.randn(shape, generator=gen)
+    loss_fn = PolicyGradientLossFn(
+        clip_eps_low=0.002,
+        clip_eps_high=0.002,
+        is_cap=1.2,
+        temperature=0.9,
+        topk_kl=DistillationLossFn(params=TopkKLParams(kl_type="forward"), implementation="torch"),
+        topk_kl_coef=0.5,
+    )
+    return pg_batch, loss_fn
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))

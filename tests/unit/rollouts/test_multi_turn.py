@@ -18,7 +18,7 @@ class ScriptedGeneration:
         self.tokenizer, self.replies, self.calls = tokenizer, replies, []
         self.turn = {}
 
-    def generate(self, prompts, *, max_new_tokens=None, greedy=False, seed=None):
+    def generate(self, prompts, *, max_new_tokens=None, greedy=False, seed=None, temperature=None):
         self.calls.append((prompts, max_new_tokens))
         out = GenerationOutput([], [], [])
         for prompt, budget in zip(prompts, max_new_tokens, strict=True):

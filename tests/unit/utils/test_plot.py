@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from nemo_opd.utils.plot import plot_metrics
+from nemo_opd.utils.plot import main, plot_comparison, plot_metrics
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -33,6 +33,30 @@ def test_empty_file_is_a_clear_error(tmp_path):
 
 
 def test_no_requested_key_names_the_logged_ones(tmp_path):
-    metrics = write_metrics(tmp_path / "metrics.jsonl", [{"step": 1, "train/reward": 1.0}])
-    with pytest.raises(ValueError, match="train/reward"):
+    metrics = write_metrics(tmp_path / "metrics.jsonl", [{"step": 1, "train/grad_norm": 1.0}])
+    with pytest.raises(ValueError, match="train/grad_norm"):
         plot_metrics(metrics, tmp_path / "m.png")
+
+
+def test_reference_lines_and_comparison(tmp_path):
+    runs = {}
+    for name, slope in (("a", 0.1), ("b", 0.2)):
+        records = [
+            {"step": s, "progress/rollouts": 64 * s, "validation/accuracy": slope * s}
+            for s in range(4)
+        ]
+        runs[name] = write_metrics(tmp_path / f"{name}.jsonl", records)
+    out = plot_metrics(
+        runs["a"], tmp_path / "a.png", references={"validation/accuracy": ("teacher", 0.83)}
+    )
+    assert out.read_bytes()[:8] == PNG_MAGIC
+    assert main(["compare", str(tmp_path / "c.png"), *(f"{k}={v}" for k, v in runs.items())]) == 0
+    assert (tmp_path / "c.png").read_bytes()[:8] == PNG_MAGIC
+    with pytest.raises(ValueError, match="train/reward"):
+        plot_comparison(runs, tmp_path / "d.png", key="train/reward")
+
+
+def test_compare_names_a_malformed_run(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["compare", str(tmp_path / "c.png"), "no-label"])
+    assert "must be LABEL=path/to/metrics.jsonl" in capsys.readouterr().err

@@ -1,0 +1,169 @@
+"""The three reinforcement-learning configs on CPU, a few steps each, in one driver process
+(one import, one Ray instance; each run starts and stops its own workers):
+
+- grpo_tiny.yaml: reward only; no teacher is configured, and none is started;
+- opd_grpo_tiny.yaml: GRPO plus the sampled-token reverse-KL term (slime), here with the top-k
+  term added too, so the teacher computes both of its outputs;
+- opd_rl_tiny.yaml: the sampled reverse KL alone (tinker-cookbook), stopped by SIGTERM after a
+  checkpoint, resumed, and compared with the same run made straight through.
+
+The models are the micro build of the tiny assets (seconds to build): the machinery is what is
+tested here; docs/objectives.md records the learning curves of the full configs.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nemo_opd.tiny.assets import ensure_tiny_assets
+from nemo_opd.tiny.recipe import micro_recipe
+
+pytest.importorskip("vllm")
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = ROOT / "examples" / "configs"
+STEPS = 3
+PG_METRICS = (
+    "train/loss",
+    "train/pg_loss",
+    "train/clip_fraction",
+    "train/ratio_mean",
+    "train/ratio_min",
+    "train/ratio_max",
+    "train/advantage_mean",
+    "train/advantage_std",
+    "train/reward",
+)
+
+
+def common(assets, run_dir: Path) -> list[str]:
+    return [
+        f"policy.model_name={assets.student}",
+        f"policy.tokenizer.name={assets.tokenizer}",
+        "data.dataset_name=null",
+        f"data.train_path={assets.train_file}",
+        f"data.val_path={assets.validation_file}",
+        f"distillation.max_num_steps={STEPS}",
+        "distillation.num_prompts_per_step=4",
+        "distillation.num_generations_per_prompt=4",
+        "distillation.val_period=0",
+        "distillation.val_at_start=false",
+        "distillation.val_at_end=true",
+        "distillation.max_val_samples=8",
+        "distillation.val_batch_size=16",
+        "distillation.val_samples_per_prompt=2",
+        "policy.train_global_batch_size=8",  # two optimizer steps per step: ratios move
+        "policy.train_micro_batch_size=4",
+        "policy.generation.max_new_tokens=12",
+        "policy.scheduler.name=constant",
+        "checkpointing.save_period=1",
+        "checkpointing.metric_name=null",
+        f"checkpointing.checkpoint_dir={run_dir / 'checkpoints'}",
+        f"logger.log_dir={run_dir / 'logs'}",
+        "logger.console_progress=false",
+    ]
+
+
+def with_teacher(assets) -> list[str]:
+    return [f"teacher.model_name={assets.teacher}", f"teacher.tokenizer.name={assets.tokenizer}"]
+
+
+def read_metrics(run_dir: Path) -> dict[int, dict]:
+    by_step = {}
+    for line in (run_dir / "logs" / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        by_step.setdefault(record["step"], {}).update(record)
+    return by_step
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Run every config once (the opd_rl one three times) in one driver process."""
+    assets = ensure_tiny_assets(micro_recipe())
+    root = tmp_path_factory.mktemp("objectives")
+    dirs = {name: root / name for name in ("grpo", "opd_grpo", "opd_rl", "opd_rl_resumed")}
+    plan = [
+        ("grpo", "grpo_tiny.yaml", []),
+        ("opd_grpo", "opd_grpo_tiny.yaml", [*with_teacher(assets), "objective.topk_kl_coef=0.1"]),
+        ("opd_rl", "opd_rl_tiny.yaml", with_teacher(assets)),
+        ("opd_rl_resumed", "opd_rl_tiny.yaml", with_teacher(assets)),
+        ("opd_rl_resumed", "opd_rl_tiny.yaml", with_teacher(assets)),
+    ]
+    spec = []
+    for index, (name, config, extra) in enumerate(plan):
+        args = ["--config", str(CONFIGS / config), *common(assets, dirs[name]), *extra]
+        first_of_resumed = name == "opd_rl_resumed" and index == 3
+        spec.append(
+            {
+                "args": args,
+                "checkpoint_dir": str(dirs[name] / "checkpoints"),
+                "stop_after_checkpoint": 1 if first_of_resumed else None,
+            }
+        )
+    (root / "runs.json").write_text(json.dumps(spec))
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "functional" / "run_configs.py"), "runs.json"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    output = result.stdout.split("=== run ")[1:]
+    assert result.returncode == 0 and len(output) == len(plan), (
+        result.stdout[-4000:] + result.stderr[-4000:]
+    )
+    return dirs, output
+
+
+def test_grpo_runs_without_a_teacher(runs):
+    dirs, output = runs
+    assert output[0].rstrip().endswith("exit 0 0"), output[0][-3000:]
+    assert "policy gradient over advantages 1.0 x reward (grpo)" in output[0]
+    temperatures = next(line for line in output[0].splitlines() if line.startswith("temperat"))
+    assert "teacher" not in temperatures
+    metrics = read_metrics(dirs["grpo"])
+    assert sorted(metrics) == list(range(1, STEPS + 1))
+    for step in range(1, STEPS + 1):
+        for key in PG_METRICS:
+            assert key in metrics[step], f"step {step} lacks {key}"
+        assert not any(key.startswith("timing/train/teacher") for key in metrics[step])
+        assert "train/sampled_reverse_kl" not in metrics[step]
+    last = metrics[STEPS]
+    assert "validation/accuracy" in last and "validation/reverse_kl" not in last
+    assert 0 <= last["validation/accuracy_avg@2"] <= last["validation/pass@2"] <= 1
+    # The second optimizer step of each step trains on rollouts of the policy before the first.
+    assert any(metrics[s]["train/ratio_max"] != 1.0 for s in metrics)
+    assert (dirs["grpo"] / "logs" / "curves.png").stat().st_size > 0
+
+
+def test_grpo_plus_opd_uses_both_teacher_outputs(runs):
+    dirs, output = runs
+    assert output[1].rstrip().endswith("exit 1 0"), output[1][-3000:]
+    metrics = read_metrics(dirs["opd_grpo"])
+    for step in range(1, STEPS + 1):
+        row = metrics[step]
+        for key in (*PG_METRICS, "train/sampled_reverse_kl", "train/topk_forward_kl"):
+            assert key in row, f"step {step} lacks {key}"
+        assert row["timing/train/teacher_topk"] > 0 and row["timing/train/teacher_logprobs"] > 0
+        assert row["generation/logprob_mismatch"] < 1e-3
+    assert "validation/reverse_kl" in metrics[STEPS]
+
+
+def test_opd_rl_resumes_exactly(runs):
+    dirs, output = runs
+    assert output[2].rstrip().endswith("exit 2 0"), output[2][-3000:]
+    assert output[3].rstrip().endswith("exit 3 143"), output[3][-3000:]
+    assert "resumed from" in output[4] and output[4].rstrip().endswith("exit 4 0")
+    straight, resumed = read_metrics(dirs["opd_rl"]), read_metrics(dirs["opd_rl_resumed"])
+    assert sorted(resumed) == sorted(straight) == list(range(1, STEPS + 1))
+    for step in range(1, STEPS + 1):
+        assert "train/sampled_reverse_kl" in straight[step]
+        assert "timing/train/teacher_topk" not in straight[step]  # no top-k term: no top-k pass
+        for key in (*PG_METRICS, "train/sampled_reverse_kl"):
+            assert resumed[step][key] == pytest.approx(straight[step][key], rel=1e-4, abs=1e-6), (
+                f"step {step} {key}: resumed {resumed[step][key]} vs {straight[step][key]}"
+            )
+    assert resumed[STEPS]["validation/accuracy"] == straight[STEPS]["validation/accuracy"]
