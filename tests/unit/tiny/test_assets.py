@@ -11,7 +11,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from nemo_opd.tiny import TINY_PREFIX, resolve_pretrained
 from nemo_opd.tiny import assets as tiny_assets
 from nemo_opd.tiny import build as tiny_build
-from nemo_opd.tiny.assets import assets_dir, ensure_tiny_assets, is_complete
+from nemo_opd.tiny.assets import (
+    assets_dir,
+    ensure_tiny_assets,
+    is_complete,
+    recorded_heldout_accuracy,
+)
 from nemo_opd.tiny.recipe import default_recipe, micro_recipe, recipe_key
 from nemo_opd.tiny.task import load_jsonl, load_tiny_math
 
@@ -203,3 +208,15 @@ def test_concurrent_callers_build_once(tmp_path, monkeypatch):
     assert len(builds) == 1
     assert len(results) == 2 and results[0] == results[1]
     assert is_complete(results[0].root)
+
+
+def test_recorded_heldout_accuracy(in_micro_cache, tmp_path):
+    manifest = in_micro_cache.manifest()
+    for role in ("teacher", "student"):
+        recorded = recorded_heldout_accuracy(getattr(in_micro_cache, role))
+        assert recorded == manifest["models"][role]["heldout_accuracy"]
+    assert recorded_heldout_accuracy(in_micro_cache.tokenizer) is None  # not a model
+    (tmp_path / "model").mkdir()
+    assert recorded_heldout_accuracy(tmp_path / "model") is None  # not a tiny build
+    (tmp_path / "manifest.json").write_text("{not json")
+    assert recorded_heldout_accuracy(tmp_path / "model") is None
