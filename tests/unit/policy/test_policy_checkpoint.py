@@ -129,8 +129,13 @@ def test_evaluate_refuses_a_malformed_teacher(model_dirs, ray_session):
     id outside the vocabulary stops the call with a message naming it (the loss is never
     run), instead of a NaN validation metric."""
 
-    def loss_fn(*args, **kwargs):
-        raise AssertionError("the loss must not run on a malformed teacher")
+    class NeverRun:
+        input_fields = DistillationLossFn().input_fields
+
+        def __call__(self, *args, **kwargs):
+            raise AssertionError("the loss must not run on a malformed teacher")
+
+    loss_fn = NeverRun()
 
     policy = Policy(policy_config(model_dirs["odd_tied"]), cpu_cluster(1), name="eval_checks")
     try:
