@@ -417,9 +417,7 @@ def distillation_train(state: DistillationRun) -> bool:
             with timers.time("train"):
                 metrics = _train_step(state, next(batches), step, timers)
             state.step = step
-            metrics[ROLLOUTS_KEY] = (
-                step * loop.num_prompts_per_step * loop.num_generations_per_prompt
-            )
+            metrics[ROLLOUTS_KEY] = step * _rollouts_per_step(state.cfg)
             last = step == loop.max_num_steps
             if (loop.val_period and step % loop.val_period == 0) or (last and loop.val_at_end):
                 metrics.update(validate(state, timers))
