@@ -22,8 +22,8 @@ def encode_prompts(
     """Render every record; records whose prompt exceeds max_tokens are skipped (not an error:
     real datasets have a few outliers). Raises SetupError when nothing is left."""
     samples, skipped = [], 0
-    for record in records:
-        log = formatter.prompt_log(record["prompt"])
+    logs = formatter.prompt_logs([record["prompt"] for record in records])
+    for record, log in zip(records, logs, strict=True):
         if log_length(log) > max_tokens:
             skipped += 1
             continue

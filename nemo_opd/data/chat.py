@@ -48,11 +48,22 @@ class ChatFormatter:
     def prompt_log(self, prompt: str) -> list[Message]:
         """The opening messages (system?, user) with the assistant header appended to the last
         message's tokens, ready for generation."""
+        return self.prompt_logs([prompt])[0]
+
+    def prompt_logs(self, prompts: list[str]) -> list[list[Message]]:
+        """prompt_log of every prompt, tokenized in one batched call (a dataset's worth of
+        prompts at setup)."""
+        openings = [self._opening(prompt) for prompt in prompts]
+        texts = [text for messages in openings for text in self._new_texts([], messages)]
+        token_ids = iter(self._encode_many(texts))
+        return [[dict(m, token_ids=next(token_ids)) for m in messages] for messages in openings]
+
+    def _opening(self, prompt: str) -> list[Message]:
         text = self.prompt_template.format(prompt) if self.prompt_template else prompt
         messages = [{"role": "user", "content": text}]
         if self.system_prompt is not None:
             messages.insert(0, {"role": "system", "content": self.system_prompt})
-        return self.extend([], messages)
+        return messages
 
     def extend(self, log: list[Message], new: list[Message]) -> list[Message]:
         """`log` followed by `new` (non-assistant messages), the last one ending with the
@@ -97,6 +108,9 @@ class ChatFormatter:
 
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def _encode_many(self, texts: list[str]) -> list[list[int]]:
+        return self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
 
 
 def _plain(message: Message) -> Message:

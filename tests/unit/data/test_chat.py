@@ -37,6 +37,17 @@ def test_prompt_log_equals_chat_template(chat_tokenizer):
     assert _ids(log) == _template_ids(chat_tokenizer, log)
 
 
+@pytest.mark.parametrize("system", [None, "Be brief."])
+def test_batched_prompt_logs_equal_one_at_a_time(chat_tokenizer, system):
+    """prompt_logs tokenizes a dataset in one call; each log equals its prompt_log."""
+    formatter = ChatFormatter(chat_tokenizer, "Solve: {}", system_prompt=system)
+    prompts = ["What is 2 + 3?", "", "A longer one: 17 * 23 - 4 = ?", "x"]
+    batched = formatter.prompt_logs(prompts)
+    assert batched == [formatter.prompt_log(p) for p in prompts]
+    assert [_ids(log) == _template_ids(chat_tokenizer, log) for log in batched] == [True] * 4
+    assert formatter.prompt_logs([]) == []
+
+
 @pytest.mark.parametrize("ending", ["<|im_end|>", ""])
 def test_extend_after_assistant_equals_chat_template(chat_tokenizer, ending):
     """With the generated stop token, or without it (a stop string ended the turn), the
