@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,10 +74,12 @@ from nemo_opd.utils.checkpoint_manager import CheckpointManager
 from nemo_opd.utils.logger import Logger
 from nemo_opd.utils.plot import ROLLOUTS_KEY, plot_metrics
 from nemo_opd.utils.run_dirs import RunLock, check_writable
+from nemo_opd.utils.startup import StartupMarks, format_startup_report, startup_metrics
 from nemo_opd.utils.stop_signal import StopSignal
 from nemo_opd.utils.timers import Timers
 
 FINAL_MODEL_DIR = "final_model"
+ELAPSED_KEY = "progress/elapsed_s"
 STOPPED_EXIT_STATUS = 128 + signal.SIGTERM
 """Exit status of a run that SIGTERM stopped at a clean point (the shell's convention)."""
 SHARE = 1 / 3
@@ -106,6 +109,11 @@ class DistillationRun:
     step: int = 0
     generation_version: int = 0
     last_metrics: dict = field(default_factory=dict)
+    startup: dict = field(default_factory=dict)
+    started_at: float = field(default_factory=time.time)
+    """time.time() when the driver process started (progress/elapsed_s counts from it)."""
+    """{process: {mark: time.time()}} of the driver and every worker (nemo_opd.utils.startup);
+    logged as timing/startup/* with the first metrics, then cleared."""
 
     def shutdown(self) -> None:
         """Stop every worker (generation first: it holds the most memory)."""
@@ -140,9 +148,10 @@ def run(cfg: DistillationConfig) -> int:
 def setup(cfg: DistillationConfig) -> DistillationRun:
     """Claim the output directories, then build everything (_build_run); the directories are
     released again if building fails."""
+    marks = StartupMarks()
     lock = _claim_directories(cfg)
     try:
-        return _build_run(cfg, lock)
+        return _build_run(cfg, lock, marks)
     except BaseException:
         lock.release()
         raise
@@ -164,9 +173,10 @@ def _claim_directories(cfg: DistillationConfig) -> RunLock:
     return lock
 
 
-def _build_run(cfg: DistillationConfig, lock: RunLock) -> DistillationRun:
+def _build_run(cfg: DistillationConfig, lock: RunLock, marks: StartupMarks) -> DistillationRun:
     """Build tokenizer, data, environments, student, teacher, generation, loss and logging, and
-    restore the newest checkpoint that verifies, if there is one."""
+    restore the newest checkpoint that verifies, if there is one. `marks` gets the driver's
+    start-up times."""
     # Models: "tiny:*" names build (or reuse) the embedded assets here, once, on the driver.
     cfg = _resolve_model_paths(cfg)
 
@@ -206,6 +216,7 @@ def _build_run(cfg: DistillationConfig, lock: RunLock) -> DistillationRun:
         f"{max_prompt} tokens), {len(val.samples)} validation prompts ({val.skipped} skipped)"
     )
     check_fills_one_batch(train, cfg.distillation.num_prompts_per_step, max_prompt)
+    marks.note("data")
     loader = PromptLoader(
         train.samples,
         cfg.distillation.num_prompts_per_step,
@@ -215,37 +226,52 @@ def _build_run(cfg: DistillationConfig, lock: RunLock) -> DistillationRun:
 
     # Workers: Ray, environments, student, teacher (when an objective term uses one), generation.
     _init_ray(cfg)
-    environments = {"math": MathEnvironment(cfg.env.math)}
+    marks.note("ray")
     split = worker_split(cfg.cluster, cfg.policy.generation)
     device = resolve_device_type(cfg.cluster)
     check_megatron_training_precision(cfg.policy, device)
     placement = build_placement_group(
         split.training, WorkerResources(device, cfg.cluster.cpus_per_worker)
     )
-    # vLLM loads while the training workers do (its import alone is long); loading student and
-    # teacher at the same time too was measured slower on 2 cores.
-    generation = _build_generation(cfg, device, split.generation, placement)
-    student = Policy(
-        cfg.policy,
-        cfg.cluster,
-        num_workers=split.training,
-        name="policy",
-        total_steps=cfg.distillation.max_num_steps * _optimizer_steps_per_step(cfg),
-        placement=placement,
-        share=SHARE,
-    )
-    teacher = None
-    if cfg.teacher is not None:
-        teacher = Policy(
-            cfg.teacher,
+    # vLLM, student and teacher start at once, in the background, and the environments while
+    # they load (docs/benchmarks.md has the start-up profile); when a part fails to start,
+    # those already started are shut down.
+    started = []
+    try:
+        generation = _build_generation(cfg, device, split.generation, placement)
+        started.append(generation)
+        student = Policy(
+            cfg.policy,
             cfg.cluster,
-            optimizer=False,
             num_workers=split.training,
-            name="teacher",
+            name="policy",
+            total_steps=cfg.distillation.max_num_steps * _optimizer_steps_per_step(cfg),
             placement=placement,
             share=SHARE,
+            wait=False,
         )
-    generation.wait_until_ready()
+        started.append(student)
+        teacher = None
+        if cfg.teacher is not None:
+            teacher = Policy(
+                cfg.teacher,
+                cfg.cluster,
+                optimizer=False,
+                num_workers=split.training,
+                name="teacher",
+                placement=placement,
+                share=SHARE,
+                wait=False,
+            )
+            started.append(teacher)
+        marks.note("workers_launched")
+        environments = {"math": MathEnvironment(cfg.env.math)}
+        _wait_for_workers(marks, student, teacher, generation)
+    except BaseException:
+        for part in started:
+            part.shutdown()
+        ray.util.remove_placement_group(placement)
+        raise
     _print_temperatures(cfg)
 
     run_state = DistillationRun(
@@ -266,6 +292,10 @@ def _build_run(cfg: DistillationConfig, lock: RunLock) -> DistillationRun:
         lock=lock,
     )
     _restore_latest(run_state)
+    marks.note("setup_done")
+    run_state.startup = _collect_startup(marks, student, teacher, generation)
+    run_state.started_at = marks.as_dict()["process"]
+    print(format_startup_report(marks.as_dict()["process"], run_state.startup))
     run_state.logger = Logger(
         cfg.logger,
         run_config=cfg.model_dump(mode="json"),
@@ -273,6 +303,28 @@ def _build_run(cfg: DistillationConfig, lock: RunLock) -> DistillationRun:
         total_steps=cfg.distillation.max_num_steps,
     )
     return run_state
+
+
+def _wait_for_workers(
+    marks: StartupMarks, student: Policy, teacher: Policy | None, generation: VllmGeneration
+) -> None:
+    """Block until student, teacher and vLLM have started, marking each."""
+    for name, part in (("policy", student), ("teacher", teacher), ("vllm", generation)):
+        if part is not None:
+            part.wait_until_ready()
+            marks.note(f"{name}_ready")
+
+
+def _collect_startup(
+    marks: StartupMarks, student: Policy, teacher: Policy | None, generation: VllmGeneration
+) -> dict[str, dict[str, float]]:
+    """{"driver": ..., "policy.<rank>": ..., "teacher.<rank>": ..., "vllm.<engine>": ...}."""
+    processes = {"driver": marks.as_dict()}
+    for name, part in (("policy", student), ("teacher", teacher), ("vllm", generation)):
+        if part is not None:
+            for index, worker in enumerate(part.startup_marks()):
+                processes[f"{name}.{index}"] = worker
+    return processes
 
 
 def _resolve_model_paths(cfg: DistillationConfig) -> DistillationConfig:
@@ -312,8 +364,9 @@ def _build_generation(
 ) -> VllmGeneration:
     """vLLM engines holding the student's initial weights. On CUDA: one per generation worker,
     in the training bundles when colocated (a third of each, next to student and teacher), on
-    their own GPUs otherwise. On CPU: one engine with no reservation (it time-shares the cores
-    with training, which waits while it generates)."""
+    their own GPUs otherwise. On CPU: one engine with no reservation, on as many threads as
+    the training workers of a node hold CPUs (it time-shares the cores with training, which
+    waits while it generates)."""
     gen_cfg = cfg.policy.generation
     colocated = device == "cuda" and gen_cfg.colocated.enabled
     return VllmGeneration(
@@ -324,6 +377,7 @@ def _build_generation(
         num_engines=1 if device == "cpu" else generation_workers,
         seed=cfg.distillation.seed,
         cpus_per_engine=cfg.cluster.cpus_per_worker * SHARE if colocated else None,
+        cpu_threads=cfg.cluster.cpus_per_worker * cfg.cluster.gpus_per_node,
         gpus_per_engine=SHARE if colocated else None,
         placement=placement if colocated else None,
         wait=False,
@@ -409,7 +463,7 @@ def distillation_train(state: DistillationRun) -> bool:
     timers = Timers()
     if loop.val_at_start and state.step == 0:
         metrics = {**validate(state, timers), **timers.summary(), ROLLOUTS_KEY: 0}
-        state.logger.log(metrics, step=0)
+        state.logger.log({**metrics, **_progress_metrics(state)}, step=0)
     batches = iter(state.loader)
     with StopSignal() as stop:
         while state.step < loop.max_num_steps and state.loader.epoch < loop.max_num_epochs:
@@ -422,6 +476,7 @@ def distillation_train(state: DistillationRun) -> bool:
             if (loop.val_period and step % loop.val_period == 0) or (last and loop.val_at_end):
                 metrics.update(validate(state, timers))
             metrics.update(_timing_metrics(timers, metrics["train/num_tokens"]))
+            metrics.update(_progress_metrics(state))
             state.logger.log(metrics, step=step)
             state.last_metrics.update(metrics)
             stopping = stop.requested and not last
@@ -431,6 +486,16 @@ def distillation_train(state: DistillationRun) -> bool:
                 print(f"stopped after step {step} on SIGTERM; run the same command to resume")
                 return False
     return True
+
+
+def _progress_metrics(state: DistillationRun) -> dict:
+    """progress/elapsed_s (seconds since the driver process started) and, the first time in a
+    process, timing/startup/*."""
+    metrics = {ELAPSED_KEY: time.time() - state.started_at}
+    if state.startup:
+        metrics.update(startup_metrics(state.started_at, state.startup))
+        state.startup = {}
+    return metrics
 
 
 def _train_step(state: DistillationRun, samples: list, step: int, timers: Timers) -> dict:

@@ -29,7 +29,7 @@ class WorkerGroup:
     Args:
         actor_cls: a plain class; it is wrapped with ray.remote here. Its constructor gets
             (rank, *make_args(rank)); it must provide `master_address() -> (addr, port)` and
-            `init_distributed(addr, port)`.
+            `init_distributed((addr, port))`.
         num_workers: ranks in the group.
         resources: what each worker reserves.
         make_args: constructor arguments (after the rank) of each rank.
@@ -39,6 +39,9 @@ class WorkerGroup:
             (colocated student, teacher and generation); None reserves a group of its own.
         share: the fraction of each bundle's CPUs and GPU this group's actors take when the
             placement is shared.
+        wait: block until every rank has joined the process group; with False the ranks start
+            in the background (the rendezvous chained through Ray, no driver round trip) and
+            wait_until_ready() blocks, so several groups and the driver's own setup overlap.
     """
 
     def __init__(
@@ -51,6 +54,7 @@ class WorkerGroup:
         timeout_s: float | None = 1800.0,
         placement: PlacementGroup | None = None,
         share: float = 1.0,
+        wait: bool = True,
     ) -> None:
         self.name = name
         self.timeout_s = timeout_s
@@ -67,12 +71,25 @@ class WorkerGroup:
             ).remote(rank, *make_args(rank))
             for rank in range(num_workers)
         ]
+        # Every rank's init_distributed takes rank 0's address as an ObjectRef: Ray runs it once
+        # rank 0 has answered, and the driver is free meanwhile.
+        address = self.actors[0].master_address.remote()
+        self._starting = [actor.init_distributed.remote(address) for actor in self.actors]
+        if wait:
+            self.wait_until_ready()
+
+    def wait_until_ready(self) -> None:
+        """Block until every rank has joined the process group and built what its
+        init_distributed builds; a rank that failed raises WorkerError, after the whole group
+        is shut down. Returns at once when already done."""
+        if not self._starting:
+            return
         try:
-            addr, port = self.run(lambda actor, rank: actor.master_address.remote(), ranks=[0])[0]
-            self.run(lambda actor, rank: actor.init_distributed.remote(addr, port))
+            self.get(self._starting, list(range(self.size)))
         except BaseException:
             self.shutdown()
             raise
+        self._starting = []
 
     @property
     def size(self) -> int:
@@ -122,6 +139,7 @@ class WorkerGroup:
         for actor in self.actors:
             ray.kill(actor)
         self.actors = []
+        self._starting = []
         if self.owns_placement:
             ray.util.remove_placement_group(self.placement_group)
 

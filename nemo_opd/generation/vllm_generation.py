@@ -14,7 +14,9 @@ Placement (one Ray actor per engine, see VllmWorker):
 - CPU: each engine reserves cpus_per_engine Ray CPUs, 0 by default. The training workers'
   placement group takes whole CPUs (ray.init(num_cpus=2) with two training workers holds
   both), and generation and training take turns in the loop anyway, so the engines time-share
-  the cores instead of reserving them. vLLM runs its engine on one torch thread.
+  the cores instead of reserving them. vLLM runs its engine on cpu_threads OpenMP threads
+  (OMP_NUM_THREADS in the actor; Ray would set 1 for an actor that reserves no CPU): the loop
+  gives it the cores training holds, since training waits while it generates.
 - CUDA, not colocated (cfg.colocated.enabled false): one whole GPU per engine.
 - CUDA, colocated: gpus_per_engine (a fraction, default 0.5) so that Ray places the engine on a
   GPU that training also uses; vLLM then takes vllm_cfg.gpu_memory_utilization of its memory.
@@ -52,6 +54,7 @@ class VllmGeneration:
         num_engines: data-parallel replicas.
         seed: engine RNG seed (engine i gets seed + i); per-call seeds are given to generate().
         cpus_per_engine: Ray CPUs each engine reserves (default: 0 on CPU, 1 on CUDA).
+        cpu_threads: OpenMP threads of each engine on CPU (default: 1, or cpus_per_engine).
         gpus_per_engine: Ray GPUs each engine reserves on CUDA (default: 1, or 0.5 colocated).
         placement: a placement group shared with the training workers (colocated): engine i
             runs in bundle i, taking cpus_per_engine / gpus_per_engine of it.
@@ -67,6 +70,7 @@ class VllmGeneration:
         num_engines: int = 1,
         seed: int = 0,
         cpus_per_engine: float | None = None,
+        cpu_threads: int | None = None,
         gpus_per_engine: float | None = None,
         placement: PlacementGroup | None = None,
         wait: bool = True,
@@ -82,7 +86,9 @@ class VllmGeneration:
         self.colocated = device_type == "cuda" and cfg.colocated.enabled
         self.loaded_version: int | None = None
         self.last_refit_time_s = 0.0
-        options = _actor_options(device_type, self.colocated, cpus_per_engine, gpus_per_engine)
+        options = _actor_options(
+            device_type, self.colocated, cpus_per_engine, gpus_per_engine, cpu_threads
+        )
         remote_cls = ray.remote(VllmWorker)
         self._started = time.perf_counter()
         self.engines = [
@@ -107,6 +113,10 @@ class VllmGeneration:
                 raise
             self.start_time_s = time.perf_counter() - self._started
         return self.start_time_s
+
+    def startup_marks(self) -> list[dict[str, float]]:
+        """Each engine's start-up times (nemo_opd.utils.startup), in engine order."""
+        return ray.get([engine.startup_marks.remote() for engine in self.engines])
 
     def generate(
         self,
@@ -200,18 +210,25 @@ class VllmGeneration:
 
 
 def _actor_options(
-    device_type: str, colocated: bool, cpus: float | None, gpus: float | None
+    device_type: str,
+    colocated: bool,
+    cpus: float | None,
+    gpus: float | None,
+    cpu_threads: int | None = None,
 ) -> dict:
     """Ray options of one engine actor (resources and the env vLLM must see at import)."""
+    env = dict(ENGINE_ENV)
     if device_type == "cpu":
         resources = {"num_cpus": 0.0 if cpus is None else cpus, "num_gpus": 0}
+        threads = cpu_threads or max(1, int(cpus or 1))
+        env["OMP_NUM_THREADS"] = str(threads)
     else:
         default_gpus = 0.5 if colocated else 1.0
         resources = {
             "num_cpus": 1.0 if cpus is None else cpus,
             "num_gpus": default_gpus if gpus is None else gpus,
         }
-    return {**resources, "runtime_env": {"env_vars": dict(ENGINE_ENV)}}
+    return {**resources, "runtime_env": {"env_vars": env}}
 
 
 def _bundle(placement: PlacementGroup | None, index: int) -> dict:

@@ -40,6 +40,7 @@ from typing import Any
 import torch
 
 from nemo_opd.generation.interface import FinishReason, GenerationOutput
+from nemo_opd.utils.startup import StartupMarks
 
 # Set in the actor's process before vLLM is imported (VllmGeneration also passes them as the
 # actor's runtime_env, which guarantees a fresh process that has them from the start).
@@ -157,6 +158,7 @@ class VllmWorker:
         seed: int = 0,
         sleep_mode: bool = False,
     ) -> None:
+        self.startup = StartupMarks()
         if vllm_cfg.get("tensor_parallel_size", 1) != 1:
             raise ValueError(
                 "generation.vllm_cfg.tensor_parallel_size must be 1: each VllmWorker runs vLLM "
@@ -165,6 +167,8 @@ class VllmWorker:
         set_engine_env()
         quiet_vllm_logs()
         from vllm import LLM  # after set_engine_env and quiet_vllm_logs, on purpose
+
+        self.startup.note("vllm_imported")
 
         self.device_type = "cuda" if torch.cuda.is_available() else "cpu"
         started = time.perf_counter()
@@ -184,7 +188,12 @@ class VllmWorker:
             enable_sleep_mode=sleep_mode and self.device_type == "cuda",
         )
         self.start_time_s = time.perf_counter() - started
+        self.startup.note("engine_ready")
         self.asleep = False
+
+    def startup_marks(self) -> dict[str, float]:
+        """This engine's start-up times (nemo_opd.utils.startup)."""
+        return self.startup.as_dict()
 
     def ready(self) -> float:
         """Seconds the engine took to start (also a liveness check)."""

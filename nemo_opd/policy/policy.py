@@ -38,6 +38,8 @@ class Policy:
         placement: a placement group shared with other colocated models (see WorkerGroup);
             None reserves one for this policy alone.
         share: the fraction of each shared bundle this policy's workers take.
+        wait: block until every worker has built its engine; with False they start in the
+            background and wait_until_ready() must be called before the policy is used.
     """
 
     def __init__(
@@ -51,6 +53,7 @@ class Policy:
         total_steps: int | None = None,
         placement: PlacementGroup | None = None,
         share: float = 1.0,
+        wait: bool = True,
     ) -> None:
         if not ray.is_initialized():
             raise RuntimeError("Policy needs Ray: call ray.init() first")
@@ -76,8 +79,14 @@ class Policy:
             name=name,
             placement=placement,
             share=share,
+            wait=wait,
         )
         self.leaders = [r for r in range(world) if _is_leader(self.dims, r)]
+
+    def wait_until_ready(self) -> None:
+        """Block until every worker has built its engine (see `wait`); a worker that failed
+        raises WorkerError."""
+        self.workers.wait_until_ready()
 
     # ---------------------------------------------------------------- scoring
 
@@ -180,6 +189,10 @@ class Policy:
         """full_weights() as an ObjectRef in Ray's object store, put there by a worker: a
         generation engine reads it directly, without a copy through the driver."""
         return self.workers.run(lambda actor, rank: actor.full_weights_ref.remote())[0][0]
+
+    def startup_marks(self) -> list[dict[str, float]]:
+        """Each rank's start-up times (nemo_opd.utils.startup), in rank order."""
+        return self.workers.run(lambda actor, rank: actor.startup_marks.remote())
 
     @property
     def step(self) -> int:

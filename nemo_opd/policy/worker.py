@@ -10,6 +10,7 @@ from nemo_opd.config import PolicyConfig
 from nemo_opd.data.batching import TensorBatch
 from nemo_opd.distributed.parallel_dims import ParallelDims
 from nemo_opd.distributed.process_group import find_free_port, init_distributed, node_address
+from nemo_opd.utils.startup import StartupMarks
 
 
 class PolicyWorker:
@@ -35,6 +36,7 @@ class PolicyWorker:
         with_optimizer: bool,
         total_steps: int | None,
     ) -> None:
+        self.startup = StartupMarks()
         self.rank = rank
         self.cfg = PolicyConfig.model_validate(cfg)
         self.dims = dims
@@ -49,16 +51,23 @@ class PolicyWorker:
         """Where rank 0 listens for the rendezvous."""
         return node_address(), find_free_port()
 
-    def init_distributed(self, addr: str, port: int) -> None:
-        """Join the process group, build the meshes and the engine."""
+    def init_distributed(self, address: tuple[str, int]) -> None:
+        """Join the process group at rank 0's (addr, port), build the meshes and the engine."""
+        addr, port = address
         init_distributed(self.rank, self.dims.world_size, addr, port, self.device_type)
         self.dims.build_mesh()
+        self.startup.note("process_group")
         device = (
             torch.device("cuda", torch.cuda.current_device())
             if self.device_type == "cuda"
             else torch.device("cpu")
         )
         self.engine = self._build_engine(device)
+        self.startup.note("engine_ready")
+
+    def startup_marks(self) -> dict[str, float]:
+        """This worker's start-up times (nemo_opd.utils.startup)."""
+        return self.startup.as_dict()
 
     def _build_engine(self, device: torch.device):
         if self.cfg.backend == "megatron":
