@@ -56,7 +56,7 @@ def test_print_config_shows_overrides(tmp_path):
             ["loss_fn.temperature=0", "cluster.device=gpu"],
             "error: invalid configuration (2 problems):",
         ),
-        (["policy.dtensor_cfg.tensor_parallel_size=3"], "must divide the 2 training workers"),
+        (["policy.dtensor_cfg.tensor_parallel_size=3"], "must divide the 1 training workers"),
         (["policy.model_name"], "has no '='"),
     ],
 )

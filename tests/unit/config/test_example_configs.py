@@ -52,7 +52,8 @@ def test_megatron_config_inherits_and_switches_backend():
 
 def test_tiny_config_is_the_cpu_default():
     cfg = load_config(REPO / "examples/configs/distillation_tiny.yaml")
-    assert cfg.cluster.device == "cpu" and cfg.cluster.world_size == 2
+    assert cfg.cluster.device == "cpu" and cfg.cluster.world_size == 1
+    assert cfg.cluster.cpus_per_worker == 2  # one worker per model, using both cores
     assert (cfg.policy.model_name, cfg.teacher.model_name) == ("tiny:student", "tiny:teacher")
     assert cfg.policy.tokenizer.name == cfg.teacher.tokenizer.name == "tiny:tokenizer"
     assert cfg.data.dataset_name == "tiny_math"

@@ -1,4 +1,5 @@
-"""The tiny example config switches each parallelism on with one override and nothing else.
+"""The tiny example config switches each parallelism on with one override besides the two
+workers it needs (the config itself runs one worker per model on two threads).
 
 The config is loaded exactly as the example script loads it; only the model is swapped for a
 random tiny Qwen3 (the trained tiny assets are not needed to check the wiring). Each layout's
@@ -17,7 +18,8 @@ from nemo_opd.policy.policy import Policy
 TINY_CONFIG = Path(__file__).resolve().parents[3] / "examples/configs/distillation_tiny.yaml"
 LOGPROB_ATOL = 2e-5
 
-# layout: (the one override, the (dp, tp, cp) sizes it must give on the config's 2 workers)
+TWO_WORKERS = ["cluster.gpus_per_node=2", "cluster.cpus_per_worker=1"]
+# layout: (the one override, the (dp, tp, cp) sizes it must give on 2 workers)
 OVERRIDES = {
     "tp2": ("policy.dtensor_cfg.tensor_parallel_size=2", (1, 2, 1)),
     "cp2": ("policy.dtensor_cfg.context_parallel_size=2", (1, 1, 2)),
@@ -30,7 +32,8 @@ def test_one_override_switches_parallelism(layout, model_dirs, ray_session):
     override, sizes = OVERRIDES[layout]
     model = model_dirs["tied"]
     cfg = load_config(
-        TINY_CONFIG, [override, f"policy.model_name={model}", f"teacher.model_name={model}"]
+        TINY_CONFIG,
+        [*TWO_WORKERS, override, f"policy.model_name={model}", f"teacher.model_name={model}"],
     )
     assert cfg.cluster.world_size == 2
     assert cfg.policy.sequence_packing.enabled == (layout == "packing")
