@@ -152,3 +152,16 @@ def write_json(path: str, rows: Sequence[Measurement], meta: dict[str, Any]) -> 
     }
     with open(path, "w") as f:
         json.dump({"meta": meta, "results": [asdict(row) for row in rows]}, f, indent=2)
+
+
+def run_meta() -> dict[str, Any]:
+    """Where and when a benchmark ran: date (UTC), processor, cores, Python and torch versions."""
+    import os
+
+    return {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "processor": device_name(torch.device("cpu")),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+    }

@@ -1,0 +1,395 @@
+"""The embedded default beside TRL's GKDTrainer: held-out accuracy against wall time.
+
+    uv run --extra cpu --group bench python benchmarks/bench_vs_trl.py --out runs/bench_vs_trl
+
+One after the other on this machine, each as a fresh Python process timed from launch to exit:
+
+1. TRL (`trl==1.16`, the `bench` dependency group): GKDTrainer trains the config's student from
+   its teacher at matched settings, read from the same config: all on-policy (lmbda 1), the
+   forward KL as beta 0 (or the reverse KL as beta 1), one optimizer step per
+   policy.train_global_batch_size rollouts and the same total number of rollouts, the same
+   learning rate, cosine schedule and floor, warmup, weight decay, betas, gradient clipping,
+   max new tokens, sampling temperature and seed. It saves the student halfway and at the end.
+   HF generate samples the rollouts; torch uses every core.
+2. nemo_opd: the README's command, examples/run_distillation_math.py --config CONFIG, with its
+   checkpoints and logs under --out.
+
+Then, untimed, every saved student of both (and the initial one) is scored by one evaluator:
+greedy HF generate over all held-out problems, exact match of the last boxed answer
+(nemo_opd.tiny.evaluation). nemo_opd's own validation accuracies (the math environment's
+verifier, vLLM greedy decoding) are reported beside them. The accuracy of a saved student is
+placed at the wall time (since its process started) at which it was saved.
+
+Writes OUT/results.json, OUT/results.md (the table) and OUT/accuracy_vs_time.png, and prints
+the table and the verdict of issue-style check: nemo_opd's whole command no slower than TRL's
+whole process, to TRL's final accuracy within two points.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from harness import run_meta  # noqa: E402
+
+ACCURACY_SLACK = 0.02
+"""nemo_opd's final accuracy may be this much below TRL's and still count as reaching it."""
+
+
+# ------------------------------------------------------------------------------------ settings
+
+
+def matched_settings(config: str, overrides: list[str]) -> dict:
+    """GKDTrainer's settings matched to a nemo_opd config (see the module docstring)."""
+    from nemo_opd.config import load_config
+    from nemo_opd.tiny import resolve_pretrained
+
+    cfg = load_config(config, overrides)
+    loop, policy = cfg.distillation, cfg.policy
+    if cfg.objective.loss != "topk_kl" or cfg.loss_fn.kl_type not in ("forward", "reverse"):
+        raise SystemExit("bench_vs_trl matches the top-k forward or reverse KL objective only")
+    if cfg.teacher is None:
+        raise SystemExit("bench_vs_trl needs a config with a teacher")
+    rollouts = loop.num_prompts_per_step * loop.num_generations_per_prompt * loop.max_num_steps
+    batch = policy.train_global_batch_size
+    return {
+        "student": resolve_pretrained(policy.model_name),
+        "teacher": resolve_pretrained(cfg.teacher.model_name),
+        "tokenizer": resolve_pretrained(policy.tokenizer.name),
+        "beta": 0.0 if cfg.loss_fn.kl_type == "forward" else 1.0,
+        "batch_size": batch,
+        "max_steps": rollouts // batch,
+        "rollouts": rollouts,
+        "learning_rate": policy.optimizer.lr,
+        "weight_decay": policy.optimizer.weight_decay,
+        "adam_beta1": policy.optimizer.betas[0],
+        "adam_beta2": policy.optimizer.betas[1],
+        "adam_epsilon": policy.optimizer.eps,
+        "max_grad_norm": policy.max_grad_norm or 0.0,
+        "scheduler": policy.scheduler.name,
+        "min_lr_ratio": policy.scheduler.min_lr_ratio,
+        "warmup_steps": policy.scheduler.warmup_steps,
+        "max_new_tokens": policy.generation.max_new_tokens,
+        "temperature": policy.generation.temperature or 1.0,
+        "max_length": policy.max_total_sequence_length,
+        "seed": loop.seed,
+    }
+
+
+def scheduler_args(settings: dict) -> dict:
+    """TrainingArguments for the config's schedule."""
+    name = settings["scheduler"]
+    if name == "cosine":
+        return {
+            "lr_scheduler_type": "cosine_with_min_lr",
+            "lr_scheduler_kwargs": {"min_lr_rate": settings["min_lr_ratio"]},
+        }
+    if name == "constant":
+        return {"lr_scheduler_type": "constant_with_warmup"}
+    raise SystemExit(f"bench_vs_trl has no GKDTrainer schedule for scheduler.name={name!r}")
+
+
+# ------------------------------------------------------------------------------ the TRL process
+
+
+def run_trl(args: argparse.Namespace) -> None:
+    """The child process: train with GKDTrainer, saving halfway and at the end, and write
+    OUT/trl/timeline.json (time.time() of each event; "saves": {step: time})."""
+    settings = json.loads(Path(args.settings).read_text())
+    out = Path(args.out)
+    import torch
+    from datasets import Dataset
+    from transformers import AutoTokenizer, TrainerCallback
+    from trl.experimental.gkd import GKDConfig, GKDTrainer
+
+    from nemo_opd.tiny.task import load_jsonl
+
+    timeline = {"imports_done": time.time(), "threads": torch.get_num_threads(), "saves": {}}
+    tokenizer = AutoTokenizer.from_pretrained(settings["tokenizer"])
+    records = load_jsonl(Path(settings["tokenizer"]).parent / "data" / "train.jsonl")
+    rows = [
+        {
+            "messages": [
+                {"role": "user", "content": r["prompt"]},
+                {"role": "assistant", "content": r.get("solution") or r["answer"]},
+            ]
+        }
+        for r in records[: settings["rollouts"]]
+    ]
+    half = settings["max_steps"] // 2
+
+    class SaveHalfway(TrainerCallback):
+        def on_step_end(self, train_args, state, control, **kwargs):
+            if state.global_step == half:
+                kwargs["model"].save_pretrained(out / f"step_{half}")
+                timeline["saves"][half] = time.time()
+
+    config = GKDConfig(
+        output_dir=str(out / "trainer"),
+        per_device_train_batch_size=settings["batch_size"],
+        gradient_accumulation_steps=1,
+        max_steps=settings["max_steps"],
+        learning_rate=settings["learning_rate"],
+        weight_decay=settings["weight_decay"],
+        adam_beta1=settings["adam_beta1"],
+        adam_beta2=settings["adam_beta2"],
+        adam_epsilon=settings["adam_epsilon"],
+        max_grad_norm=settings["max_grad_norm"],
+        warmup_steps=settings["warmup_steps"],
+        **scheduler_args(settings),
+        lmbda=1.0,
+        beta=settings["beta"],
+        temperature=settings["temperature"],
+        max_new_tokens=settings["max_new_tokens"],
+        max_length=settings["max_length"],
+        seed=settings["seed"],
+        use_cpu=True,
+        bf16=False,
+        logging_steps=max(1, settings["max_steps"] // 20),
+        save_strategy="no",
+        report_to=[],
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+    )
+    trainer = GKDTrainer(
+        model=settings["student"],
+        teacher_model=settings["teacher"],
+        args=config,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tokenizer,
+        callbacks=[SaveHalfway()],
+    )
+    timeline["train_begin"] = time.time()
+    trainer.train()
+    timeline["train_end"] = time.time()
+    trainer.model.save_pretrained(out / "final")
+    tokenizer.save_pretrained(out / "final")
+    timeline["saves"][settings["max_steps"]] = time.time()
+    (out / "timeline.json").write_text(json.dumps(timeline, indent=2))
+
+
+# ------------------------------------------------------------------------------- both, timed
+
+
+def timed(command: list[str], log: Path) -> tuple[float, float]:
+    """Run `command` with its output in `log`; returns (launch time.time(), seconds to exit)."""
+    print(f"running: {' '.join(command)}\n  output: {log}", flush=True)
+    launched = time.time()
+    with open(log, "w") as handle:
+        status = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, cwd=REPO)
+    wall = time.time() - launched
+    if status.returncode != 0:
+        raise SystemExit(f"{command[1]} failed (exit {status.returncode}); see {log}")
+    print(f"  finished in {wall:.1f} s", flush=True)
+    return launched, wall
+
+
+def run_both(args: argparse.Namespace) -> dict:
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    settings = matched_settings(args.config, args.overrides)
+    (out / "trl_settings.json").write_text(json.dumps(settings, indent=2))
+    results = {"settings": settings, "config": args.config, "overrides": args.overrides}
+    if "trl" in args.systems:
+        trl_out = out / "trl"
+        trl_out.mkdir(exist_ok=True)
+        command = [sys.executable, __file__, "trl", "--settings", str(out / "trl_settings.json")]
+        launched, wall = timed([*command, "--out", str(trl_out)], out / "trl.log")
+        timeline = json.loads((trl_out / "timeline.json").read_text())
+        results["trl"] = {
+            "wall_s": wall,
+            "imports_s": timeline["imports_done"] - launched,
+            "training_s": timeline["train_end"] - timeline["train_begin"],
+            "threads": timeline["threads"],
+            "points": [
+                {"step": int(step), "elapsed_s": when - launched, "dir": str(trl_out / name)}
+                for step, when in timeline["saves"].items()
+                for name in [f"step_{step}" if int(step) < settings["max_steps"] else "final"]
+            ],
+        }
+    if "nemo_opd" in args.systems:
+        run_dir = out / "nemo_opd"
+        command = [
+            sys.executable,
+            "examples/run_distillation_math.py",
+            "--config",
+            args.config,
+            *args.overrides,
+            f"checkpointing.checkpoint_dir={run_dir / 'checkpoints'}",
+            f"logger.log_dir={run_dir / 'logs'}",
+        ]
+        launched, wall = timed(command, out / "nemo_opd.log")
+        results["nemo_opd"] = nemo_opd_points(run_dir, wall)
+    return results
+
+
+def nemo_opd_points(run_dir: Path, wall: float) -> dict:
+    """Validation steps of the run (time since its process started, its own accuracy) and the
+    saved students to score."""
+    from nemo_opd.utils.logger import read_jsonl
+
+    records = read_jsonl(run_dir / "logs" / "metrics.jsonl")
+    steps = [r for r in records if "validation/accuracy" in r]
+    last = max(r["step"] for r in records)
+    points = []
+    for record in steps:
+        step = record["step"]
+        saved = run_dir / "checkpoints" / f"step_{step}" / "policy"
+        if step == last:
+            saved = run_dir / "checkpoints" / "final_model"
+        points.append(
+            {
+                "step": step,
+                "elapsed_s": record["progress/elapsed_s"],
+                "own_accuracy": record["validation/accuracy"],
+                "dir": str(saved) if saved.is_dir() and step > 0 else None,
+            }
+        )
+    first = records[0]
+    startup = {k: v for k, v in first.items() if k.startswith("timing/startup/")}
+    step_times = [r["timing/train/total_step_time"] for r in records if r["step"] > 0]
+    return {
+        "wall_s": wall,
+        "points": points,
+        "startup": startup,
+        "mean_step_s": sum(step_times) / max(1, len(step_times)),
+    }
+
+
+# ---------------------------------------------------------------------------- scoring, report
+
+
+def score(results: dict) -> None:
+    """Held-out accuracy of every saved student with one evaluator (untimed)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from nemo_opd.tiny.evaluation import heldout_accuracy
+    from nemo_opd.tiny.task import load_jsonl
+
+    torch.manual_seed(0)
+    settings = results["settings"]
+    tokenizer = AutoTokenizer.from_pretrained(settings["tokenizer"])
+    heldout = load_jsonl(Path(settings["tokenizer"]).parent / "data" / "validation.jsonl")
+
+    def accuracy(model_dir: str) -> float:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        return heldout_accuracy(
+            model, tokenizer, heldout, max_new_tokens=settings["max_new_tokens"]
+        )
+
+    results["initial_accuracy"] = accuracy(settings["student"])
+    for system in ("trl", "nemo_opd"):
+        for point in results.get(system, {}).get("points", []):
+            point["accuracy"] = accuracy(point["dir"]) if point["dir"] else None
+
+
+def report(results: dict, out: Path) -> str:
+    """The markdown table and verdict; also written to OUT/results.md."""
+    initial = results["initial_accuracy"]
+    lines = [
+        f"Held-out accuracy (greedy HF generate, {results['settings']['rollouts']} on-policy "
+        f"rollouts each; initial student {initial:.1%}):",
+        "",
+        "| system | final accuracy | whole process | accuracy @ seconds since its start |",
+        "|---|---|---|---|",
+    ]
+    finals = {}
+    for system, label in (("trl", "TRL GKDTrainer"), ("nemo_opd", "nemo_opd")):
+        if system not in results:
+            continue
+        data = results[system]
+        scored = [p for p in data["points"] if p.get("accuracy") is not None]
+        final = scored[-1]["accuracy"] if scored else None
+        finals[system] = (final, data["wall_s"])
+        curve = ", ".join(f"{p['accuracy']:.1%} @ {p['elapsed_s']:.0f} s" for p in scored)
+        shown = f"{final:.1%}" if final is not None else "-"
+        lines.append(f"| {label} | {shown} | {data['wall_s']:.1f} s | {curve} |")
+    if "nemo_opd" in results:
+        own = ", ".join(
+            f"step {p['step']}: {p['own_accuracy']:.1%}" for p in results["nemo_opd"]["points"]
+        )
+        lines += ["", f"nemo_opd's own validation (math verifier, vLLM greedy): {own}"]
+    if len(finals) == 2:
+        (trl_acc, trl_wall), (ours_acc, ours_wall) = finals["trl"], finals["nemo_opd"]
+        reached = ours_acc >= trl_acc - ACCURACY_SLACK
+        faster = ours_wall <= trl_wall
+        verdict = "met" if reached and faster else "not met"
+        lines += [
+            "",
+            f"check ({verdict}): nemo_opd {ours_wall:.1f} s vs TRL {trl_wall:.1f} s "
+            f"({ours_wall / trl_wall:.2f}x), final accuracy {ours_acc:.1%} vs {trl_acc:.1%} "
+            f"(within {ACCURACY_SLACK:.0%}: {'yes' if reached else 'no'})",
+        ]
+    text = "\n".join(lines)
+    (out / "results.md").write_text(text + "\n")
+    return text
+
+
+def plot(results: dict, out: Path) -> Path:
+    """Accuracy against seconds since each process started, one line per system."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4.2))
+    systems = (("trl", "TRL GKDTrainer", "tab:orange"), ("nemo_opd", "nemo_opd", "tab:blue"))
+    for system, label, color in systems:
+        if system not in results:
+            continue
+        data = results[system]
+        points = [(0.0, results["initial_accuracy"])] + [
+            (p["elapsed_s"], p["accuracy"]) for p in data["points"] if p.get("accuracy") is not None
+        ]
+        xs, ys = zip(*points, strict=True)
+        exits = f"{label} (exits at {data['wall_s']:.0f} s)"
+        axes.plot(xs, ys, marker="o", color=color, label=exits)
+        axes.axvline(data["wall_s"], color=color, linestyle=":", linewidth=1)
+    axes.set_xlabel("seconds since the process started")
+    axes.set_ylabel("held-out accuracy (greedy)")
+    axes.set_title(f"{results['settings']['rollouts']} on-policy rollouts, same machine")
+    axes.grid(alpha=0.3)
+    axes.legend(loc="lower right")
+    path = out / "accuracy_vs_time.png"
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "trl":
+        parser = argparse.ArgumentParser(prog="bench_vs_trl.py trl")
+        parser.add_argument("--settings", required=True)
+        parser.add_argument("--out", required=True)
+        run_trl(parser.parse_args(sys.argv[2:]))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="examples/configs/distillation_tiny.yaml")
+    parser.add_argument("--out", default="runs/bench_vs_trl")
+    parser.add_argument(
+        "--systems", nargs="+", default=["trl", "nemo_opd"], choices=["trl", "nemo_opd"]
+    )
+    parser.add_argument("overrides", nargs="*", help="overrides of the config, for both")
+    args = parser.parse_args()
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    results = run_both(args)
+    score(results)
+    out = Path(args.out).resolve()
+    results["meta"] = run_meta()
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    print(report(results, out))
+    print(f"plot: {plot(results, out)}")
+
+
+if __name__ == "__main__":
+    main()
