@@ -110,10 +110,10 @@ class DistillationRun:
     generation_version: int = 0
     last_metrics: dict = field(default_factory=dict)
     startup: dict = field(default_factory=dict)
-    started_at: float = field(default_factory=time.time)
-    """time.time() when the driver process started (progress/elapsed_s counts from it)."""
     """{process: {mark: time.time()}} of the driver and every worker (nemo_opd.utils.startup);
     logged as timing/startup/* with the first metrics, then cleared."""
+    started_at: float = field(default_factory=time.time)
+    """time.time() when the driver process started (progress/elapsed_s counts from it)."""
 
     def shutdown(self) -> None:
         """Stop every worker (generation first: it holds the most memory)."""

@@ -8,8 +8,8 @@ by reference: nothing is pickled, so no callable has to be serialized and
 VLLM_ALLOW_INSECURE_SERIALIZATION stays unset. The price is tensor_parallel_size == 1 per
 engine (a tp > 1 engine needs vLLM's multiprocess executor, where an iterator of tensors cannot
 cross the process boundary); scale out with more engines instead. Keeping vLLM in its own actor
-also keeps its process-wide changes (on CPU it drops torch to one thread and disables
-torch.set_num_threads) away from the training workers.
+also keeps its process-wide changes (on CPU it binds its OpenMP threads, as many as the actor's
+OMP_NUM_THREADS, to cores and disables torch.set_num_threads) away from the training workers.
 
 Which distribution the returned log-probs come from: the engine is built with
 logprobs_mode="processed_logprobs", so each sampled token's log-prob is taken from the
