@@ -58,9 +58,16 @@ def matched_settings(config: str, overrides: list[str]) -> dict:
         raise SystemExit("bench_vs_trl matches the top-k forward or reverse KL objective only")
     if cfg.teacher is None:
         raise SystemExit("bench_vs_trl needs a config with a teacher")
+    if cfg.data.prompt_file or cfg.data.system_prompt_file:
+        raise SystemExit(
+            "bench_vs_trl gives TRL bare prompts: unset data.prompt_file and "
+            "data.system_prompt_file"
+        )
     rollouts = loop.num_prompts_per_step * loop.num_generations_per_prompt * loop.max_num_steps
     batch = policy.train_global_batch_size
     return {
+        "config": str(Path(config).resolve()),
+        "overrides": list(overrides),
         "student": resolve_pretrained(policy.model_name),
         "teacher": resolve_pretrained(cfg.teacher.model_name),
         "tokenizer": resolve_pretrained(policy.tokenizer.name),
@@ -82,6 +89,14 @@ def matched_settings(config: str, overrides: list[str]) -> dict:
         "max_length": policy.max_total_sequence_length,
         "seed": loop.seed,
     }
+
+
+def prompt_records(settings: dict, split: str) -> list[dict]:
+    """The config's records of `split` ({"prompt", "answer"}), as the loop reads them."""
+    from nemo_opd.config import load_config
+    from nemo_opd.data.datasets import load_prompt_records
+
+    return load_prompt_records(load_config(settings["config"], settings["overrides"]).data, split)
 
 
 def scheduler_args(settings: dict) -> dict:
@@ -110,19 +125,18 @@ def run_trl(args: argparse.Namespace) -> None:
     from transformers import AutoTokenizer, TrainerCallback
     from trl.experimental.gkd import GKDConfig, GKDTrainer
 
-    from nemo_opd.tiny.task import load_jsonl
-
     timeline = {"imports_done": time.time(), "threads": torch.get_num_threads(), "saves": {}}
     tokenizer = AutoTokenizer.from_pretrained(settings["tokenizer"])
-    records = load_jsonl(Path(settings["tokenizer"]).parent / "data" / "train.jsonl")
+    # lmbda=1: every batch is replaced by the student's samples, so the assistant turn (the
+    # collator's labels) is never trained on.
     rows = [
         {
             "messages": [
                 {"role": "user", "content": r["prompt"]},
-                {"role": "assistant", "content": r.get("solution") or r["answer"]},
+                {"role": "assistant", "content": r["answer"]},
             ]
         }
-        for r in records[: settings["rollouts"]]
+        for r in prompt_records(settings, "train")[: settings["rollouts"]]
     ]
     half = settings["max_steps"] // 2
 
@@ -273,12 +287,11 @@ def score(results: dict) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from nemo_opd.tiny.evaluation import heldout_accuracy
-    from nemo_opd.tiny.task import load_jsonl
 
     torch.manual_seed(0)
     settings = results["settings"]
     tokenizer = AutoTokenizer.from_pretrained(settings["tokenizer"])
-    heldout = load_jsonl(Path(settings["tokenizer"]).parent / "data" / "validation.jsonl")
+    heldout = prompt_records(settings, "validation")
 
     def accuracy(model_dir: str) -> float:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)

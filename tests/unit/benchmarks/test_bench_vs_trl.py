@@ -30,6 +30,8 @@ def test_settings_match_the_config():
         "lr_scheduler_kwargs": {"min_lr_rate": 0.1},
     }
     assert Path(settings["student"], "config.json").is_file()  # tiny:student resolved
+    heldout = bench_vs_trl.prompt_records(settings, "validation")  # as the loop reads them
+    assert len(heldout) == 500 and set(heldout[0]) >= {"prompt", "answer"}
 
 
 def test_reverse_kl_is_beta_1_and_other_objectives_are_refused():
@@ -37,6 +39,9 @@ def test_reverse_kl_is_beta_1_and_other_objectives_are_refused():
     assert settings["beta"] == 1.0
     with pytest.raises(SystemExit, match="forward or reverse KL objective only"):
         bench_vs_trl.matched_settings(TINY, ["loss_fn.kl_type=mixed"])
+    with pytest.raises(SystemExit, match="bare prompts"):
+        prompt_file = REPO / "examples/prompts/math_boxed.txt"
+        bench_vs_trl.matched_settings(TINY, [f"data.prompt_file={prompt_file}"])
 
 
 def _results(trl_final: float, ours_final: float, trl_wall: float, ours_wall: float) -> dict:
