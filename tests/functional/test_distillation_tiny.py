@@ -1,5 +1,5 @@
-"""The whole loop on CPU: the tiny config with tensor parallelism 2, sequence packing and
-two-turn rollouts (a retry after a wrong answer), run straight through; then the same run
+"""The whole loop on CPU: the tiny config on two one-thread workers per model with tensor
+parallelism 2, sequence packing and two-turn rollouts (a retry after a wrong answer), run straight through; then the same run
 through a chain of real faults, each ending the run with one clear message and each resumed
 from the newest intact checkpoint: SIGTERM (a clean stop with a checkpoint), a training worker
 killed mid-step, the newest checkpoint damaged on disk. The run that finally completes must log
@@ -67,6 +67,8 @@ def overrides(assets, run_dir: Path) -> list[str]:
         "policy.train_micro_batch_size=4",
         "policy.generation.max_new_tokens=12",
         "policy.generation.logprob_check_samples=5",  # of 16 rollouts per step
+        "cluster.gpus_per_node=2",  # the config's one worker per model, as two
+        "cluster.cpus_per_worker=1",
         "policy.dtensor_cfg.tensor_parallel_size=2",
         "policy.sequence_packing.enabled=true",
         "teacher.sequence_packing.enabled=true",
