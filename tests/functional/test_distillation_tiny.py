@@ -1,5 +1,6 @@
 """The whole loop on CPU: the tiny config on two one-thread workers per model with tensor
-parallelism 2, sequence packing and two-turn rollouts (a retry after a wrong answer), run straight through; then the same run
+parallelism 2, sequence packing and two-turn rollouts (a retry after a wrong answer), run
+straight through; then the same run
 through a chain of real faults, each ending the run with one clear message and each resumed
 from the newest intact checkpoint: SIGTERM (a clean stop with a checkpoint), a training worker
 killed mid-step, the newest checkpoint damaged on disk. The run that finally completes must log
