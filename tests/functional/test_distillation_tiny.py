@@ -1,11 +1,11 @@
 """The whole loop on CPU: the tiny config on two one-thread workers per model with tensor
 parallelism 2, sequence packing and two-turn rollouts (a retry after a wrong answer), run
-straight through; then the same run
-through a chain of real faults, each ending the run with one clear message and each resumed
-from the newest intact checkpoint: SIGTERM (a clean stop with a checkpoint), a training worker
-killed mid-step, the newest checkpoint damaged on disk. The run that finally completes must log
-the same metrics as the uninterrupted one. (A save that fails part-way is caused for real one
-level down, in tests/unit/policy/test_policy_checkpoint.py: the loop adds only the message.)
+straight through; then the same run through a chain of real faults, each ending the run with one
+clear message and each resumed from the newest intact checkpoint: SIGTERM (a clean stop with a
+checkpoint), a training worker killed mid-step, the newest checkpoint damaged on disk. The run
+that finally completes must log the same metrics as the uninterrupted one. (A save that fails
+part-way is caused for real one level down, in tests/unit/policy/test_policy_checkpoint.py: the
+loop adds only the message.)
 
 The models are the seconds-long "micro" build of the tiny assets (the default tiny models take
 minutes to build): this test checks the machinery, not the learning curve (docs/tiny_run.md
