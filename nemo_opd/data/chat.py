@@ -107,7 +107,7 @@ class ChatFormatter:
         )
 
     def _encode(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return self._encode_many([text])[0]
 
     def _encode_many(self, texts: list[str]) -> list[list[int]]:
         return self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
