@@ -26,7 +26,6 @@ rollouts, and mixing off-policy data (docs/distillation.md, "Not yet").
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from pathlib import Path
 import ray
 import torch
 from ray.util.placement_group import PlacementGroup
+from transformers import PreTrainedTokenizerBase
 
 from nemo_opd.algorithms.advantages import compute_advantages, group_ids_for
 from nemo_opd.algorithms.model_checks import (
@@ -62,6 +62,7 @@ from nemo_opd.distributed.cluster import (
     resolve_device_type,
 )
 from nemo_opd.distributed.placement import worker_split
+from nemo_opd.distributed.ray_runtime import init_ray
 from nemo_opd.environments import MathEnvironment
 from nemo_opd.errors import RunError, SetupError
 from nemo_opd.generation import VllmGeneration, logprob_mismatch
@@ -176,56 +177,16 @@ def _claim_directories(cfg: DistillationConfig) -> RunLock:
 def _build_run(cfg: DistillationConfig, lock: RunLock, marks: StartupMarks) -> DistillationRun:
     """Build tokenizer, data, environments, student, teacher, generation, loss and logging, and
     restore the newest checkpoint that verifies, if there is one. `marks` gets the driver's
-    start-up times."""
+    start-up times.
+
+    Order (docs/benchmarks.md has the start-up profile): the tokenizers and model configs are
+    checked; vLLM, whose start-up is the longest, is launched; the data are loaded while it
+    loads; then student and teacher start, and the environments while they all load. When
+    anything fails, the parts already started are shut down."""
     # Models: "tiny:*" names build (or reuse) the embedded assets here, once, on the driver.
     cfg = _resolve_model_paths(cfg)
-
-    # Tokenizers: one shared vocabulary.
-    tokenizer = load_tokenizer(cfg.policy.tokenizer, "policy")
-    if cfg.teacher is not None:
-        check_same_vocabulary(tokenizer, load_tokenizer(cfg.teacher.tokenizer, "teacher"))
-
-    # Model configs: vocabularies and tensor-parallel sizes fit.
-    student_config = load_model_config(cfg.policy, "policy")
-    check_tensor_parallel(cfg.policy, student_config, "policy")
-    if cfg.teacher is not None:
-        teacher_config = load_model_config(cfg.teacher, "teacher")
-        check_vocab_sizes(student_config, teacher_config, len(tokenizer))
-        check_tensor_parallel(cfg.teacher, teacher_config, "teacher")
-    if cfg.teacher is not None and cfg.distillation.topk_logits_k > student_config.vocab_size:
-        raise SetupError(
-            f"distillation.topk_logits_k ({cfg.distillation.topk_logits_k}) exceeds the "
-            f"vocabulary size ({student_config.vocab_size})"
-        )
-
-    # Data: prompts rendered with the chat template; too-long prompts skipped and counted.
-    formatter = ChatFormatter(
-        tokenizer,
-        read_text_file(cfg.data.prompt_file, "data.prompt_file"),
-        read_text_file(cfg.data.system_prompt_file, "data.system_prompt_file"),
-    )
-    max_prompt = cfg.data.max_input_seq_length or cfg.policy.max_total_sequence_length - 1
-    train = encode_prompts(load_prompt_records(cfg.data, "train"), formatter, max_prompt, "train")
-    val = encode_prompts(
-        load_prompt_records(cfg.data, "validation"), formatter, max_prompt, "validation"
-    )
-    if cfg.distillation.max_val_samples is not None:
-        val.samples = val.samples[: cfg.distillation.max_val_samples]
-    print(
-        f"data: {len(train.samples)} train prompts ({train.skipped} skipped as longer than "
-        f"{max_prompt} tokens), {len(val.samples)} validation prompts ({val.skipped} skipped)"
-    )
-    check_fills_one_batch(train, cfg.distillation.num_prompts_per_step, max_prompt)
-    marks.note("data")
-    loader = PromptLoader(
-        train.samples,
-        cfg.distillation.num_prompts_per_step,
-        cfg.data.shuffle,
-        cfg.distillation.seed,
-    )
-
-    # Workers: Ray, environments, student, teacher (when an objective term uses one), generation.
-    _init_ray(cfg)
+    tokenizer = _check_models(cfg)
+    init_ray(cfg.cluster)  # the command line has started it already
     marks.note("ray")
     split = worker_split(cfg.cluster, cfg.policy.generation)
     device = resolve_device_type(cfg.cluster)
@@ -233,13 +194,13 @@ def _build_run(cfg: DistillationConfig, lock: RunLock, marks: StartupMarks) -> D
     placement = build_placement_group(
         split.training, WorkerResources(device, cfg.cluster.cpus_per_worker)
     )
-    # vLLM, student and teacher start at once, in the background, and the environments while
-    # they load (docs/benchmarks.md has the start-up profile); when a part fails to start,
-    # those already started are shut down.
     started = []
     try:
         generation = _build_generation(cfg, device, split.generation, placement)
         started.append(generation)
+        marks.note("vllm_launched")
+        formatter, train, val = _load_prompts(cfg, tokenizer)
+        marks.note("data")
         student = Policy(
             cfg.policy,
             cfg.cluster,
@@ -279,7 +240,12 @@ def _build_run(cfg: DistillationConfig, lock: RunLock, marks: StartupMarks) -> D
         formatter=formatter,
         train_prompts=train,
         val_prompts=val,
-        loader=loader,
+        loader=PromptLoader(
+            train.samples,
+            cfg.distillation.num_prompts_per_step,
+            cfg.data.shuffle,
+            cfg.distillation.seed,
+        ),
         environments=environments,
         student=student,
         teacher=teacher,
@@ -303,6 +269,51 @@ def _build_run(cfg: DistillationConfig, lock: RunLock, marks: StartupMarks) -> D
         total_steps=cfg.distillation.max_num_steps,
     )
     return run_state
+
+
+def _check_models(cfg: DistillationConfig) -> PreTrainedTokenizerBase:
+    """The student's tokenizer, after checking it against the teacher's, and the model configs
+    against each other (vocabularies, tensor-parallel sizes, top-k); SetupError on a mismatch."""
+    tokenizer = load_tokenizer(cfg.policy.tokenizer, "policy")
+    if cfg.teacher is not None:
+        check_same_vocabulary(tokenizer, load_tokenizer(cfg.teacher.tokenizer, "teacher"))
+    student_config = load_model_config(cfg.policy, "policy")
+    check_tensor_parallel(cfg.policy, student_config, "policy")
+    if cfg.teacher is not None:
+        teacher_config = load_model_config(cfg.teacher, "teacher")
+        check_vocab_sizes(student_config, teacher_config, len(tokenizer))
+        check_tensor_parallel(cfg.teacher, teacher_config, "teacher")
+    if cfg.teacher is not None and cfg.distillation.topk_logits_k > student_config.vocab_size:
+        raise SetupError(
+            f"distillation.topk_logits_k ({cfg.distillation.topk_logits_k}) exceeds the "
+            f"vocabulary size ({student_config.vocab_size})"
+        )
+    return tokenizer
+
+
+def _load_prompts(
+    cfg: DistillationConfig, tokenizer: PreTrainedTokenizerBase
+) -> tuple[ChatFormatter, PromptSet, PromptSet]:
+    """The chat formatter and the train and validation prompts, rendered with the chat template
+    and tokenized (too-long prompts skipped and counted); SetupError on bad data."""
+    formatter = ChatFormatter(
+        tokenizer,
+        read_text_file(cfg.data.prompt_file, "data.prompt_file"),
+        read_text_file(cfg.data.system_prompt_file, "data.system_prompt_file"),
+    )
+    max_prompt = cfg.data.max_input_seq_length or cfg.policy.max_total_sequence_length - 1
+    train = encode_prompts(load_prompt_records(cfg.data, "train"), formatter, max_prompt, "train")
+    val = encode_prompts(
+        load_prompt_records(cfg.data, "validation"), formatter, max_prompt, "validation"
+    )
+    if cfg.distillation.max_val_samples is not None:
+        val.samples = val.samples[: cfg.distillation.max_val_samples]
+    print(
+        f"data: {len(train.samples)} train prompts ({train.skipped} skipped as longer than "
+        f"{max_prompt} tokens), {len(val.samples)} validation prompts ({val.skipped} skipped)"
+    )
+    check_fills_one_batch(train, cfg.distillation.num_prompts_per_step, max_prompt)
+    return formatter, train, val
 
 
 def _wait_for_workers(
@@ -341,14 +352,6 @@ def _resolve_model_paths(cfg: DistillationConfig) -> DistillationConfig:
             update={"model_name": resolve_pretrained(model.model_name), "tokenizer": tokenizer}
         )
     return cfg.model_copy(update=update)
-
-
-def _init_ray(cfg: DistillationConfig) -> None:
-    """Start a local Ray instance sized for the configured workers (unless one is running)."""
-    if ray.is_initialized():
-        return
-    cpus = max(os.cpu_count() or 1, cfg.cluster.world_size * cfg.cluster.cpus_per_worker)
-    ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=True)
 
 
 def _rollouts_per_step(cfg: DistillationConfig) -> int:

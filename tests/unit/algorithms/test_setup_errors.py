@@ -1,10 +1,12 @@
-"""Bad inputs stop the run at setup with one clear message (exit status 2), before any worker
-starts: wrong tokenizer pairs, missing or malformed datasets, prompts that are all too long.
-The message goes to stderr, as configuration errors do."""
+"""Bad inputs stop the run at setup with one clear message (exit status 2): wrong tokenizer
+pairs and model configs before any worker starts; missing or malformed datasets and prompts that
+are all too long before any training worker starts (the vLLM engine already loading is
+stopped). The message goes to stderr, as configuration errors do."""
 
 import json
 
 import pytest
+import ray
 
 from nemo_opd.cli import main
 from nemo_opd.tiny.assets import ensure_tiny_assets
@@ -18,6 +20,15 @@ CONFIG = "examples/configs/distillation_tiny.yaml"
 @pytest.fixture(scope="module")
 def assets():
     return ensure_tiny_assets(micro_recipe())
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_instance():
+    """One Ray instance for the module: the command line attaches to it instead of starting and
+    stopping its own for every refused run."""
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
 
 
 def run(assets, tmp_path, *overrides):

@@ -7,6 +7,7 @@ import types
 from pathlib import Path
 
 import pytest
+import ray
 
 from nemo_opd import cli
 from nemo_opd.errors import SetupError
@@ -85,25 +86,34 @@ TRAINER = "nemo_opd.algorithms.distillation"
 
 
 def test_main_hands_the_validated_config_to_the_trainer(monkeypatch):
+    # With no Ray running, the command line starts one for the run and stops it afterwards.
     received = []
     fake = types.ModuleType(TRAINER)
-    fake.run = lambda cfg: received.append(cfg) or 143  # its exit status is the script's
+    fake.run = lambda cfg: received.append((cfg, ray.is_initialized())) or 143
     monkeypatch.setitem(sys.modules, TRAINER, fake)
-    assert cli.main(["--config", str(TINY), "distillation.max_num_steps=7"]) == 143
-    [cfg] = received
+    assert not ray.is_initialized()
+    assert cli.main(["--config", str(TINY), "distillation.max_num_steps=7"]) == 143  # its status
+    [(cfg, ray_was_running)] = received
     assert cfg.distillation.max_num_steps == 7
+    assert ray_was_running and not ray.is_initialized()
 
 
 def test_setup_errors_go_to_stderr_and_exit_2(monkeypatch, capsys):
     # A setup error (bad data, tokenizer, model) is reported like a config error: same stream,
-    # same exit status, no traceback.
+    # same exit status, no traceback. A Ray instance the command line attached to (rather than
+    # started) is left running.
     def run(cfg):
         raise SetupError("data.train_path: file not found: nope.jsonl")
 
     fake = types.ModuleType(TRAINER)
     fake.run = run
     monkeypatch.setitem(sys.modules, TRAINER, fake)
-    assert cli.main(["--config", str(TINY)]) == cli.EXIT_CONFIG_ERROR
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        assert cli.main(["--config", str(TINY)]) == cli.EXIT_CONFIG_ERROR
+        assert ray.is_initialized()
+    finally:
+        ray.shutdown()
     out, err = capsys.readouterr()
     assert out == ""
     assert err == "error: data.train_path: file not found: nope.jsonl\n"
