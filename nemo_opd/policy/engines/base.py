@@ -398,7 +398,10 @@ class Engine(ABC):
             local_shape = (*logits.shape[:2], k)
             self._scatter(self._cp_gather(values.reshape(local_shape)), mb, values_out)
             self._scatter(self._cp_gather(indices.reshape(local_shape)), mb, indices_out)
-        return values_out.cpu(), indices_out.cpu()
+        # A padded microbatch also scored its padding: zero it, as documented.
+        positions = torch.arange(shape[1], device=self.device)
+        real = (positions < data["input_lengths"].unsqueeze(1)).unsqueeze(-1)
+        return (values_out * real).cpu(), (indices_out * real).cpu()
 
     # ---------------------------------------------------------------- microbatching
 
