@@ -226,6 +226,11 @@ class VllmConfig(Section):
     """Fraction of device memory vLLM may take for weights and KV cache (when colocated, the
     rest is left to training)."""
 
+    kv_cache_memory_bytes: int | None = Field(None, gt=0, le=2**50)
+    """The KV cache's size in bytes (vLLM's kv_cache_memory_bytes); null sizes it from
+    gpu_memory_utilization. On CPU that fraction is of the host's (NUMA node's) memory less
+    what the process already holds, so a fixed size is what runs alike on every machine."""
+
     max_model_len: int = Field(gt=0, le=MAX_TOKENS)
     """Longest sequence (prompt plus generation) vLLM accepts; usually
     ${...max_total_sequence_length}."""

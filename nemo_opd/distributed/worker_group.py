@@ -126,7 +126,7 @@ class WorkerGroup:
             return ray.get(ref)
         except RayActorError as error:
             raise WorkerError(
-                f"{self.name}: worker rank {rank} died ({_death_notice(error)}); the other "
+                f"{self.name}: worker rank {rank} died ({death_notice(error)}); the other "
                 "ranks of the group cannot continue"
             ) from error
         except RayTaskError as error:
@@ -144,9 +144,13 @@ class WorkerGroup:
             ray.util.remove_placement_group(self.placement_group)
 
 
-def _death_notice(error: RayActorError) -> str:
-    """'pid N: <Ray's exit detail>' from an actor's death notice, as far as it says."""
+def death_notice(error: RayActorError) -> str:
+    """'pid N: <Ray's exit detail>' from an actor's death notice, as far as it says; for an
+    actor whose constructor raised, that exception's last line."""
     text = str(error)
+    if getattr(error, "_actor_init_failed", False):
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        return f"its constructor raised {lines[-1]}"
     pid = re.search(r"\bpid[:=] ?(\d+)", text)
     detail = re.search(r"Worker exit detail: ([^.]+)\.", text)
     how = detail.group(1) if detail else type(error).__name__

@@ -35,10 +35,13 @@ import time
 
 import ray
 import torch
+from ray.exceptions import RayActorError
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from nemo_opd.config import GenerationConfig
+from nemo_opd.distributed.worker_group import death_notice
+from nemo_opd.errors import RunError
 from nemo_opd.generation.interface import GenerationOutput
 from nemo_opd.generation.vllm_worker import ENGINE_ENV, VllmWorker
 
@@ -108,6 +111,9 @@ class VllmGeneration:
         if self.start_time_s is None:
             try:
                 ray.get([engine.ready.remote() for engine in self.engines])
+            except RayActorError as error:
+                self.shutdown()
+                raise RunError(f"vLLM could not start: {_start_failure(error)}") from error
             except BaseException:
                 self.shutdown()
                 raise
@@ -287,3 +293,15 @@ def _gather(
         "generation_tokens_per_s": tokens / wall_s if wall_s > 0 else 0.0,
     }
     return out
+
+
+def _start_failure(error: RayActorError) -> str:
+    """Why an engine died while starting, with what to change when it ran out of memory."""
+    notice = death_notice(error)
+    if "memory" in notice.lower():
+        notice += (
+            " (policy.generation.vllm_cfg: gpu_memory_utilization is, on CPU, a fraction of the "
+            "host's memory less what the process holds; kv_cache_memory_bytes gives the KV "
+            "cache a fixed size instead)"
+        )
+    return notice

@@ -145,7 +145,8 @@ class VllmWorker:
             the tokenizer, no stop strings).
         vllm_cfg: VllmConfig.model_dump(): precision, max_model_len, gpu_memory_utilization
             (on CPU: the fraction of the memory node's RAM vLLM reserves for weights plus KV
-            cache), enforce_eager, tensor_parallel_size (must be 1, see module docstring).
+            cache), kv_cache_memory_bytes (a fixed KV cache instead), enforce_eager,
+            tensor_parallel_size (must be 1, see module docstring).
         seed: the engine's RNG seed (used by requests that carry no seed of their own).
         sleep_mode: enable vLLM's sleep mode (colocated on CUDA); ignored on CPU.
     """
@@ -180,6 +181,7 @@ class VllmWorker:
             dtype=vllm_cfg["precision"],
             max_model_len=vllm_cfg["max_model_len"],
             gpu_memory_utilization=vllm_cfg["gpu_memory_utilization"],
+            kv_cache_memory_bytes=vllm_cfg["kv_cache_memory_bytes"],
             enforce_eager=vllm_cfg["enforce_eager"],
             tensor_parallel_size=1,
             distributed_executor_backend="uni",

@@ -237,3 +237,22 @@ def test_policy_weights_refit_into_vllm(generation, reference_a, model_dirs):
     finally:
         policy.shutdown()
         generation.refit(full_state_dict(reference_a), version=-1)
+
+
+def test_an_engine_that_cannot_start_says_why_and_what_to_set(ray_session, model_dirs):
+    # On CPU, 0.001 of the host's memory is less than the engine process already holds.
+    from nemo_opd.errors import RunError
+    from nemo_opd.generation import VllmGeneration
+
+    cfg = generation_config()
+    vllm_cfg = cfg.vllm_cfg.model_copy(
+        update={"kv_cache_memory_bytes": None, "gpu_memory_utilization": 0.001}
+    )
+    cfg = cfg.model_copy(update={"vllm_cfg": vllm_cfg})
+    with pytest.raises(RunError) as caught:
+        VllmGeneration(cfg, model_dirs["a"], None, device_type="cpu", num_engines=1)
+    message = str(caught.value)
+    assert message.startswith("vLLM could not start: its constructor raised ValueError: ")
+    assert (
+        "memory" in message and "kv_cache_memory_bytes gives the KV cache a fixed size" in message
+    )

@@ -59,8 +59,8 @@ def generation_config(**overrides) -> GenerationConfig:
             "max_model_len": MAX_LEN,
             "precision": "float32",
             "enforce_eager": True,
-            # on CPU: fraction of the memory node's RAM for weights + KV cache (~1-2 GiB here)
-            "gpu_memory_utilization": 0.15,
+            # a fixed KV cache: a fraction of RAM (gpu_memory_utilization) differs by machine
+            "kv_cache_memory_bytes": 64 * 2**20,
         },
         **overrides,
     }

@@ -61,3 +61,19 @@ def test_a_rank_that_fails_to_start_is_named_and_the_group_shut_down(ray_session
     with pytest.raises(WorkerError, match="slow: worker rank 1 raised RuntimeError: engine build"):
         group.wait_until_ready()
     assert group.actors == []
+
+
+class BrokenConstructor(SlowStarter):
+    def __init__(self, rank: int) -> None:
+        raise ValueError(f"rank {rank} has no model")
+
+
+def test_a_constructor_that_raises_is_named_with_its_exception(ray_session):
+    group = WorkerGroup(
+        BrokenConstructor, 1, WorkerResources("cpu", 1), lambda rank: (), name="broken", wait=False
+    )
+    with pytest.raises(WorkerError) as caught:
+        group.wait_until_ready()
+    assert str(caught.value).startswith(
+        "broken: worker rank 0 died (its constructor raised ValueError: rank 0 has no model)"
+    )
