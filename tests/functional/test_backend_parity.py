@@ -17,21 +17,18 @@ table printed at the end is the one recorded in docs/megatron.md.
 """
 
 import json
-import os
 
-os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")  # read when ray is imported
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
-
-from nemo_opd.config import ClusterConfig, PolicyConfig  # noqa: E402
-from nemo_opd.data.chat import ChatFormatter  # noqa: E402
-from nemo_opd.data.message_log import flatten_message_logs  # noqa: E402
-from nemo_opd.losses import DistillationLossFn, TopkKLParams  # noqa: E402
-from nemo_opd.policy.policy import Policy  # noqa: E402
-from nemo_opd.tiny.assets import ensure_tiny_assets  # noqa: E402
-from nemo_opd.tiny.recipe import micro_recipe  # noqa: E402
+from nemo_opd.config import ClusterConfig, PolicyConfig
+from nemo_opd.data.chat import ChatFormatter
+from nemo_opd.data.message_log import flatten_message_logs
+from nemo_opd.losses import DistillationLossFn, TopkKLParams
+from nemo_opd.policy.policy import Policy
+from nemo_opd.tiny.assets import ensure_tiny_assets
+from nemo_opd.tiny.recipe import micro_recipe
 
 STEPS = 4
 ROWS_PER_STEP = 8

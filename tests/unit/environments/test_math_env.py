@@ -1,20 +1,14 @@
 """MathEnvironment on a local Ray session: rewards, done flags, retry messages, order, timeouts."""
 
-import os
+import time
 
-# Read when ray is imported: under `uv run`, Ray would otherwise build a fresh venv for its
-# workers (about a minute); the workers use this venv as is.
-os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+import pytest
+import ray
 
-import time  # noqa: E402
-
-import pytest  # noqa: E402
-import ray  # noqa: E402
-
-from nemo_opd.config import MathEnvConfig  # noqa: E402
-from nemo_opd.environments import EnvironmentStep, MathEnvironment  # noqa: E402
-from nemo_opd.environments import math_env as math_env_module  # noqa: E402
-from nemo_opd.environments.math_env import _split_evenly  # noqa: E402
+from nemo_opd.config import MathEnvConfig
+from nemo_opd.environments import EnvironmentStep, MathEnvironment
+from nemo_opd.environments import math_env as math_env_module
+from nemo_opd.environments.math_env import _split_evenly
 
 RETRY = "Wrong, try again."
 

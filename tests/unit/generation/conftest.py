@@ -1,13 +1,7 @@
 """Fixtures: tiny random Qwen3 checkpoints and one local Ray instance per test module."""
 
-import os
-
-# Read when ray is imported: under `uv run`, Ray would otherwise build a fresh venv for its
-# workers (about a minute); the workers use this venv as is.
-os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-
-import pytest  # noqa: E402
-from vllm_testing import save_tiny_model  # noqa: E402
+import pytest
+from vllm_testing import save_tiny_model
 
 
 @pytest.fixture(scope="session")

@@ -1,18 +1,12 @@
 """Fixtures: tiny random Qwen3 models on disk, configs, batches, one Ray session per module."""
 
-import os
-
-# Read when ray is imported: under `uv run`, Ray would otherwise build a fresh venv for its
-# workers; the workers use this venv as is.
-os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from transformers import AutoModelForCausalLM, Qwen3Config  # noqa: E402
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, Qwen3Config
 
 from nemo_opd.config import (
-    ClusterConfig,  # noqa: E402
-    PolicyConfig,  # noqa: E402
+    ClusterConfig,
+    PolicyConfig,
 )
 
 VOCAB = 256
