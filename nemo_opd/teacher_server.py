@@ -2,14 +2,14 @@
 
     python -m nemo_opd.teacher_server --config CONFIG [--port 8000] [--host 127.0.0.1]
         [--served-model-name NAME] [--tensor-parallel-size N] [--gpu-memory-utilization F]
-        [overrides ...]
+        [--kv-cache-memory-bytes N] [overrides ...]
 
 (under `uv run --extra cpu` or `uv run --extra gpu`). From the config it takes the teacher's
 model ("tiny:teacher" resolves to the embedded teacher's directory) and precision, the largest
 top-k the run asks for (`distillation.topk_logits_k`, vLLM's --max-logprobs), the run's
 sequence length (`policy.max_total_sequence_length` + 1 for the one generated token) and
-`policy.generation.vllm_cfg` (memory fraction, eager mode); flags override what a separate
-server wants differently (on GPUs: --tensor-parallel-size across them, and a larger
+`policy.generation.vllm_cfg` (memory fraction or KV cache size, eager mode); flags override
+what a separate server wants differently (on GPUs: --tensor-parallel-size across them, and a larger
 --gpu-memory-utilization when it has them to itself). It prints the URL once the server
 answers, and stops it cleanly on Ctrl-C or SIGTERM. Exit status: the server's, 0 after a stop
 by signal, 2 for a bad config.
@@ -46,6 +46,7 @@ class ServerSettings:
     port: int = 8000
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.9
+    kv_cache_memory_bytes: int | None = None
     enforce_eager: bool = False
 
     @property
@@ -71,6 +72,7 @@ def settings_from_config(cfg: DistillationConfig, args: argparse.Namespace) -> S
         port=args.port,
         tensor_parallel_size=args.tensor_parallel_size or 1,
         gpu_memory_utilization=args.gpu_memory_utilization or vllm_cfg.gpu_memory_utilization,
+        kv_cache_memory_bytes=args.kv_cache_memory_bytes or vllm_cfg.kv_cache_memory_bytes,
         enforce_eager=vllm_cfg.enforce_eager,
     )
 
@@ -101,6 +103,8 @@ def server_command(settings: ServerSettings) -> list[str]:
         "--gpu-memory-utilization",
         str(settings.gpu_memory_utilization),
     ]
+    if settings.kv_cache_memory_bytes is not None:
+        command += ["--kv-cache-memory-bytes", str(settings.kv_cache_memory_bytes)]
     if settings.enforce_eager:
         command.append("--enforce-eager")
     return command
@@ -151,6 +155,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--gpu-memory-utilization",
         type=float,
         help="default: policy.generation.vllm_cfg.gpu_memory_utilization (on CPU: of host RAM)",
+    )
+    parser.add_argument(
+        "--kv-cache-memory-bytes",
+        type=int,
+        help="a fixed KV cache; default: policy.generation.vllm_cfg.kv_cache_memory_bytes",
     )
     parser.add_argument(
         "--ready-timeout", type=float, default=600.0, help="seconds to wait for the server"

@@ -64,12 +64,14 @@ from nemo_opd.distributed.cluster import (
 from nemo_opd.distributed.placement import worker_split
 from nemo_opd.distributed.ray_runtime import init_ray
 from nemo_opd.environments import MathEnvironment
-from nemo_opd.errors import RunError, SetupError
+from nemo_opd.errors import RunError, ServiceError, SetupError
 from nemo_opd.generation import VllmGeneration, logprob_mismatch
 from nemo_opd.losses import DistillationLossFn, PolicyGradientLossFn, build_loss_mask
 from nemo_opd.policy.engines.base import metric_reduction
 from nemo_opd.policy.policy import Policy
 from nemo_opd.rollouts import RolloutResult, run_multi_turn_rollout
+from nemo_opd.teachers.served import ServedTeacher
+from nemo_opd.teachers.served_checks import check_served_teacher
 from nemo_opd.tiny.assets import recorded_heldout_accuracy, resolve_pretrained
 from nemo_opd.utils.checkpoint_manager import CheckpointManager
 from nemo_opd.utils.logger import Logger
@@ -99,7 +101,7 @@ class DistillationRun:
     loader: PromptLoader
     environments: dict
     student: Policy
-    teacher: Policy | None
+    teacher: Policy | ServedTeacher | None
     generation: VllmGeneration
     loss_fn: DistillationLossFn | PolicyGradientLossFn
     val_loss_fn: DistillationLossFn | None
@@ -118,7 +120,7 @@ class DistillationRun:
 
     def shutdown(self) -> None:
         """Stop every worker (generation first: it holds the most memory)."""
-        for part in (self.generation, self.student, self.teacher):
+        for part in (self.generation, self.student, _teacher_workers(self.teacher)):
             if part is not None:
                 part.shutdown()
         for env in self.environments.values():
@@ -186,6 +188,7 @@ def _build_run(cfg: DistillationConfig, lock: RunLock, marks: StartupMarks) -> D
     # Models: "tiny:*" names build (or reuse) the embedded assets here, once, on the driver.
     cfg = _resolve_model_paths(cfg)
     tokenizer = _check_models(cfg)
+    served = _served_teacher(cfg, tokenizer) if _is_served(cfg) else None
     init_ray(cfg.cluster)  # the command line has started it already
     marks.note("ray")
     split = worker_split(cfg.cluster, cfg.policy.generation)
@@ -212,8 +215,8 @@ def _build_run(cfg: DistillationConfig, lock: RunLock, marks: StartupMarks) -> D
             wait=False,
         )
         started.append(student)
-        teacher = None
-        if cfg.teacher is not None:
+        teacher = served
+        if cfg.teacher is not None and served is None:
             teacher = Policy(
                 cfg.teacher,
                 cfg.cluster,
@@ -227,7 +230,7 @@ def _build_run(cfg: DistillationConfig, lock: RunLock, marks: StartupMarks) -> D
             started.append(teacher)
         marks.note("workers_launched")
         environments = {"math": MathEnvironment(cfg.env.math)}
-        _wait_for_workers(marks, student, teacher, generation)
+        _wait_for_workers(marks, student, _teacher_workers(teacher), generation)
     except BaseException:
         for part in started:
             part.shutdown()
@@ -259,7 +262,7 @@ def _build_run(cfg: DistillationConfig, lock: RunLock, marks: StartupMarks) -> D
     )
     _restore_latest(run_state)
     marks.note("setup_done")
-    run_state.startup = _collect_startup(marks, student, teacher, generation)
+    run_state.startup = _collect_startup(marks, student, _teacher_workers(teacher), generation)
     run_state.started_at = marks.as_dict()["process"]
     print(format_startup_report(marks.as_dict()["process"], run_state.startup))
     run_state.logger = Logger(
@@ -275,11 +278,12 @@ def _check_models(cfg: DistillationConfig) -> PreTrainedTokenizerBase:
     """The student's tokenizer, after checking it against the teacher's, and the model configs
     against each other (vocabularies, tensor-parallel sizes, top-k); SetupError on a mismatch."""
     tokenizer = load_tokenizer(cfg.policy.tokenizer, "policy")
-    if cfg.teacher is not None:
+    local_teacher = cfg.teacher is not None and not _is_served(cfg)  # else: checked served
+    if local_teacher:
         check_same_vocabulary(tokenizer, load_tokenizer(cfg.teacher.tokenizer, "teacher"))
     student_config = load_model_config(cfg.policy, "policy")
     check_tensor_parallel(cfg.policy, student_config, "policy")
-    if cfg.teacher is not None:
+    if local_teacher:
         teacher_config = load_model_config(cfg.teacher, "teacher")
         check_vocab_sizes(student_config, teacher_config, len(tokenizer))
         check_tensor_parallel(cfg.teacher, teacher_config, "teacher")
@@ -289,6 +293,37 @@ def _check_models(cfg: DistillationConfig) -> PreTrainedTokenizerBase:
             f"vocabulary size ({student_config.vocab_size})"
         )
     return tokenizer
+
+
+def _is_served(cfg: DistillationConfig) -> bool:
+    return cfg.teacher is not None and cfg.teacher.server.enabled
+
+
+def _served_teacher(cfg: DistillationConfig, tokenizer: PreTrainedTokenizerBase) -> ServedTeacher:
+    """The teacher behind teacher.server, checked against the live server (SetupError)."""
+    server = cfg.teacher.server
+    teacher = ServedTeacher(
+        server.base_url,
+        server.model_name or cfg.teacher.model_name,
+        timeout_s=server.timeout_s,
+        max_concurrency=server.max_concurrency,
+        max_retries=server.max_retries,
+        backoff_s=server.retry_backoff_s,
+        rows_per_request=server.rows_per_request,
+    )
+    check_served_teacher(
+        teacher,
+        topk=cfg.distillation.topk_logits_k,
+        max_sequence_length=cfg.policy.max_total_sequence_length,
+        tokenizer=tokenizer,
+    )
+    print(f"teacher: served by {server.base_url} (model {teacher.model!r})")
+    return teacher
+
+
+def _teacher_workers(teacher: Policy | ServedTeacher | None) -> Policy | None:
+    """The teacher's Ray workers, if it has any (a served teacher has none to start or stop)."""
+    return teacher if isinstance(teacher, Policy) else None
 
 
 def _load_prompts(
@@ -339,11 +374,12 @@ def _collect_startup(
 
 
 def _resolve_model_paths(cfg: DistillationConfig) -> DistillationConfig:
-    """The config with "tiny:*" model and tokenizer names replaced by local directories."""
+    """The config with "tiny:*" model and tokenizer names replaced by local directories (not a
+    served teacher's: its name is the one the server knows, and nothing of it is loaded here)."""
     update = {}
     for section in ("policy", "teacher"):
         model = getattr(cfg, section)
-        if model is None:
+        if model is None or (section == "teacher" and _is_served(cfg)):
             continue
         tokenizer = model.tokenizer.model_copy(
             update={"name": resolve_pretrained(model.tokenizer.name)}
@@ -471,13 +507,12 @@ def distillation_train(state: DistillationRun) -> bool:
     with StopSignal() as stop:
         while state.step < loop.max_num_steps and state.loader.epoch < loop.max_num_epochs:
             step = state.step + 1
-            with timers.time("train"):
-                metrics = _train_step(state, next(batches), step, timers)
-            state.step = step
-            metrics[ROLLOUTS_KEY] = step * _rollouts_per_step(state.cfg)
+            position = state.loader.state_dict()  # where this step's prompts start
+            try:
+                metrics = _step_and_validate(state, next(batches), step, timers)
+            except ServiceError as error:
+                raise _end_on_service_error(state, error, step, position) from error
             last = step == loop.max_num_steps
-            if (loop.val_period and step % loop.val_period == 0) or (last and loop.val_at_end):
-                metrics.update(validate(state, timers))
             metrics.update(_timing_metrics(timers, metrics["train/num_tokens"]))
             metrics.update(_progress_metrics(state))
             state.logger.log(metrics, step=step)
@@ -489,6 +524,38 @@ def distillation_train(state: DistillationRun) -> bool:
                 print(f"stopped after step {step} on SIGTERM; run the same command to resume")
                 return False
     return True
+
+
+def _step_and_validate(state: DistillationRun, samples: list, step: int, timers: Timers) -> dict:
+    """One training step (state.step becomes `step`), then validation when it is due."""
+    loop = state.cfg.distillation
+    with timers.time("train"):
+        metrics = _train_step(state, samples, step, timers)
+    state.step = step
+    metrics[ROLLOUTS_KEY] = step * _rollouts_per_step(state.cfg)
+    last = step == loop.max_num_steps
+    if (loop.val_period and step % loop.val_period == 0) or (last and loop.val_at_end):
+        metrics.update(validate(state, timers))
+    return metrics
+
+
+def _end_on_service_error(
+    state: DistillationRun, error: ServiceError, step: int, position: dict
+) -> RunError:
+    """The error that ends a run whose outside service (a teacher server) failed in `step`.
+    The run's own workers are intact, so the last completed step is checkpointed first (unless
+    it is already): a failure in training leaves the student at step - 1 with its prompts at
+    `position`; one in validation leaves it at `step`. The same command resumes from there."""
+    if state.step < step:
+        state.loader.load_state_dict(position)
+    if not state.cfg.checkpointing.enabled:
+        return RunError(f"{error} (checkpointing is disabled: the run will start afresh)")
+    if state.step == 0:
+        return RunError(f"{error} (no step was completed: the run will start afresh)")
+    if state.step not in state.checkpoints.checkpoints():
+        _save_checkpoint(state)
+    directory = state.cfg.checkpointing.checkpoint_dir
+    return RunError(f"{error} (step {state.step}, the last completed, is saved in {directory})")
 
 
 def _progress_metrics(state: DistillationRun) -> dict:
@@ -527,6 +594,8 @@ def _train_step(state: DistillationRun, samples: list, step: int, timers: Timers
     with timers.time("policy_training"):
         history = state.student.train(batch, state.loss_fn)
     metrics.update(_train_metrics(history, batch, rollout))
+    if isinstance(state.teacher, ServedTeacher):
+        metrics["teacher/server_retries"] = state.teacher.retries
     state.logger.log_rollouts(_rollout_records(rollout), step=step)
     return metrics
 

@@ -387,6 +387,20 @@ def check_checkpointing(cfg: "DistillationConfig") -> list[str]:
     return []
 
 
+def check_served_teacher(cfg: "DistillationConfig") -> list[str]:
+    """A served teacher (teacher.server) scores at temperature 1 only."""
+    if cfg.teacher is None or not cfg.teacher.server.enabled:
+        return []
+    temperature = cfg.distillation.teacher_temperature or cfg.loss_fn.temperature
+    if temperature != 1.0:
+        return [
+            f"teacher.server.enabled needs the teacher at temperature 1 (vLLM computes prompt "
+            f"log-probs from the raw logits), but distillation.teacher_temperature / "
+            f"loss_fn.temperature give {temperature:g}"
+        ]
+    return []
+
+
 CHECKS: tuple[Callable[["DistillationConfig"], list[str]], ...] = (
     check_one_backend,
     check_backend_features_available,
@@ -402,6 +416,7 @@ CHECKS: tuple[Callable[["DistillationConfig"], list[str]], ...] = (
     check_objective,
     check_data_source,
     check_checkpointing,
+    check_served_teacher,
 )
 
 

@@ -21,7 +21,7 @@ from typing import Any
 from pydantic.fields import FieldInfo
 
 from nemo_opd.config.checks import CHECKS
-from nemo_opd.config.schema import DistillationConfig, section_model
+from nemo_opd.config.schema import DistillationConfig, TeacherConfig, section_model
 
 INTRO = """\
 # Configuration reference
@@ -110,6 +110,7 @@ def render_reference() -> str:
     for name, field in DistillationConfig.model_fields.items():
         if name == "teacher":
             parts.append(_teacher_note(field))
+            parts += _render_section("teacher.server", TeacherConfig.model_fields["server"], 4)
         else:
             parts += _render_section(name, field, level=3)
     parts.append(_render_checks())
@@ -117,11 +118,13 @@ def render_reference() -> str:
 
 
 def _teacher_note(field: FieldInfo) -> str:
-    """The teacher shares the policy's schema: a note instead of a copy of its tables."""
+    """The teacher shares the policy's schema: a note instead of a copy of its tables (its
+    own section, server, follows it)."""
     return (
-        f"### teacher\n\n{_clean(field.description)} Every key is the same as under `policy` "
-        "(both are `PolicyConfig`): `teacher.model_name`, `teacher.dtensor_cfg.*`, and so on. "
-        "The training-only keys (`train_*`, `max_grad_norm`) are unused.\n"
+        f"### teacher\n\n{_clean(field.description)} Every other key is the same as under "
+        "`policy` (TeacherConfig extends PolicyConfig): `teacher.model_name`, "
+        "`teacher.dtensor_cfg.*`, and so on. The training-only keys (`train_*`, "
+        "`max_grad_norm`) are unused.\n"
     )
 
 

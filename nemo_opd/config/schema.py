@@ -6,7 +6,8 @@ is generated from them by reference.py). A component receives only its own secti
 
     DistillationConfig
       policy, teacher   PolicyConfig: model, tokenizer, batch sizes, backend (dtensor_cfg or
-                        megatron_cfg), microbatching, optimizer, scheduler, generation
+                        megatron_cfg), microbatching, optimizer, scheduler, generation;
+                        TeacherConfig adds `server` (a teacher scored over HTTP)
       loss_fn           LossConfig: the top-k divergence
       objective         ObjectiveConfig: the training loss (top-k divergence or policy
                         gradient) and the advantage terms of a policy-gradient loss
@@ -305,6 +306,37 @@ class GenerationConfig(Section):
     """Placement of generation relative to training."""
 
 
+class TeacherServerConfig(Section):
+    """The teacher served by vLLM's OpenAI-compatible server and scored over HTTP instead of
+    in Ray workers (docs/served_teacher.md; `python -m nemo_opd.teacher_server` starts one).
+    At temperature 1 only (vLLM computes prompt log-probs from the raw logits)."""
+
+    enabled: bool = False
+    """Score with the server at base_url; no teacher worker is started."""
+
+    base_url: str = Field("http://127.0.0.1:8000/v1", min_length=1)
+    """The server's OpenAI base URL."""
+
+    model_name: str | None = None
+    """The served model name (vLLM's --served-model-name); null: the teacher's model_name."""
+
+    timeout_s: float = Field(120.0, gt=0)
+    """Seconds one request may take."""
+
+    max_concurrency: int = Field(8, ge=1, le=1024)
+    """Requests in flight at once."""
+
+    max_retries: int = Field(5, ge=0, le=100)
+    """Retries of one request after a connection error, a timeout or a 5xx (then the run
+    ends with an error; the same command resumes from the last checkpoint)."""
+
+    retry_backoff_s: float = Field(0.5, ge=0)
+    """The first retry's wait; each further retry waits twice as long."""
+
+    rows_per_request: int = Field(8, ge=1, le=MAX_ROWS)
+    """Rows sent in one request."""
+
+
 # -------- a model: the student (policy) or the teacher --------------------------------------------
 
 
@@ -404,6 +436,14 @@ class PolicyConfig(Section):
     def model_parallel_size(self) -> int:
         """Ranks holding one model replica: tensor x context x pipeline parallel."""
         return self.tensor_parallel_size * self.context_parallel_size * self.pipeline_parallel_size
+
+
+class TeacherConfig(PolicyConfig):
+    """The frozen teacher: a model like the policy (optimizer, scheduler and generation null),
+    scored by its backend's Ray workers, or by a copy served over HTTP (server)."""
+
+    server: TeacherServerConfig = Field(default_factory=TeacherServerConfig)
+    """Score with a model served by vLLM's OpenAI-compatible server instead of Ray workers."""
 
 
 # -------- the loss and the loop -------------------------------------------------------------------
@@ -752,10 +792,10 @@ class DistillationConfig(Section):
     policy: PolicyConfig
     """The student: the model that generates rollouts and is trained."""
 
-    teacher: PolicyConfig | None = None
-    """The frozen teacher that grades every token of the rollouts (same schema as policy;
-    optimizer, scheduler and generation are null). Null when no objective term uses a teacher
-    (a reward-only baseline such as GRPO): then no teacher is started."""
+    teacher: TeacherConfig | None = None
+    """The frozen teacher that grades every token of the rollouts (the policy's schema plus
+    `server`; optimizer, scheduler and generation are null). Null when no objective term uses
+    a teacher (a reward-only baseline such as GRPO): then no teacher is started."""
 
     loss_fn: LossConfig = Field(default_factory=LossConfig)
     """The top-k divergence between teacher and student (the loss of objective.loss topk_kl,

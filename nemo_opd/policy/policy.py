@@ -64,7 +64,7 @@ class Policy:
         self.dims.device_type = device_type
         resources = WorkerResources(device_type, cluster.cpus_per_worker)
         args = (
-            cfg.model_dump(),
+            cfg.model_dump(include=set(PolicyConfig.model_fields)),  # not a teacher's `server`
             self.dims,
             device_type,
             cluster.cpus_per_worker,

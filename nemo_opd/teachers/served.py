@@ -33,10 +33,10 @@ from dataclasses import dataclass
 import httpx
 import torch
 
-from nemo_opd.errors import RunError
+from nemo_opd.errors import ServiceError
 
 
-class ServedTeacherError(RunError):
+class ServedTeacherError(ServiceError):
     """The teacher's server could not score a batch (down, refusing, or answering nonsense)."""
 
 

@@ -370,3 +370,34 @@ def test_unimplemented_backend_features_are_refused(minimal, backend, key, value
         f"teacher.{backend}_cfg.{key} is not supported yet by the {backend} backend; "
         f"set it to {fix}"
     ]
+
+
+@pytest.mark.parametrize(
+    ("temperatures", "ok"),
+    [
+        ({}, True),
+        ({"loss_fn": 2.0}, False),
+        ({"distillation": 0.5}, False),
+        ({"loss_fn": 2.0, "distillation": 1.0}, True),
+    ],
+)
+def test_a_served_teacher_scores_at_temperature_one(minimal, temperatures, ok):
+    minimal["teacher"]["server"] = {"enabled": True}
+    if "loss_fn" in temperatures:
+        minimal.setdefault("loss_fn", {})["temperature"] = temperatures["loss_fn"]
+    if "distillation" in temperatures:
+        minimal["distillation"]["teacher_temperature"] = temperatures["distillation"]
+    found = problems(minimal)
+    assert (found == []) == ok, found
+    if not ok:
+        assert found[0].startswith("teacher.server.enabled needs the teacher at temperature 1")
+
+
+def test_only_the_teacher_has_a_server(minimal):
+    minimal["policy"]["server"] = {"enabled": True}
+    with pytest.raises(ConfigError, match=r"^policy\.server: unknown key"):
+        validate_config(minimal)
+    minimal["policy"].pop("server")
+    minimal["teacher"]["server"] = {"enabled": True, "max_concurrency": 0}
+    with pytest.raises(ConfigError, match=r"teacher\.server\.max_concurrency"):
+        validate_config(minimal)

@@ -1,0 +1,248 @@
+"""The loop with its teacher served by vLLM's OpenAI-compatible server: one server for the
+module, started by `python -m nemo_opd.teacher_server` with the example config, and the loop
+runs in this process (sharing imports and Ray).
+
+- the first step's loss equals the in-process teacher's;
+- each setup check against the live server, triggered for real;
+- the server killed mid-run: the run ends with one message after checkpointing its last
+  completed step, and once the server is restarted the same command resumes and ends with
+  the uninterrupted run's metrics.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import ray
+
+from nemo_opd.cli import EXIT_CONFIG_ERROR, EXIT_RUN_FAILED, main
+from nemo_opd.tiny.task import TinyMathConfig, build_tiny_math_splits
+from nemo_opd.tiny.tokenizer import build_tiny_tokenizer
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVED = ROOT / "examples" / "configs" / "distillation_tiny_served_teacher.yaml"
+STEPS = 3
+COMPARED = (
+    "train/loss",
+    "train/forward_kl",
+    "train/reverse_kl",
+    "train/reward",
+    "validation/accuracy",
+    "validation/reverse_kl",
+)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class TeacherServer:
+    """`python -m nemo_opd.teacher_server` for the example config on a fixed port, in its own
+    process group (the command and vLLM's processes below it)."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        self.process = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "nemo_opd.teacher_server", "--config", str(SERVED)]
+            + ["--port", str(self.port)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        if not any(line.startswith("teacher server ready") for line in self.process.stdout):
+            pytest.fail(f"the teacher server did not start (status {self.process.poll()})")
+
+    def kill(self) -> None:
+        """SIGKILL to every process of the server: no clean shutdown."""
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(60)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            self.process.wait(60)
+
+
+@pytest.fixture(scope="module")
+def server():
+    server = TeacherServer()
+    server.start()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield server
+    ray.shutdown()
+    server.stop()
+
+
+def run_loop(run_dir: Path, *extra: str, steps: int = 1) -> int:
+    return main(
+        [
+            "--config",
+            str(SERVED),
+            f"distillation.max_num_steps={steps}",
+            "distillation.num_prompts_per_step=8",
+            "distillation.val_at_start=false",
+            "distillation.val_period=0",
+            "distillation.val_at_end=false",
+            "distillation.max_val_samples=16",
+            "distillation.val_batch_size=16",
+            "policy.train_global_batch_size=16",
+            "policy.train_micro_batch_size=8",
+            "policy.generation.max_new_tokens=12",
+            "checkpointing.save_period=100",  # only the last step, and a fault's
+            "checkpointing.metric_name=null",
+            f"checkpointing.checkpoint_dir={run_dir / 'checkpoints'}",
+            f"logger.log_dir={run_dir / 'logs'}",
+            "logger.console_progress=false",
+            *extra,
+        ]
+    )
+
+
+def read_metrics(run_dir: Path) -> dict[int, dict]:
+    by_step = {}
+    metrics = run_dir / "logs" / "metrics.jsonl"
+    for line in metrics.read_text().splitlines() if metrics.exists() else []:
+        record = json.loads(line)
+        by_step.setdefault(record["step"], {}).update(record)
+    return by_step
+
+
+@pytest.fixture(scope="module")
+def straight(server, tmp_path_factory):
+    """The uninterrupted served run: its directory and metrics by step."""
+    run_dir = tmp_path_factory.mktemp("straight")
+    url = f"teacher.server.base_url={server.base_url}"
+    assert run_loop(run_dir, url, "distillation.val_at_end=true", steps=STEPS) == 0
+    return run_dir, read_metrics(run_dir)
+
+
+def test_first_step_equals_the_in_process_teachers(straight, tmp_path):
+    assert run_loop(tmp_path, "teacher.server.enabled=false", "checkpointing.enabled=false") == 0
+    served, local = straight[1][1], read_metrics(tmp_path)[1]
+    assert served["train/loss"] == pytest.approx(local["train/loss"], abs=1e-4)
+    assert served["train/reverse_kl"] == pytest.approx(local["train/reverse_kl"], abs=1e-4)
+    assert served["teacher/server_retries"] == 0 and "teacher/server_retries" not in local
+
+
+def refused(tmp_path, capsys, *overrides: str) -> str:
+    assert run_loop(tmp_path, *overrides) == EXIT_CONFIG_ERROR
+    return capsys.readouterr().err
+
+
+def test_a_server_that_does_not_answer(server, tmp_path, capsys):
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    err = refused(
+        tmp_path,
+        capsys,
+        f"teacher.server.base_url={url}",
+        "teacher.server.max_retries=1",
+        "teacher.server.retry_backoff_s=0.01",
+    )
+    assert f"no teacher server answers at {url} (1 retries; last: ConnectError" in err
+    assert "python -m nemo_opd.teacher_server" in err
+
+
+def test_a_model_the_server_does_not_serve(server, tmp_path, capsys):
+    err = refused(
+        tmp_path,
+        capsys,
+        f"teacher.server.base_url={server.base_url}",
+        "teacher.server.model_name=big",
+    )
+    assert f"{server.base_url} serves ['tiny:teacher'], not 'big'" in err
+
+
+def test_fewer_logprobs_than_the_runs_topk(server, tmp_path, capsys):
+    # The server was started for top-16 (--max-logprobs 16).
+    err = refused(
+        tmp_path,
+        capsys,
+        f"teacher.server.base_url={server.base_url}",
+        "distillation.topk_logits_k=32",
+    )
+    assert "cannot return the top 32 log-probs" in err and "--max-logprobs >= 32" in err
+
+
+def test_a_context_shorter_than_the_runs_sequences(server, tmp_path, capsys):
+    # The server holds 129 tokens (the config's 128 plus one).
+    err = refused(
+        tmp_path,
+        capsys,
+        f"teacher.server.base_url={server.base_url}",
+        "policy.max_total_sequence_length=200",
+    )
+    assert "with a context of 129 tokens" in err and "--max-model-len >= 201" in err
+
+
+def test_a_student_tokenizer_that_differs_from_the_servers(server, tmp_path, capsys):
+    records = build_tiny_math_splits(TinyMathConfig(num_train=300, num_validation=5, seed=9))
+    other = build_tiny_tokenizer(records["train"], 260, 2, 128)
+    other.save_pretrained(tmp_path / "other")
+    err = refused(
+        tmp_path,
+        capsys,
+        f"teacher.server.base_url={server.base_url}",
+        f"policy.tokenizer.name={tmp_path / 'other'}",
+    )
+    assert "the served model's tokenizer differs from the student's" in err
+
+
+def kill_after_step(server: TeacherServer, run_dir: Path, step: int) -> threading.Thread:
+    """A thread that kills the server as soon as the run has logged `step`."""
+
+    def watch() -> None:
+        deadline = time.monotonic() + 600
+        while step not in read_metrics(run_dir) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        server.kill()
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_server_killed_mid_run_then_restarted_resumes_exactly(server, straight, tmp_path, capsys):
+    # Last in the module: it kills the module's server (and starts it again).
+    args = (
+        f"teacher.server.base_url={server.base_url}",
+        "distillation.val_at_end=true",
+        "teacher.server.max_retries=2",
+        "teacher.server.retry_backoff_s=0.05",
+    )
+    killer = kill_after_step(server, tmp_path, 1)
+    assert run_loop(tmp_path, *args, steps=STEPS) == EXIT_RUN_FAILED
+    killer.join()
+    err = capsys.readouterr().err
+    done = max(read_metrics(tmp_path))  # the kill lands in step 2, rarely later
+    assert 1 <= done < STEPS, err[-2000:]
+    checkpoints = tmp_path / "checkpoints"
+    assert f"the teacher server at {server.base_url} did not answer after 2 retries" in err
+    assert f"(step {done}, the last completed, is saved in {checkpoints})" in err
+    assert "Traceback" not in err.split("error: ")[-1]
+    assert sorted(p.name for p in checkpoints.glob("step_*")) == [f"step_{done}"]
+
+    server.start()
+    assert run_loop(tmp_path, *args, steps=STEPS) == 0
+    assert f"resumed from {checkpoints / f'step_{done}'}" in capsys.readouterr().out
+    again, metrics = read_metrics(tmp_path), straight[1]
+    assert sorted(again) == sorted(metrics)
+    for step in metrics:
+        for key in COMPARED:
+            if key in metrics[step]:
+                assert again[step][key] == pytest.approx(metrics[step][key], rel=1e-4, abs=1e-6), (
+                    f"step {step} {key}: resumed {again[step][key]} vs {metrics[step][key]}"
+                )

@@ -1,0 +1,69 @@
+"""What `python -m nemo_opd.teacher_server` starts vLLM with, from a config and its flags (the
+real server is started in test_served_teacher.py)."""
+
+from pathlib import Path
+
+from nemo_opd.config import load_config
+from nemo_opd.teacher_server import (
+    EXIT_CONFIG_ERROR,
+    build_parser,
+    main,
+    server_command,
+    settings_from_config,
+)
+from nemo_opd.tiny.assets import resolve_pretrained
+
+CONFIGS = Path(__file__).resolve().parents[3] / "examples" / "configs"
+
+
+def settings(config: str, *argv: str, overrides=()):
+    args = build_parser().parse_intermixed_args(["--config", config, *argv])
+    return settings_from_config(load_config(CONFIGS / config, list(overrides)), args)
+
+
+def flag(command: list[str], name: str) -> str:
+    return command[command.index(name) + 1]
+
+
+def test_the_tiny_teacher_from_the_config():
+    got = settings("distillation_tiny.yaml")
+    cfg = load_config(CONFIGS / "distillation_tiny.yaml")
+    assert got.model == resolve_pretrained("tiny:teacher")
+    assert got.served_model_name == "tiny:teacher"
+    assert got.max_logprobs == cfg.distillation.topk_logits_k
+    assert got.max_model_len == cfg.policy.max_total_sequence_length + 1
+    assert got.kv_cache_memory_bytes == cfg.policy.generation.vllm_cfg.kv_cache_memory_bytes
+    command = server_command(got)
+    assert command[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert flag(command, "--dtype") == cfg.teacher.precision
+    assert flag(command, "--kv-cache-memory-bytes") == str(got.kv_cache_memory_bytes)
+    assert "--enforce-eager" in command
+    assert got.base_url == "http://127.0.0.1:8000/v1"
+
+
+def test_flags_and_overrides_win():
+    got = settings(
+        "distillation_tiny.yaml",
+        "--port",
+        "9123",
+        "--served-model-name",
+        "t",
+        "--kv-cache-memory-bytes",
+        "1048576",
+        overrides=["distillation.topk_logits_k=8"],
+    )
+    assert (got.port, got.served_model_name, got.max_logprobs) == (9123, "t", 8)
+    assert flag(server_command(got), "--kv-cache-memory-bytes") == "1048576"
+
+
+def test_a_config_sized_by_memory_fraction_passes_no_kv_size():
+    got = settings("distillation_math.yaml", "--gpu-memory-utilization", "0.85")
+    command = server_command(got)
+    assert "--kv-cache-memory-bytes" not in command
+    assert flag(command, "--gpu-memory-utilization") == "0.85"
+
+
+def test_a_config_without_a_teacher_exits_2(capsys):
+    status = main(["--config", str(CONFIGS / "grpo_tiny.yaml")])
+    assert status == EXIT_CONFIG_ERROR
+    assert "the config has no teacher" in capsys.readouterr().err
