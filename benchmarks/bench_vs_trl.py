@@ -6,7 +6,7 @@ One after the other on this machine, each as a fresh Python process timed from l
 
 1. TRL (`trl==1.16`, the `bench` dependency group): GKDTrainer trains the config's student from
    its teacher at matched settings, read from the same config: all on-policy (lmbda 1), the
-   forward KL as beta 0 (or the reverse KL as beta 1), one optimizer step per
+   forward KL as beta 0 (the reverse KL as beta 1, the jsd as jsd_beta), one optimizer step per
    policy.train_global_batch_size rollouts and the same total number of rollouts, the same
    learning rate, cosine schedule and floor, warmup, weight decay, betas, gradient clipping,
    max new tokens, sampling temperature and seed. It saves the student halfway and at the end.
@@ -54,8 +54,10 @@ def matched_settings(config: str, overrides: list[str]) -> dict:
 
     cfg = load_config(config, overrides)
     loop, policy = cfg.distillation, cfg.policy
-    if cfg.objective.loss != "topk_kl" or cfg.loss_fn.kl_type not in ("forward", "reverse"):
-        raise SystemExit("bench_vs_trl matches the top-k forward or reverse KL objective only")
+    if cfg.objective.loss != "topk_kl" or cfg.loss_fn.kl_type == "mixed":
+        raise SystemExit(
+            "bench_vs_trl matches the top-k objectives TRL has (forward, reverse, jsd) only"
+        )
     if cfg.teacher is None:
         raise SystemExit("bench_vs_trl needs a config with a teacher")
     if cfg.data.prompt_file or cfg.data.system_prompt_file:
@@ -71,7 +73,7 @@ def matched_settings(config: str, overrides: list[str]) -> dict:
         "student": resolve_pretrained(policy.model_name),
         "teacher": resolve_pretrained(cfg.teacher.model_name),
         "tokenizer": resolve_pretrained(policy.tokenizer.name),
-        "beta": 0.0 if cfg.loss_fn.kl_type == "forward" else 1.0,
+        "beta": {"forward": 0.0, "reverse": 1.0}.get(cfg.loss_fn.kl_type, cfg.loss_fn.jsd_beta),
         "batch_size": batch,
         "max_steps": rollouts // batch,
         "rollouts": rollouts,

@@ -278,17 +278,6 @@ def check_sequence_lengths(cfg: "DistillationConfig") -> list[str]:
     return problems
 
 
-def check_loss_parameters(cfg: "DistillationConfig") -> list[str]:
-    """loss_fn.jsd_beta is strictly between 0 and 1 when loss_fn.kl_type is jsd."""
-    loss = cfg.loss_fn
-    if loss.kl_type == "jsd" and loss.jsd_beta in (0.0, 1.0):
-        return [
-            f"loss_fn.jsd_beta ({loss.jsd_beta}) must be strictly between 0 and 1 when "
-            "loss_fn.kl_type is 'jsd' (at 0 or 1 the divergence is identically zero)"
-        ]
-    return []
-
-
 def check_objective(cfg: "DistillationConfig") -> list[str]:
     """A teacher is configured exactly when an objective term uses one; a policy-gradient
     objective has a nonzero advantage term and samples at a temperature above 0; GRPO and RLOO
@@ -412,7 +401,6 @@ CHECKS: tuple[Callable[["DistillationConfig"], list[str]], ...] = (
     check_microbatching,
     check_sequence_length_divisibility,
     check_sequence_lengths,
-    check_loss_parameters,
     check_objective,
     check_data_source,
     check_checkpointing,

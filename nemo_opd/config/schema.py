@@ -464,8 +464,8 @@ class LossConfig(Section):
     """For kl_type mixed: the weight w of the FORWARD KL (the reverse KL gets 1 - w)."""
 
     jsd_beta: float = Field(0.5, ge=0, le=1)
-    """For kl_type jsd: the mixture weight beta of M = beta P + (1 - beta) Q; must be strictly
-    between 0 and 1 when kl_type is jsd (at 0 or 1 the divergence is identically zero)."""
+    """For kl_type jsd: the weight beta of M = beta P + (1 - beta) Q (TRL's beta); 0 and 1 are
+    the forward and reverse KL, as TRL defines its endpoints."""
 
     tail: Literal["bucket", "renormalize"] = "bucket"
     """bucket: the teacher's top-k tokens plus one bucket for the rest of the vocabulary (exact

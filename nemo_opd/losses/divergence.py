@@ -34,7 +34,13 @@ STAT_NAMES = (
 
 @dataclass(frozen=True)
 class TopkKLParams:
-    """The divergence options of `topk_kl`, validated."""
+    """The divergence options of `topk_kl`, validated.
+
+    jsd at jsd_beta 0 or 1 is TRL's generalized JSD at its endpoints, which TRL defines as the
+    forward KL(P || Q) and the reverse KL(Q || P) (the divergence itself vanishes there): such
+    params become kl_type "forward" / "reverse", so every implementation computes exactly the
+    KL. Use dataclasses.replace to change a field, so this is applied again.
+    """
 
     kl_type: KLType = "reverse"
     mixed_kl_weight: float = 0.5
@@ -53,6 +59,8 @@ class TopkKLParams:
             raise ValueError(f"jsd_beta must be in [0, 1], got {self.jsd_beta}")
         if not (math.isfinite(self.temperature) and self.temperature > 0):
             raise ValueError(f"temperature must be a positive number, got {self.temperature}")
+        if self.kl_type == "jsd" and self.jsd_beta in (0.0, 1.0):
+            object.__setattr__(self, "kl_type", "forward" if self.jsd_beta == 0.0 else "reverse")
 
 
 DEFAULT_PARAMS = TopkKLParams()

@@ -34,10 +34,12 @@ def test_settings_match_the_config():
     assert len(heldout) == 500 and set(heldout[0]) >= {"prompt", "answer"}
 
 
-def test_reverse_kl_is_beta_1_and_other_objectives_are_refused():
+def test_reverse_kl_is_beta_1_jsd_its_beta_and_other_objectives_are_refused():
     settings = bench_vs_trl.matched_settings(TINY, ["loss_fn.kl_type=reverse"])
     assert settings["beta"] == 1.0
-    with pytest.raises(SystemExit, match="forward or reverse KL objective only"):
+    jsd = ["loss_fn.kl_type=jsd", "loss_fn.jsd_beta=0.3"]
+    assert bench_vs_trl.matched_settings(TINY, jsd)["beta"] == 0.3
+    with pytest.raises(SystemExit, match="objectives TRL has"):
         bench_vs_trl.matched_settings(TINY, ["loss_fn.kl_type=mixed"])
     with pytest.raises(SystemExit, match="bare prompts"):
         prompt_file = REPO / "examples/prompts/math_boxed.txt"

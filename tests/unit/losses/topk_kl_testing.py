@@ -170,6 +170,26 @@ def assert_matches_reference(implementation, logits, logprobs, ids, grad_out=Non
     return div, stats, grad
 
 
+def check_jsd_endpoints_are_the_kls(implementation, tail, device="cpu"):
+    """jsd at beta 0 / 1 is, as TRL defines it, the forward / reverse KL (the brute force's jsd,
+    from the textbook, vanishes there): the package's value and gradient equal the float64
+    brute force's KL, and the package's own KL bit for bit. Just inside, the jsd is the
+    textbook one."""
+    logits, logprobs, ids = (t.to(device) for t in make_case(4, 301, 7, seed=6))
+    for beta, kl_type in ((0.0, "forward"), (1.0, "reverse")):
+        kl, _, kl_grad = assert_matches_reference(
+            implementation, logits, logprobs, ids, kl_type=kl_type, tail=tail
+        )
+        jsd, _, jsd_grad = run_impl(
+            implementation, logits, logprobs, ids, kl_type="jsd", jsd_beta=beta, tail=tail
+        )
+        assert torch.equal(jsd, kl) and torch.equal(jsd_grad, kl_grad)
+    for beta in (1e-3, 1 - 1e-3):
+        assert_matches_reference(
+            implementation, logits, logprobs, ids, kl_type="jsd", jsd_beta=beta, tail=tail
+        )
+
+
 def check_teacher_ruling_out_ids(implementation, kl_type, tail, device="cpu"):
     """Teacher log-probs of -inf inside the top-k (row 0 one id, row 1 its top-1, row 2 all but
     one) or finite but below log(eps) (row 3) give the brute force's finite divergence and
