@@ -5,7 +5,9 @@ student is trained to match the teacher on the states it visited.
 
 One step of distillation_train, in order:
     1. refit     push the student's weights into vLLM, only when they changed
-    2. rollout   run_multi_turn_rollout over the math environment
+    2. rollout   run_multi_turn_rollout over the math environment; or, on an off-policy step
+                 (distillation.lmbda < 1, objective.loss sft), the dataset's responses
+                 (reference_rollout), without refit or sampling
     3. flatten   message logs -> input_ids, input_lengths, token_mask, sample_mask
     4. teacher   what the objective uses: top-k log-probs and ids of every position, and/or
                  the log-prob of every sampled token (no teacher at all for reward-only RL)
@@ -21,7 +23,7 @@ optimizer, data position and step are restored, and sampling seeds depend only o
 so the resumed run continues exactly as an uninterrupted one would.
 
 Left out on purpose, for now: overlapping generation with teacher scoring, asynchronous
-rollouts, and mixing off-policy data (docs/distillation.md, "Not yet").
+rollouts, and teacher-sampled off-policy data (seq-KD; docs/gkd.md, "Not yet").
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from ray.util.placement_group import PlacementGroup
 from transformers import PreTrainedTokenizerBase
 
 from nemo_opd.algorithms.advantages import compute_advantages, group_ids_for
+from nemo_opd.algorithms.data_mix import is_on_policy_step, on_policy_share
 from nemo_opd.algorithms.model_checks import (
     check_megatron_training_precision,
     check_tensor_parallel,
@@ -66,10 +69,16 @@ from nemo_opd.distributed.ray_runtime import init_ray
 from nemo_opd.environments import MathEnvironment
 from nemo_opd.errors import RunError, ServiceError, SetupError
 from nemo_opd.generation import VllmGeneration, logprob_mismatch
-from nemo_opd.losses import DistillationLossFn, PolicyGradientLossFn, build_loss_mask
+from nemo_opd.losses import (
+    DistillationLossFn,
+    NLLLossFn,
+    PolicyGradientLossFn,
+    build_loss_mask,
+)
 from nemo_opd.policy.engines.base import metric_reduction
 from nemo_opd.policy.policy import Policy
 from nemo_opd.rollouts import RolloutResult, run_multi_turn_rollout
+from nemo_opd.rollouts.off_policy import reference_rollout
 from nemo_opd.teachers.served import ServedTeacher
 from nemo_opd.teachers.served_checks import check_served_teacher
 from nemo_opd.tiny.assets import recorded_heldout_accuracy, resolve_pretrained
@@ -103,7 +112,7 @@ class DistillationRun:
     student: Policy
     teacher: Policy | ServedTeacher | None
     generation: VllmGeneration
-    loss_fn: DistillationLossFn | PolicyGradientLossFn
+    loss_fn: DistillationLossFn | PolicyGradientLossFn | NLLLossFn
     val_loss_fn: DistillationLossFn | None
     logger: Logger
     checkpoints: CheckpointManager
@@ -337,7 +346,9 @@ def _load_prompts(
         read_text_file(cfg.data.system_prompt_file, "data.system_prompt_file"),
     )
     max_prompt = cfg.data.max_input_seq_length or cfg.policy.max_total_sequence_length - 1
-    train = encode_prompts(load_prompt_records(cfg.data, "train"), formatter, max_prompt, "train")
+    off_policy = on_policy_share(cfg) < 1.0  # then the responses are read too
+    records = load_prompt_records(cfg.data, "train", responses=off_policy)
+    train = encode_prompts(records, formatter, max_prompt, "train")
     val = encode_prompts(
         load_prompt_records(cfg.data, "validation"), formatter, max_prompt, "validation"
     )
@@ -423,11 +434,14 @@ def _build_generation(
     )
 
 
-def _build_loss(cfg: DistillationConfig) -> DistillationLossFn | PolicyGradientLossFn:
-    """The objective's training loss: the top-k divergence, or the policy-gradient loss at the
-    sampling temperature (its ratios compare with vLLM's sampling log-probs)."""
+def _build_loss(cfg: DistillationConfig) -> DistillationLossFn | PolicyGradientLossFn | NLLLossFn:
+    """The objective's training loss: the top-k divergence, the supervised NLL, or the
+    policy-gradient loss at the sampling temperature (its ratios compare with vLLM's sampling
+    log-probs)."""
     if cfg.objective.loss == "topk_kl":
         return DistillationLossFn.from_config(cfg.loss_fn)
+    if cfg.objective.loss == "sft":
+        return NLLLossFn()
     return PolicyGradientLossFn.from_config(
         cfg.objective, cfg.loss_fn, temperature=_sampling_temperature(cfg)
     )
@@ -455,10 +469,19 @@ def _print_temperatures(cfg: DistillationConfig) -> None:
 
 
 def _describe_objective(cfg: DistillationConfig) -> str:
-    """One line naming the loss and its enabled terms."""
+    """One line naming the loss, its enabled terms and the share of on-policy steps."""
     objective = cfg.objective
+    share = on_policy_share(cfg)
+    data = (
+        ""
+        if share == 1.0
+        else f", on-policy share {share:g} (lmbda; the rest the dataset's responses)"
+    )
+    if objective.loss == "sft":
+        return "supervised NLL of the dataset's responses (no teacher)"
     if objective.loss == "topk_kl":
-        return f"top-k {cfg.loss_fn.kl_type} divergence (k={cfg.distillation.topk_logits_k})"
+        topk = f"top-k {cfg.loss_fn.kl_type} divergence (k={cfg.distillation.topk_logits_k})"
+        return topk + data
     terms = []
     if objective.opd_coef > 0:
         terms.append(
@@ -571,13 +594,25 @@ def _progress_metrics(state: DistillationRun) -> dict:
 def _train_step(state: DistillationRun, samples: list, step: int, timers: Timers) -> dict:
     """Steps 1-6 of the loop for one batch of prompts; returns its metrics."""
     cfg, loop = state.cfg, state.cfg.distillation
-    # 1. refit
-    with timers.time("refit"):
-        _refit_if_stale(state)
-    # 2. rollout
+    on_policy = is_on_policy_step(cfg, step)
+    # 1. refit (only when the student samples)
+    if on_policy:
+        with timers.time("refit"):
+            _refit_if_stale(state)
+    # 2. rollout: the student's own samples, or the dataset's responses (off-policy)
     with timers.time("generation"):
         logs, metadata = repeat_samples(samples, loop.num_generations_per_prompt)
-        rollout = _rollout(state, logs, metadata, greedy=False, seed=_step_seed(cfg, step))
+        if on_policy:
+            rollout = _rollout(state, logs, metadata, greedy=False, seed=_step_seed(cfg, step))
+        else:
+            rollout = reference_rollout(
+                logs,
+                metadata,
+                state.formatter,
+                state.environments,
+                cfg.policy.max_total_sequence_length,
+            )
+        rollout.metrics["on_policy"] = float(on_policy)
     # 3. flatten and 4. teacher
     objective = cfg.objective
     batch = _scored_batch(
@@ -587,7 +622,7 @@ def _train_step(state: DistillationRun, samples: list, step: int, timers: Timers
     # 5. advantages
     if objective.loss == "policy_gradient":
         metrics.update(_policy_gradient_inputs(state, batch, rollout, len(samples), timers))
-    if cfg.policy.generation.logprob_check:
+    if cfg.policy.generation.logprob_check and on_policy:
         with timers.time("logprob_check"):
             metrics["generation/logprob_mismatch"] = _logprob_mismatch(state, batch, rollout)
     # 6. train

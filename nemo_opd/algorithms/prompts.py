@@ -10,7 +10,8 @@ from nemo_opd.errors import SetupError
 
 @dataclass
 class PromptSet:
-    """Samples {"message_log", "metadata": {"answer", "prompt"}} and how many were skipped."""
+    """Samples {"message_log", "metadata": {"answer", "prompt", and "response" with
+    data.response_key}} and how many were skipped."""
 
     samples: list[dict]
     skipped: int
@@ -28,6 +29,8 @@ def encode_prompts(
             skipped += 1
             continue
         metadata = {"answer": record["answer"], "prompt": record["prompt"]}
+        if "response" in record:  # data.response_key: the off-policy steps' assistant turn
+            metadata["response"] = record["response"]
         samples.append({"message_log": log, "metadata": metadata})
     if not samples:
         raise SetupError(

@@ -281,7 +281,7 @@ def check_sequence_lengths(cfg: "DistillationConfig") -> list[str]:
 def check_objective(cfg: "DistillationConfig") -> list[str]:
     """A teacher is configured exactly when an objective term uses one; a policy-gradient
     objective has a nonzero advantage term and samples at a temperature above 0; GRPO and RLOO
-    have at least 2 generations per prompt; topk_kl uses no policy-gradient key."""
+    have at least 2 generations per prompt; topk_kl and sft use no policy-gradient key."""
     objective, teacher = cfg.objective, cfg.teacher
     problems = []
     if objective.uses_teacher and teacher is None:
@@ -296,7 +296,7 @@ def check_objective(cfg: "DistillationConfig") -> list[str]:
             f"{objective.loss!r}, opd_coef {objective.opd_coef}, topk_kl_coef "
             f"{objective.topk_kl_coef}); set teacher to null (teacher=null on the command line)"
         )
-    if objective.loss == "topk_kl":
+    if objective.loss != "policy_gradient":
         return problems + _policy_gradient_keys_set(objective)
     if objective.opd_coef == 0 and not objective.uses_reward:
         problems.append(
@@ -336,8 +336,35 @@ def _policy_gradient_keys_set(objective) -> list[str]:
         return []
     return [
         f"{', '.join(unused)} only apply to objective.loss 'policy_gradient', but it is "
-        "'topk_kl'; set objective.loss=policy_gradient or leave them at 0 / none"
+        f"{objective.loss!r}; set objective.loss=policy_gradient or leave them at 0 / none"
     ]
+
+
+def check_data_mix(cfg: "DistillationConfig") -> list[str]:
+    """Off-policy steps (distillation.lmbda < 1, and every step of objective.loss sft) need
+    data.response_key; sft trains on the responses only (lmbda 0) and policy_gradient on the
+    student's own samples only (lmbda 1)."""
+    lmbda, loss = cfg.distillation.lmbda, cfg.objective.loss
+    problems = []
+    if loss == "sft" and lmbda not in (None, 0.0):
+        problems.append(
+            f"objective.loss 'sft' trains on the dataset's responses only, but distillation.lmbda "
+            f"is {lmbda} (the share of on-policy steps); leave it null or set it to 0"
+        )
+    if loss == "policy_gradient" and lmbda not in (None, 1.0):
+        problems.append(
+            f"objective.loss 'policy_gradient' learns from the student's own samples (its "
+            f"importance weights and advantages need them), but distillation.lmbda is {lmbda}; "
+            "leave it null or set it to 1"
+        )
+    off_policy = loss == "sft" or (lmbda is not None and lmbda < 1)
+    if off_policy and cfg.data.response_key is None:
+        what = "objective.loss 'sft'" if loss == "sft" else f"distillation.lmbda {lmbda}"
+        problems.append(
+            f"{what} trains on the dataset's responses, but data.response_key is null; set it "
+            "to the column holding them (tiny_math: solution)"
+        )
+    return problems
 
 
 def check_data_source(cfg: "DistillationConfig") -> list[str]:
@@ -403,6 +430,7 @@ CHECKS: tuple[Callable[["DistillationConfig"], list[str]], ...] = (
     check_sequence_lengths,
     check_objective,
     check_data_source,
+    check_data_mix,
     check_checkpointing,
     check_served_teacher,
 )

@@ -489,9 +489,10 @@ class ObjectiveConfig(Section):
     optionally the top-k divergence added to the loss (topk_kl_coef).
     """
 
-    loss: Literal["topk_kl", "policy_gradient"] = "topk_kl"
+    loss: Literal["topk_kl", "policy_gradient", "sft"] = "topk_kl"
     """topk_kl: minimize loss_fn's divergence to the teacher's top-k; policy_gradient: the
-    policy-gradient loss over the advantage terms below."""
+    policy-gradient loss over the advantage terms below; sft: the supervised baseline, the
+    negative log-likelihood of the dataset's responses (data.response_key), no teacher."""
 
     opd_coef: float = Field(0.0, ge=0, le=1e6)
     """policy_gradient: weight of the on-policy distillation advantage, minus the (discounted)
@@ -588,6 +589,12 @@ class DistillationLoopConfig(Section):
     """Temperature of the teacher's top-k log-probs; null uses loss_fn.temperature (the
     student's), so the two are never silently different."""
 
+    lmbda: float | None = Field(None, ge=0, le=1)
+    """TRL GKD's lmbda: the probability that a step trains on the student's own rollouts
+    (on-policy); the other steps train on the dataset's responses (data.response_key), scored
+    by the teacher like rollouts. Drawn once per step from (seed, step): 1 is every step
+    on-policy, 0 none. Null: 1, or 0 for objective.loss sft."""
+
     val_period: int = Field(0, ge=0, le=MAX_STEPS)
     """Validate every val_period steps; 0 disables periodic validation."""
 
@@ -645,6 +652,10 @@ class DataConfig(Section):
 
     answer_key: str = Field("answer", min_length=1)
     """Column holding the reference answer the environment checks against."""
+
+    response_key: str | None = None
+    """Column holding a reference response (a worked solution), the assistant turn of the
+    off-policy steps (distillation.lmbda < 1) and of objective.loss sft; null: none."""
 
     prompt_file: str | None = None
     """A text file with the user-prompt template ("{}" is replaced by the prompt); null uses the

@@ -75,6 +75,28 @@ class ChatFormatter:
         tokenized = [dict(m, token_ids=self._encode(t)) for m, t in zip(new, pieces, strict=True)]
         return list(log) + tokenized
 
+    def response_logs(self, logs: list[list[Message]], responses: list[str]) -> list[list[Message]]:
+        """Each prompt log (ending with the assistant header) followed by a written assistant
+        turn: the response as the template renders it, up to and including the tokenizer's
+        EOS token (where a generated turn stops), tokenized in one batched call. Returns new
+        lists; `logs` are not modified."""
+        texts = []
+        for log, response in zip(logs, responses, strict=True):
+            history = [_plain(m) for m in log]
+            opening = self._render(history, True)
+            full = self._render([*history, {"role": "assistant", "content": response}], False)
+            if not full.startswith(opening):
+                raise SetupError(
+                    "the chat template renders an assistant turn that does not continue the "
+                    "prompt it follows; responses (data.response_key) need a template that does"
+                )
+            texts.append(_through_eos(full[len(opening) :], self.tokenizer.eos_token))
+        token_ids = self._encode_many(texts)
+        return [
+            [*log, {"role": "assistant", "content": response, "token_ids": ids}]
+            for log, response, ids in zip(logs, responses, token_ids, strict=True)
+        ]
+
     def _new_texts(self, history: list[Message], new: list[Message]) -> list[str]:
         """The text the template adds for each new message (the last with the assistant
         header)."""
@@ -111,6 +133,14 @@ class ChatFormatter:
 
     def _encode_many(self, texts: list[str]) -> list[list[int]]:
         return self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+
+
+def _through_eos(text: str, eos: str | None) -> str:
+    """`text` cut after its first EOS token (the template's end-of-turn text after it is what
+    the next turn's rendering adds)."""
+    if eos and eos in text:
+        return text[: text.index(eos) + len(eos)]
+    return text
 
 
 def _plain(message: Message) -> Message:

@@ -18,12 +18,21 @@ Rows = Iterable[tuple[str, object]]
 VALIDATION_SPLITS = ("validation", "test")
 
 
-def load_prompt_records(cfg: DataConfig, split: Split) -> list[dict]:
+def load_prompt_records(cfg: DataConfig, split: Split, *, responses: bool = False) -> list[dict]:
     """The records of one split, with the configured prompt and answer columns renamed to
-    "prompt" and "answer" (answers as strings). Raises SetupError for a missing file, missing
-    columns or an empty dataset."""
+    "prompt" and "answer" (answers as strings), and with `responses` (a run that trains on the
+    dataset's responses) data.response_key's column as "response": a column nothing reads is
+    not required. Raises SetupError for a missing file, missing columns or an empty dataset."""
     rows, where = _load_rows(cfg, split)
-    records = _select_columns(rows, cfg.prompt_key, cfg.answer_key, where)
+    keys = {
+        "prompt": (cfg.prompt_key, "data.prompt_key"),
+        "answer": (cfg.answer_key, "data.answer_key"),
+    }
+    if responses:
+        if cfg.response_key is None:
+            raise SetupError("the run trains on the dataset's responses: set data.response_key")
+        keys["response"] = (cfg.response_key, "data.response_key")
+    records = _select_columns(rows, keys, where)
     if not records:
         raise SetupError(f"{where} has no rows: nothing to train or validate on")
     return records
@@ -136,17 +145,17 @@ def _numbered_rows(rows: Iterable[object]) -> Rows:
     return ((f"row {number}", row) for number, row in enumerate(rows, start=1))
 
 
-def _select_columns(rows: Rows, prompt_key: str, answer_key: str, where: str) -> list[dict]:
-    """[{"prompt", "answer"}] from each row, both as text. A row that is not an object, or whose
-    prompt or answer is missing, null or neither text nor a number, is refused."""
-    keys = {"prompt": (prompt_key, "data.prompt_key"), "answer": (answer_key, "data.answer_key")}
+def _select_columns(rows: Rows, keys: dict[str, tuple[str, str]], where: str) -> list[dict]:
+    """[{name: text}] from each row, for keys {name: (column, config key)} ("prompt", "answer"
+    and maybe "response"). A row that is not an object, or whose column is missing, null or
+    neither text nor a number, is refused."""
+    fields = " and ".join(f"{key!r} ({config_key})" for key, config_key in keys.values())
     records = []
     for position, row in rows:
         if not isinstance(row, dict):
             raise SetupError(
                 f"{where}: {position} is {_kind(row)}, not an object: every row must be an "
-                f"object holding the fields {prompt_key!r} (data.prompt_key) and {answer_key!r} "
-                "(data.answer_key)"
+                f"object holding the fields {fields}"
             )
         record = {}
         for name, (key, config_key) in keys.items():

@@ -42,7 +42,7 @@ class RolloutResult:
 
 
 @dataclass
-class _State:
+class RolloutState:
     """Per-sample bookkeeping while the rollout runs."""
 
     turns: int = 0
@@ -85,7 +85,7 @@ def run_multi_turn_rollout(
     """
     logs = [list(log) for log in message_logs]
     metadata = [dict(m) for m in metadata]
-    states = [_State() for _ in logs]
+    states = [RolloutState() for _ in logs]
     for turn in range(max_rollout_turns):
         active = [i for i, s in enumerate(states) if s.active]
         active = _stop_full(active, logs, states, max_seq_len)
@@ -95,7 +95,7 @@ def run_multi_turn_rollout(
         budget = (max_new_tokens, max_seq_len)
         sampling = {"greedy": greedy, "seed": turn_seed, "temperature": temperature}
         _generate_turn(generation, formatter, logs, states, active, budget, sampling)
-        steps = _grade(task_to_env, logs, metadata, active)
+        steps = grade(task_to_env, logs, metadata, active)
         last_turn = turn == max_rollout_turns - 1
         for i, (reward, done, reply, meta) in steps.items():
             state = states[i]
@@ -113,7 +113,7 @@ def run_multi_turn_rollout(
     )
 
 
-def _stop_full(active: list[int], logs: list, states: list[_State], max_seq_len: int) -> list:
+def _stop_full(active: list[int], logs: list, states: list[RolloutState], max_seq_len: int) -> list:
     """Deactivate (and mark truncated) conversations with no room for another token."""
     keep = []
     for i in active:
@@ -128,7 +128,7 @@ def _generate_turn(
     generation: GenerationInterface,
     formatter: ChatFormatter,
     logs: list,
-    states: list[_State],
+    states: list[RolloutState],
     active: list[int],
     budget: tuple[int, int],
     sampling: dict,
@@ -158,7 +158,7 @@ def _generate_turn(
         )
 
 
-def _grade(task_to_env: dict, logs: list, metadata: list, active: list[int]) -> dict:
+def grade(task_to_env: dict, logs: list, metadata: list, active: list[int]) -> dict:
     """{sample: (reward, done, reply, metadata)} from each sample's environment, one batched
     call per task."""
     by_task = defaultdict(list)
@@ -174,7 +174,7 @@ def _grade(task_to_env: dict, logs: list, metadata: list, active: list[int]) -> 
     return results
 
 
-def rollout_metrics(states: list[_State]) -> dict[str, float]:
+def rollout_metrics(states: list[RolloutState]) -> dict[str, float]:
     """Means over samples: generated tokens (and the max), turns, natural termination (the last
     turn ended on a stop), truncation, and reward."""
     count = max(1, len(states))

@@ -40,6 +40,25 @@ def test_local_jsonl_and_parquet_with_renamed_columns(tmp_path):
     assert load_prompt_records(cfg, "validation") == records
 
 
+def test_responses_are_read_only_when_the_run_trains_on_them(tmp_path):
+    rows = [
+        {"problem": "p", "answer": "1", "worked": "p = 1. \\boxed{1}"},
+        {"problem": "q", "answer": 2},
+    ]
+    cfg = DataConfig(train_path=_jsonl(tmp_path / "t.jsonl", rows), response_key="worked")
+    assert load_prompt_records(cfg, "train")[1] == {"prompt": "q", "answer": "2"}
+    with pytest.raises(SetupError, match=r"line 2 has no column 'worked' \(data.response_key\)"):
+        load_prompt_records(cfg, "train", responses=True)
+    records = load_prompt_records(
+        cfg.model_copy(update={"train_path": _jsonl(tmp_path / "u.jsonl", rows[:1])}),
+        "train",
+        responses=True,
+    )
+    assert records == [{"prompt": "p", "answer": "1", "response": "p = 1. \\boxed{1}"}]
+    with pytest.raises(SetupError, match="set data.response_key"):
+        load_prompt_records(DataConfig(dataset_name="tiny_math"), "train", responses=True)
+
+
 def test_missing_file(tmp_path):
     cfg = DataConfig(train_path=str(tmp_path / "nope.jsonl"))
     with pytest.raises(SetupError, match=r"data.train_path: file not found: .*nope.jsonl"):
