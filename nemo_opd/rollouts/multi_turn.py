@@ -104,6 +104,13 @@ def run_multi_turn_rollout(
                 state.active = False
                 continue
             logs[i] = formatter.extend(logs[i], [reply])
+    return finished_rollout(logs, states, metadata)
+
+
+def finished_rollout(
+    logs: list[list[Message]], states: list[RolloutState], metadata: list[dict]
+) -> RolloutResult:
+    """The RolloutResult of finished conversations and their bookkeeping."""
     return RolloutResult(
         message_logs=logs,
         rewards=torch.tensor([s.reward for s in states], dtype=torch.float32),

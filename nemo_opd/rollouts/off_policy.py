@@ -9,12 +9,10 @@ like rollouts (so the reward says how good the data is), and a response that doe
 max_seq_len is cut there and marked truncated. Responses carry no generation log-probs.
 """
 
-import torch
-
 from nemo_opd.data.chat import ChatFormatter
 from nemo_opd.data.message_log import Message, log_length
 from nemo_opd.environments.base import Environment
-from nemo_opd.rollouts.multi_turn import RolloutResult, RolloutState, grade, rollout_metrics
+from nemo_opd.rollouts.multi_turn import RolloutResult, RolloutState, finished_rollout, grade
 
 
 def reference_rollout(
@@ -43,13 +41,7 @@ def reference_rollout(
     graded = grade(task_to_env, logs, metadata, list(range(len(logs))))
     for i, (reward, _done, _reply, meta) in graded.items():
         states[i].reward, metadata[i] = reward, meta
-    return RolloutResult(
-        message_logs=logs,
-        rewards=torch.tensor([s.reward for s in states], dtype=torch.float32),
-        truncated=torch.tensor([s.truncated for s in states]),
-        metadata=metadata,
-        metrics=rollout_metrics(states),
-    )
+    return finished_rollout(logs, states, metadata)
 
 
 def _cut_to_fit(log: list[Message], max_seq_len: int) -> RolloutState:

@@ -12,7 +12,6 @@ minutes to build): this test checks the machinery, not the learning curve (docs/
 records that).
 """
 
-import json
 import os
 import re
 import signal
@@ -24,6 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+from run_metrics import read_metrics
 
 from nemo_opd.tiny.assets import ensure_tiny_assets
 from nemo_opd.tiny.recipe import micro_recipe
@@ -146,15 +146,6 @@ def policy_worker_pids(root: psutil.Process) -> list[int]:
         except psutil.NoSuchProcess:
             continue
     return found
-
-
-def read_metrics(run_dir: Path) -> dict[int, dict]:
-    lines = (run_dir / "logs" / "metrics.jsonl").read_text().splitlines()
-    by_step = {}
-    for line in lines:
-        record = json.loads(line)
-        by_step.setdefault(record["step"], {}).update(record)
-    return by_step
 
 
 def assert_exported_student_is_trained(final: Path, last_checkpoint: Path, initial: Path):

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from run_metrics import read_metrics
 
 from nemo_opd.tiny.assets import ensure_tiny_assets
 from nemo_opd.tiny.recipe import micro_recipe
@@ -70,14 +71,6 @@ def common(assets, run_dir: Path) -> list[str]:
 
 def with_teacher(assets) -> list[str]:
     return [f"teacher.model_name={assets.teacher}", f"teacher.tokenizer.name={assets.tokenizer}"]
-
-
-def read_metrics(run_dir: Path) -> dict[int, dict]:
-    by_step = {}
-    for line in (run_dir / "logs" / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        by_step.setdefault(record["step"], {}).update(record)
-    return by_step
 
 
 @pytest.fixture(scope="module")

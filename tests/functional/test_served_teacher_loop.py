@@ -9,7 +9,6 @@ runs in this process (sharing imports and Ray).
   the uninterrupted run's metrics.
 """
 
-import json
 import os
 import signal
 import socket
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import ray
+from run_metrics import read_metrics
 
 from nemo_opd.cli import EXIT_CONFIG_ERROR, EXIT_RUN_FAILED, main
 from nemo_opd.tiny.task import TinyMathConfig, build_tiny_math_splits
@@ -110,15 +110,6 @@ def run_loop(run_dir: Path, *extra: str, steps: int = 1) -> int:
             *extra,
         ]
     )
-
-
-def read_metrics(run_dir: Path) -> dict[int, dict]:
-    by_step = {}
-    metrics = run_dir / "logs" / "metrics.jsonl"
-    for line in metrics.read_text().splitlines() if metrics.exists() else []:
-        record = json.loads(line)
-        by_step.setdefault(record["step"], {}).update(record)
-    return by_step
 
 
 @pytest.fixture(scope="module")
