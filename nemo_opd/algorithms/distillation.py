@@ -53,7 +53,8 @@ from nemo_opd.algorithms.prompts import (
     repeat_samples,
 )
 from nemo_opd.algorithms.tokenizers import check_same_vocabulary, load_tokenizer
-from nemo_opd.config import DistillationConfig
+from nemo_opd.config import DistillationConfig, PolicyConfig
+from nemo_opd.config.checks import template_fields
 from nemo_opd.data.batching import TensorBatch
 from nemo_opd.data.chat import ChatFormatter, read_text_file
 from nemo_opd.data.datasets import load_prompt_records
@@ -79,6 +80,7 @@ from nemo_opd.policy.engines.base import metric_reduction
 from nemo_opd.policy.policy import Policy
 from nemo_opd.rollouts import RolloutResult, run_multi_turn_rollout
 from nemo_opd.rollouts.off_policy import reference_rollout
+from nemo_opd.teachers.privileged import PrivilegedContext
 from nemo_opd.teachers.served import ServedTeacher
 from nemo_opd.teachers.served_checks import check_served_teacher
 from nemo_opd.tiny.assets import recorded_heldout_accuracy, resolve_pretrained
@@ -118,6 +120,10 @@ class DistillationRun:
     checkpoints: CheckpointManager
     placement: PlacementGroup
     lock: RunLock
+    privileged: PrivilegedContext | None = None
+    """The teacher's own prompt (teacher.prompt_template), when it has one."""
+    teacher_sampler: VllmGeneration | None = None
+    """vLLM holding the teacher, sampling the off-policy steps' responses (seq_kd)."""
     step: int = 0
     generation_version: int = 0
     last_metrics: dict = field(default_factory=dict)
@@ -129,7 +135,8 @@ class DistillationRun:
 
     def shutdown(self) -> None:
         """Stop every worker (generation first: it holds the most memory)."""
-        for part in (self.generation, self.student, _teacher_workers(self.teacher)):
+        teacher = _teacher_workers(self.teacher)
+        for part in (self.generation, self.teacher_sampler, self.student, teacher):
             if part is not None:
                 part.shutdown()
         for env in self.environments.values():
@@ -210,6 +217,9 @@ def _build_run(cfg: DistillationConfig, lock: RunLock, marks: StartupMarks) -> D
     try:
         generation = _build_generation(cfg, device, split.generation, placement)
         started.append(generation)
+        teacher_sampler = _build_teacher_sampler(cfg, device, split.generation, placement)
+        if teacher_sampler is not None:
+            started.append(teacher_sampler)
         marks.note("vllm_launched")
         formatter, train, val = _load_prompts(cfg, tokenizer)
         marks.note("data")
@@ -239,7 +249,7 @@ def _build_run(cfg: DistillationConfig, lock: RunLock, marks: StartupMarks) -> D
             started.append(teacher)
         marks.note("workers_launched")
         environments = {"math": MathEnvironment(cfg.env.math)}
-        _wait_for_workers(marks, student, _teacher_workers(teacher), generation)
+        _wait_for_workers(marks, student, _teacher_workers(teacher), generation, teacher_sampler)
     except BaseException:
         for part in started:
             part.shutdown()
@@ -268,10 +278,14 @@ def _build_run(cfg: DistillationConfig, lock: RunLock, marks: StartupMarks) -> D
         checkpoints=CheckpointManager(cfg.checkpointing),
         placement=placement,
         lock=lock,
+        privileged=_privileged_context(cfg, formatter),
+        teacher_sampler=teacher_sampler,
     )
     _restore_latest(run_state)
     marks.note("setup_done")
-    run_state.startup = _collect_startup(marks, student, _teacher_workers(teacher), generation)
+    run_state.startup = _collect_startup(
+        marks, student, _teacher_workers(teacher), generation, teacher_sampler
+    )
     run_state.started_at = marks.as_dict()["process"]
     print(format_startup_report(marks.as_dict()["process"], run_state.startup))
     run_state.logger = Logger(
@@ -302,6 +316,18 @@ def _check_models(cfg: DistillationConfig) -> PreTrainedTokenizerBase:
             f"vocabulary size ({student_config.vocab_size})"
         )
     return tokenizer
+
+
+def _privileged_template(cfg: DistillationConfig) -> str | None:
+    """teacher.prompt_template (the teacher's own prompt), if there is a teacher with one."""
+    return cfg.teacher.prompt_template if cfg.teacher is not None else None
+
+
+def _privileged_context(
+    cfg: DistillationConfig, formatter: ChatFormatter
+) -> PrivilegedContext | None:
+    template = _privileged_template(cfg)
+    return None if template is None else PrivilegedContext(formatter, template)
 
 
 def _is_served(cfg: DistillationConfig) -> bool:
@@ -346,12 +372,14 @@ def _load_prompts(
         read_text_file(cfg.data.system_prompt_file, "data.system_prompt_file"),
     )
     max_prompt = cfg.data.max_input_seq_length or cfg.policy.max_total_sequence_length - 1
-    off_policy = on_policy_share(cfg) < 1.0  # then the responses are read too
-    records = load_prompt_records(cfg.data, "train", responses=off_policy)
+    template = _privileged_template(cfg)
+    privileged = template is not None and "response" in template_fields(template)
+    # The dataset's responses: the off-policy steps' data (unless the teacher samples it).
+    off_policy = on_policy_share(cfg) < 1.0 and not cfg.distillation.seq_kd
+    records = load_prompt_records(cfg.data, "train", responses=off_policy or privileged)
     train = encode_prompts(records, formatter, max_prompt, "train")
-    val = encode_prompts(
-        load_prompt_records(cfg.data, "validation"), formatter, max_prompt, "validation"
-    )
+    val_records = load_prompt_records(cfg.data, "validation", responses=privileged)
+    val = encode_prompts(val_records, formatter, max_prompt, "validation")
     if cfg.distillation.max_val_samples is not None:
         val.samples = val.samples[: cfg.distillation.max_val_samples]
     print(
@@ -362,26 +390,46 @@ def _load_prompts(
     return formatter, train, val
 
 
-def _wait_for_workers(
-    marks: StartupMarks, student: Policy, teacher: Policy | None, generation: VllmGeneration
-) -> None:
-    """Block until student, teacher and vLLM have started, marking each."""
-    for name, part in (("policy", student), ("teacher", teacher), ("vllm", generation)):
-        if part is not None:
-            part.wait_until_ready()
-            marks.note(f"{name}_ready")
+def _named_parts(*parts: Policy | VllmGeneration | None) -> list[tuple[str, object]]:
+    """(name, part) of what a run starts, given in the order student, teacher (its workers),
+    vLLM, the teacher's vLLM (seq_kd); the parts it did not start (None) left out."""
+    names = ("policy", "teacher", "vllm", "teacher_vllm")
+    return [(name, part) for name, part in zip(names, parts, strict=False) if part is not None]
+
+
+def _wait_for_workers(marks: StartupMarks, *parts: Policy | VllmGeneration | None) -> None:
+    """Block until every part (_named_parts' order) has started, marking each."""
+    for name, part in _named_parts(*parts):
+        part.wait_until_ready()
+        marks.note(f"{name}_ready")
 
 
 def _collect_startup(
-    marks: StartupMarks, student: Policy, teacher: Policy | None, generation: VllmGeneration
+    marks: StartupMarks, *parts: Policy | VllmGeneration | None
 ) -> dict[str, dict[str, float]]:
-    """{"driver": ..., "policy.<rank>": ..., "teacher.<rank>": ..., "vllm.<engine>": ...}."""
+    """{"driver": ..., "policy.<rank>": ..., "teacher.<rank>": ..., "vllm.<engine>": ...,
+    "teacher_vllm.<engine>": ...} for the parts in _named_parts' order."""
     processes = {"driver": marks.as_dict()}
-    for name, part in (("policy", student), ("teacher", teacher), ("vllm", generation)):
-        if part is not None:
-            for index, worker in enumerate(part.startup_marks()):
-                processes[f"{name}.{index}"] = worker
+    for name, part in _named_parts(*parts):
+        for index, worker in enumerate(part.startup_marks()):
+            processes[f"{name}.{index}"] = worker
     return processes
+
+
+def _build_teacher_sampler(
+    cfg: DistillationConfig, device: str, generation_workers: int, placement: PlacementGroup
+) -> VllmGeneration | None:
+    """With distillation.seq_kd, vLLM holding the teacher (like the student's engines, with its
+    generation settings); SetupError for colocated generation on CUDA (no room for it yet)."""
+    if not cfg.distillation.seq_kd:
+        return None
+    if device == "cuda" and cfg.policy.generation.colocated.enabled:
+        raise SetupError(
+            "distillation.seq_kd needs a second vLLM engine (the teacher's), which colocated "
+            "generation on GPUs has no room for yet; set "
+            "policy.generation.colocated.enabled=false"
+        )
+    return _build_generation(cfg, device, generation_workers, placement, cfg.teacher)
 
 
 def _resolve_model_paths(cfg: DistillationConfig) -> DistillationConfig:
@@ -410,19 +458,25 @@ def _optimizer_steps_per_step(cfg: DistillationConfig) -> int:
 
 
 def _build_generation(
-    cfg: DistillationConfig, device: str, generation_workers: int, placement: PlacementGroup
+    cfg: DistillationConfig,
+    device: str,
+    generation_workers: int,
+    placement: PlacementGroup,
+    model: PolicyConfig | None = None,
 ) -> VllmGeneration:
-    """vLLM engines holding the student's initial weights. On CUDA: one per generation worker,
+    """vLLM engines holding the student's initial weights (or `model`'s: the teacher's, for
+    distillation.seq_kd; never refit). On CUDA: one per generation worker,
     in the training bundles when colocated (a third of each, next to student and teacher), on
     their own GPUs otherwise. On CPU: one engine with no reservation, on as many threads as
     the training workers of a node hold CPUs (it time-shares the cores with training, which
     waits while it generates)."""
     gen_cfg = cfg.policy.generation
     colocated = device == "cuda" and gen_cfg.colocated.enabled
+    model = model or cfg.policy
     return VllmGeneration(
         gen_cfg,
-        cfg.policy.model_name,
-        cfg.policy.tokenizer.name,
+        model.model_name,
+        model.tokenizer.name,
         device_type=device,
         num_engines=1 if device == "cpu" else generation_workers,
         seed=cfg.distillation.seed,
@@ -471,17 +525,14 @@ def _print_temperatures(cfg: DistillationConfig) -> None:
 def _describe_objective(cfg: DistillationConfig) -> str:
     """One line naming the loss, its enabled terms and the share of on-policy steps."""
     objective = cfg.objective
-    share = on_policy_share(cfg)
-    data = (
-        ""
-        if share == 1.0
-        else f", on-policy share {share:g} (lmbda; the rest the dataset's responses)"
-    )
     if objective.loss == "sft":
         return "supervised NLL of the dataset's responses (no teacher)"
     if objective.loss == "topk_kl":
         topk = f"top-k {cfg.loss_fn.kl_type} divergence (k={cfg.distillation.topk_logits_k})"
-        return topk + data
+        share = on_policy_share(cfg)
+        if share < 1.0:
+            topk += f", on-policy share {share:g} (lmbda; the rest the dataset's responses)"
+        return topk
     terms = []
     if objective.opd_coef > 0:
         terms.append(
@@ -593,26 +644,15 @@ def _progress_metrics(state: DistillationRun) -> dict:
 
 def _train_step(state: DistillationRun, samples: list, step: int, timers: Timers) -> dict:
     """Steps 1-6 of the loop for one batch of prompts; returns its metrics."""
-    cfg, loop = state.cfg, state.cfg.distillation
+    cfg = state.cfg
     on_policy = is_on_policy_step(cfg, step)
     # 1. refit (only when the student samples)
     if on_policy:
         with timers.time("refit"):
             _refit_if_stale(state)
-    # 2. rollout: the student's own samples, or the dataset's responses (off-policy)
+    # 2. rollout: the student's own samples, or off-policy responses
     with timers.time("generation"):
-        logs, metadata = repeat_samples(samples, loop.num_generations_per_prompt)
-        if on_policy:
-            rollout = _rollout(state, logs, metadata, greedy=False, seed=_step_seed(cfg, step))
-        else:
-            rollout = reference_rollout(
-                logs,
-                metadata,
-                state.formatter,
-                state.environments,
-                cfg.policy.max_total_sequence_length,
-            )
-        rollout.metrics["on_policy"] = float(on_policy)
+        rollout = _step_rollout(state, samples, step, on_policy)
     # 3. flatten and 4. teacher
     objective = cfg.objective
     batch = _scored_batch(
@@ -635,6 +675,31 @@ def _train_step(state: DistillationRun, samples: list, step: int, timers: Timers
     return metrics
 
 
+def _step_rollout(
+    state: DistillationRun, samples: list, step: int, on_policy: bool
+) -> RolloutResult:
+    """Step 2: num_generations_per_prompt conversations of each prompt, sampled by the student
+    (on-policy), or off-policy: sampled by the teacher (seq_kd) or the dataset's responses.
+    rollout/on_policy and rollout/teacher_sampled say which."""
+    cfg = state.cfg
+    logs, metadata = repeat_samples(samples, cfg.distillation.num_generations_per_prompt)
+    seed = _step_seed(cfg, step)
+    sampler = state.teacher_sampler
+    if on_policy:
+        rollout = _rollout(state, logs, metadata, greedy=False, seed=seed)
+    elif sampler is not None:
+        temperature = _teacher_temperature(cfg)
+        rollout = _rollout(
+            state, logs, metadata, greedy=False, seed=seed, temperature=temperature, engine=sampler
+        )
+    else:
+        max_len = cfg.policy.max_total_sequence_length
+        rollout = reference_rollout(logs, metadata, state.formatter, state.environments, max_len)
+    rollout.metrics["on_policy"] = float(on_policy)
+    rollout.metrics["teacher_sampled"] = float(not on_policy and sampler is not None)
+    return rollout
+
+
 def _scored_batch(
     state: DistillationRun, rollout: RolloutResult, timers: Timers, *, topk: bool, sampled: bool
 ) -> TensorBatch:
@@ -643,17 +708,31 @@ def _scored_batch(
     (teacher_topk_logprobs, teacher_topk_indices [B, S, k]) and its log-prob of every sampled
     token (teacher_logprobs [B, S], position t scoring token t + 1)."""
     cfg = state.cfg
-    batch = flatten_message_logs(rollout.message_logs, state.formatter.tokenizer.pad_token_id)
+    pad = state.formatter.tokenizer.pad_token_id
+    batch = flatten_message_logs(rollout.message_logs, pad)
     temperature = _teacher_temperature(cfg)
+    # A privileged teacher scores its own rows (its prompt, the same conversation after it);
+    # its outputs come back in the student's positions.
+    rows = None
+    if state.privileged is not None and (topk or sampled):
+        rows = state.privileged.teacher_rows(rollout.message_logs, rollout.metadata, pad)
+    scored = batch if rows is None else rows.batch
+    width = batch["input_ids"].shape[1]
+
+    def as_student(values: torch.Tensor) -> torch.Tensor:
+        return values if rows is None else rows.to_student(values, width)
+
     if topk:
         with timers.time("teacher_topk"):
             values, indices = state.teacher.get_topk_logits(
-                batch, cfg.distillation.topk_logits_k, temperature=temperature
+                scored, cfg.distillation.topk_logits_k, temperature=temperature
             )
-        batch["teacher_topk_logprobs"], batch["teacher_topk_indices"] = values, indices
+        batch["teacher_topk_logprobs"] = as_student(values)
+        batch["teacher_topk_indices"] = as_student(indices)
     if sampled:
         with timers.time("teacher_logprobs"):
-            batch["teacher_logprobs"] = state.teacher.get_logprobs(batch, temperature=temperature)
+            logprobs = state.teacher.get_logprobs(scored, temperature=temperature)
+        batch["teacher_logprobs"] = as_student(logprobs)
     return batch
 
 
@@ -727,13 +806,16 @@ def _rollout(
     greedy: bool,
     seed: int | None,
     temperature: float | None = None,
+    engine: VllmGeneration | None = None,
 ) -> RolloutResult:
-    """Rollouts with the generation engine awake (and asleep again afterwards)."""
+    """Rollouts with the generation engine (the student's, or `engine`) awake (and asleep again
+    afterwards)."""
     cfg = state.cfg
-    state.generation.prepare_for_generation()
+    engine = engine or state.generation
+    engine.prepare_for_generation()
     try:
         return run_multi_turn_rollout(
-            state.generation,
+            engine,
             logs,
             metadata,
             state.formatter,
@@ -746,7 +828,7 @@ def _rollout(
             temperature=temperature,
         )
     finally:
-        state.generation.finish_generation()
+        engine.finish_generation()
 
 
 def _step_seed(cfg: DistillationConfig, step: int) -> int:

@@ -8,6 +8,7 @@ Not checked here, because the information only exists at setup: that teacher and
 the same tokenizer, and that distillation.topk_logits_k is at most the vocabulary size.
 """
 
+import string
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
@@ -342,8 +343,9 @@ def _policy_gradient_keys_set(objective) -> list[str]:
 
 def check_data_mix(cfg: "DistillationConfig") -> list[str]:
     """Off-policy steps (distillation.lmbda < 1, and every step of objective.loss sft) need
-    data.response_key; sft trains on the responses only (lmbda 0) and policy_gradient on the
-    student's own samples only (lmbda 1)."""
+    data.response_key, or distillation.seq_kd with a teacher that can sample (in-process, top-k
+    objective); sft trains on the responses only (lmbda 0) and
+    policy_gradient on the student's own samples only (lmbda 1)."""
     lmbda, loss = cfg.distillation.lmbda, cfg.objective.loss
     problems = []
     if loss == "sft" and lmbda not in (None, 0.0):
@@ -358,6 +360,8 @@ def check_data_mix(cfg: "DistillationConfig") -> list[str]:
             "leave it null or set it to 1"
         )
     off_policy = loss == "sft" or (lmbda is not None and lmbda < 1)
+    if cfg.distillation.seq_kd:
+        return problems + _seq_kd_problems(cfg, off_policy)
     if off_policy and cfg.data.response_key is None:
         what = "objective.loss 'sft'" if loss == "sft" else f"distillation.lmbda {lmbda}"
         problems.append(
@@ -365,6 +369,66 @@ def check_data_mix(cfg: "DistillationConfig") -> list[str]:
             "to the column holding them (tiny_math: solution)"
         )
     return problems
+
+
+PRIVILEGED_FIELDS = ("prompt", "answer", "response")
+"""What teacher.prompt_template may name: the record's prompt, reference answer and reference
+response (data.response_key)."""
+
+
+def template_fields(template: str) -> set[str]:
+    """The {field} names a format string uses (ValueError if it is not one)."""
+    return {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+
+
+def _seq_kd_problems(cfg: "DistillationConfig", off_policy: bool) -> list[str]:
+    """What distillation.seq_kd needs: off-policy steps, a teacher that can sample (one the run
+    starts, not a served one) and a top-k objective (colocated CUDA generation, which has no
+    room for a second engine yet, is refused at setup, once the device is known)."""
+    problems = []
+    if not off_policy:
+        problems.append(
+            "distillation.seq_kd samples the off-policy steps' responses from the teacher, but "
+            "every step is on-policy (distillation.lmbda is 1 or null); set distillation.lmbda "
+            "below 1"
+        )
+    if cfg.objective.loss == "sft":
+        problems.append(
+            "distillation.seq_kd with objective.loss 'sft' is not supported yet; use "
+            "objective.loss topk_kl (the teacher grades its own samples, as TRL's seq_kd)"
+        )
+    if cfg.teacher is None:
+        problems.append("distillation.seq_kd samples from the teacher, but teacher is null")
+    elif cfg.teacher.server.enabled:
+        problems.append(
+            "distillation.seq_kd cannot sample from a served teacher yet "
+            "(teacher.server.enabled); run the teacher in-process for seq_kd"
+        )
+    return problems
+
+
+def check_privileged_teacher(cfg: "DistillationConfig") -> list[str]:
+    """teacher.prompt_template names only {prompt}, {answer} and {response}, the last with
+    data.response_key set."""
+    template = cfg.teacher.prompt_template if cfg.teacher is not None else None
+    if template is None:
+        return []
+    try:
+        fields = template_fields(template)
+    except ValueError as error:
+        return [f"teacher.prompt_template is not a valid format string: {error}"]
+    unknown = sorted(fields - set(PRIVILEGED_FIELDS))
+    if unknown:
+        return [
+            f"teacher.prompt_template names {unknown}, which the records lack; it may use "
+            f"{{prompt}}, {{answer}} and {{response}} (data.response_key)"
+        ]
+    if "response" in fields and cfg.data.response_key is None:
+        return [
+            "teacher.prompt_template names {response}, but data.response_key is null; set it "
+            "to the column holding the reference responses"
+        ]
+    return []
 
 
 def check_data_source(cfg: "DistillationConfig") -> list[str]:
@@ -431,6 +495,7 @@ CHECKS: tuple[Callable[["DistillationConfig"], list[str]], ...] = (
     check_objective,
     check_data_source,
     check_data_mix,
+    check_privileged_teacher,
     check_checkpointing,
     check_served_teacher,
 )

@@ -445,6 +445,13 @@ class TeacherConfig(PolicyConfig):
     server: TeacherServerConfig = Field(default_factory=TeacherServerConfig)
     """Score with a model served by vLLM's OpenAI-compatible server instead of Ray workers."""
 
+    prompt_template: str | None = Field(None, min_length=1, max_length=100_000)
+    """Privileged context: the teacher's own user message, a Python format string over the
+    record's {prompt}, {answer} and {response} (data.response_key), e.g. "{prompt} (a correct
+    solution: {response})". The teacher scores the student's conversation after it instead of
+    after the student's prompt (docs/gkd.md); with the student's own model as the teacher this
+    is on-policy self-distillation. Null: the teacher sees the student's prompt."""
+
 
 # -------- the loss and the loop -------------------------------------------------------------------
 
@@ -594,6 +601,11 @@ class DistillationLoopConfig(Section):
     (on-policy); the other steps train on the dataset's responses (data.response_key), scored
     by the teacher like rollouts. Drawn once per step from (seed, step): 1 is every step
     on-policy, 0 none. Null: 1, or 0 for objective.loss sft."""
+
+    seq_kd: bool = False
+    """TRL GKD's seq_kd: the off-policy steps (lmbda < 1) train on responses the teacher
+    samples (a vLLM engine holding the teacher, at the teacher's temperature:
+    teacher_temperature or loss_fn.temperature) instead of the dataset's responses."""
 
     val_period: int = Field(0, ge=0, le=MAX_STEPS)
     """Validate every val_period steps; 0 disables periodic validation."""

@@ -1,19 +1,25 @@
-"""The loop on off-policy data (the dataset's responses, data.response_key): GKD's lmbda mixing
-and the supervised baseline, on the tiny task. The runs share this process's imports and Ray.
+"""The GKD family in the loop, on the tiny task: off-policy data (the dataset's responses,
+data.response_key) mixed by lmbda, the supervised baseline, and self-distillation with a
+privileged-context teacher. The runs share this process's imports and Ray.
 
 - lmbda 0.5: each step is on- or off-policy as the documented rule says (seed 42: off, on, on,
   off); off-policy steps train on the reference solutions (all correct: reward 1), skip the
   refit and the sampler check; on-policy steps sample as always.
 - lmbda 0: its first step is the mixed run's first step exactly (both off-policy, from the
   same weights), and its data at step 4 (another off-policy step of the mixed run) is the same.
+- seq_kd: the off-policy responses are the teacher's samples, from a vLLM engine holding it
+  (no dataset responses at all); the teacher answers far better than the student.
 - objective.loss sft: no teacher starts; the NLL of the solutions falls.
+- self-distillation (the teacher is the student's own starting model): without context its
+  first-step divergence is zero (the same weights see the same tokens); with the reference
+  solution in the teacher's prompt (teacher.prompt_template) it is not, on the same rollouts.
 """
 
-import json
 from pathlib import Path
 
 import pytest
 import ray
+from run_metrics import read_metrics
 
 from nemo_opd.algorithms.data_mix import is_on_policy_step
 from nemo_opd.cli import main
@@ -54,11 +60,7 @@ def run_loop(run_dir: Path, config: str, *extra: str) -> dict[int, dict]:
         ]
     )
     assert status == 0
-    by_step = {}
-    for line in (run_dir / "logs" / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        by_step.setdefault(record["step"], {}).update(record)
-    return by_step
+    return read_metrics(run_dir)
 
 
 @pytest.fixture(scope="module")
@@ -99,3 +101,36 @@ def test_sft_trains_on_the_responses_without_a_teacher(tmp_path, capsys):
     assert all(sft[step]["rollout/on_policy"] == 0.0 for step in range(1, STEPS + 1))
     assert "train/forward_kl" not in sft[1] and sft[1]["train/reward"] == 1.0
     assert sft[STEPS]["train/loss"] < 0.8 * sft[1]["train/loss"]
+
+
+def test_self_distillation_with_privileged_context(tmp_path):
+    self_teacher = ("teacher.model_name=tiny:student", "distillation.max_num_steps=1")
+    plain = run_loop(tmp_path / "plain", "distillation_tiny.yaml", *self_teacher)[1]
+    template = "teacher.prompt_template='{prompt} A correct solution: {response}'"
+    privileged = run_loop(
+        tmp_path / "privileged", "distillation_tiny.yaml", *self_teacher, template
+    )[1]
+    assert plain["train/reverse_kl"] < 1e-5 and plain["train/forward_kl"] < 1e-5
+    assert privileged["train/reverse_kl"] > 0.05 and privileged["train/forward_kl"] > 0.05
+    # The same rollouts (same weights, seed and prompts), graded by a better-informed teacher.
+    for key in ("train/reward", "train/num_tokens"):
+        assert privileged[key] == plain[key], key
+
+
+def test_seq_kd_trains_on_the_teachers_samples(mixed, tmp_path):
+    seq_kd = run_loop(
+        tmp_path,
+        "distillation_tiny.yaml",
+        "distillation.lmbda=0",
+        "distillation.seq_kd=true",
+        "data.response_key=null",
+        "distillation.max_num_steps=2",
+    )
+    assert any(key.startswith("timing/startup/teacher_vllm.0/") for key in seq_kd[1])
+    for step in (1, 2):
+        assert seq_kd[step]["rollout/on_policy"] == 0.0
+        assert seq_kd[step]["rollout/teacher_sampled"] == 1.0
+        assert "generation/logprob_mismatch" not in seq_kd[step]
+    # Sampled (not the dataset's solutions: their reward is 1), by a better model than the
+    # student, whose own samples at step 2 of the mixed run (same settings) scored lower.
+    assert mixed[2]["train/reward"] < seq_kd[1]["train/reward"] < 1.0

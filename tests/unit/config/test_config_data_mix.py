@@ -83,3 +83,36 @@ def test_policy_gradient_learns_on_policy_only(minimal):
 def test_lmbda_is_a_share(minimal, lmbda):
     minimal["distillation"]["lmbda"] = lmbda
     assert "distillation.lmbda" in refused(minimal)
+
+
+@pytest.mark.parametrize(
+    ("template", "response_key", "problem"),
+    [
+        ("{prompt} Solution: {response}", "solution", None),
+        ("{prompt} (answer: {answer})", None, None),
+        ("{prompt} {solution}", "solution", "names ['solution'], which the records lack"),
+        ("{prompt} {response}", None, "names {response}, but data.response_key is null"),
+        ("{prompt} {}", None, "names [''], which the records lack"),
+        ("{prompt", None, "is not a valid format string"),
+    ],
+)
+def test_a_privileged_template_names_record_fields(minimal, template, response_key, problem):
+    minimal["teacher"]["prompt_template"] = template
+    minimal["data"]["response_key"] = response_key
+    if problem is None:
+        validate_config(minimal)
+    else:
+        assert problem in refused(minimal)
+
+
+def test_seq_kd_needs_off_policy_steps_and_a_teacher_that_samples(minimal):
+    minimal["distillation"]["seq_kd"] = True
+    assert "every step is on-policy (distillation.lmbda is 1 or null)" in refused(minimal)
+    minimal["distillation"]["lmbda"] = 0.5
+    validate_config(minimal)  # the teacher samples: no data.response_key needed
+    minimal["teacher"]["server"] = {"enabled": True}
+    assert "cannot sample from a served teacher yet" in refused(minimal)
+    minimal["teacher"]["server"] = {"enabled": False}
+    minimal["objective"] = {"loss": "sft"}
+    minimal["distillation"]["lmbda"] = 0.0
+    assert "distillation.seq_kd with objective.loss 'sft' is not supported yet" in refused(minimal)

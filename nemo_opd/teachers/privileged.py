@@ -1,0 +1,104 @@
+"""A teacher that sees more than the student: privileged context.
+
+The teacher scores the student's conversation after its own opening, built from the record
+(`teacher.prompt_template`, say "{prompt}\n\nA correct solution: {response}"), while the
+student sees the plain prompt. With the student's own starting checkpoint as the teacher, this
+is on-policy self-distillation: the model with the answer in view grades the model without it.
+
+    context = PrivilegedContext(formatter, "{prompt}\\n\\nA correct solution: {response}")
+    rows = context.teacher_rows(rollout.message_logs, rollout.metadata, pad_token_id)
+    values, indices = teacher.get_topk_logits(rows.batch, k)      # the teacher's positions
+    values = rows.to_student(values, width)                       # the student's positions
+
+The opening of a conversation is every message before its first assistant message (system and
+user prompt, ending with the assistant header); everything after it (the assistant turns and
+any environment replies, multi-turn included) keeps its exact token ids. A row whose student
+opening has p tokens and whose teacher opening has q scores, at the teacher's position t + q - p,
+what the student's position t scores: the same next token after the same response prefix. The
+student's positions before p - 1 (inside its prompt, never trained) are 0, as past a row's end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from nemo_opd.config.checks import PRIVILEGED_FIELDS as FIELDS
+from nemo_opd.config.checks import template_fields
+from nemo_opd.data.batching import TensorBatch
+from nemo_opd.data.chat import ChatFormatter
+from nemo_opd.data.message_log import Message, flatten_message_logs, log_length
+
+
+@dataclass
+class TeacherRows:
+    """The teacher's rows of a batch, and how they line up with the student's."""
+
+    batch: TensorBatch
+    """input_ids [B, S_t], input_lengths [B] (token_mask, sample_mask as flattened)."""
+    student_opening: torch.Tensor
+    """[B] int64: tokens of each student row's opening (p)."""
+    teacher_opening: torch.Tensor
+    """[B] int64: tokens of each teacher row's opening (q)."""
+    student_lengths: torch.Tensor
+    """[B] int64: each student row's length."""
+
+    def to_student(self, values: torch.Tensor, width: int) -> torch.Tensor:
+        """[B, S_t, ...] teacher outputs -> [B, width, ...] in the student's positions: position
+        t in [p - 1, length) takes the teacher's t + q - p; the others are 0."""
+        out = values.new_zeros((values.shape[0], width, *values.shape[2:]))
+        for row in range(values.shape[0]):
+            start = int(self.student_opening[row]) - 1
+            end = int(self.student_lengths[row])
+            shift = int(self.teacher_opening[row]) - int(self.student_opening[row])
+            out[row, start:end] = values[row, start + shift : end + shift]
+        return out
+
+
+class PrivilegedContext:
+    """Builds the teacher's rows from a template over the record's fields.
+
+    Args:
+        formatter: renders and tokenizes the teacher's opening (the run's formatter: the same
+            chat template and system prompt; the template replaces the user message whole).
+        template: a Python format string over FIELDS.
+    """
+
+    def __init__(self, formatter: ChatFormatter, template: str) -> None:
+        unknown = template_fields(template) - set(FIELDS)
+        if unknown:
+            raise ValueError(
+                f"the privileged template names {sorted(unknown)}; it may use {list(FIELDS)}"
+            )
+        self.formatter = ChatFormatter(formatter.tokenizer, None, formatter.system_prompt)
+        self.template = template
+
+    def teacher_rows(
+        self, logs: list[list[Message]], metadata: list[dict], pad_token_id: int
+    ) -> TeacherRows:
+        """The teacher's rows: each conversation with the teacher's opening in place of the
+        student's. metadata[i] holds the fields the template names."""
+        texts = [self.template.format(**_fields(meta)) for meta in metadata]
+        openings = self.formatter.prompt_logs(texts)
+        cut = [_opening_size(log) for log in logs]
+        teacher_logs = [
+            opening + log[size:] for opening, log, size in zip(openings, logs, cut, strict=True)
+        ]
+        return TeacherRows(
+            batch=flatten_message_logs(teacher_logs, pad_token_id),
+            student_opening=torch.tensor(
+                [log_length(log[:n]) for log, n in zip(logs, cut, strict=True)]
+            ),
+            teacher_opening=torch.tensor([log_length(opening) for opening in openings]),
+            student_lengths=torch.tensor([log_length(log) for log in logs]),
+        )
+
+
+def _opening_size(log: list[Message]) -> int:
+    """Messages before the first assistant message."""
+    return next((i for i, m in enumerate(log) if m["role"] == "assistant"), len(log))
+
+
+def _fields(meta: dict) -> dict:
+    return {name: meta[name] for name in FIELDS if name in meta}
