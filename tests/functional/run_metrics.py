@@ -1,7 +1,9 @@
-"""A run's logged metrics, as the functional tests read them."""
+"""A run's logged metrics, as the functional tests read and compare them."""
 
 import json
 from pathlib import Path
+
+import pytest
 
 
 def read_metrics(run_dir: Path) -> dict[int, dict]:
@@ -13,3 +15,26 @@ def read_metrics(run_dir: Path) -> dict[int, dict]:
         record = json.loads(line)
         by_step.setdefault(record["step"], {}).update(record)
     return by_step
+
+
+RESUME_COMPARED = (
+    "train/loss",
+    "train/forward_kl",
+    "train/reverse_kl",
+    "train/reward",
+    "validation/accuracy",
+    "validation/reverse_kl",
+)
+"""What a resumed run must log as the uninterrupted one did, at every step."""
+
+
+def assert_resumed_like(resumed: dict[int, dict], straight: dict[int, dict], steps) -> None:
+    """The resumed run logged the same steps as the straight one and, at each of `steps`, the
+    same RESUME_COMPARED metrics (those the straight run logged), within 1e-4 relative."""
+    assert sorted(resumed) == sorted(straight)
+    for step in steps:
+        for key in RESUME_COMPARED:
+            if key in straight[step]:
+                assert resumed[step][key] == pytest.approx(
+                    straight[step][key], rel=1e-4, abs=1e-6
+                ), f"step {step} {key}: resumed {resumed[step][key]} vs {straight[step][key]}"
