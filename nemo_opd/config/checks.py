@@ -8,6 +8,7 @@ Not checked here, because the information only exists at setup: that teacher and
 the same tokenizer, and that distillation.topk_logits_k is at most the vocabulary size.
 """
 
+import re
 import string
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
@@ -15,17 +16,20 @@ from typing import TYPE_CHECKING
 from nemo_opd.distributed.placement import worker_split
 
 if TYPE_CHECKING:  # the schema runs these checks when it validates: no import back at run time
-    from nemo_opd.config.schema import DistillationConfig, PolicyConfig
+    from nemo_opd.config.schema import DistillationConfig, PolicyConfig, TeacherConfig
 
-MODEL_SECTIONS = ("policy", "teacher")
+
+def _teachers(cfg: "DistillationConfig") -> list[tuple[str, "TeacherConfig"]]:
+    """(key path, section) of every teacher: `teacher`, or each `teachers.<name>`."""
+    if cfg.teachers is not None:
+        return [(f"teachers.{name}", teacher) for name, teacher in cfg.teachers.items()]
+    return [("teacher", cfg.teacher)] if cfg.teacher is not None else []
 
 
 def _models(cfg: "DistillationConfig") -> Iterator[tuple[str, "PolicyConfig"]]:
-    """(section name, section) for the student and the teacher (when there is one)."""
-    for name in MODEL_SECTIONS:
-        model = getattr(cfg, name)
-        if model is not None:
-            yield name, model
+    """(key path, section) for the student and every teacher."""
+    yield "policy", cfg.policy
+    yield from _teachers(cfg)
 
 
 def _training_world(cfg: "DistillationConfig") -> int | None:
@@ -84,9 +88,12 @@ def check_policy_trains_teacher_frozen(cfg: "DistillationConfig") -> list[str]:
     for key in ("optimizer", "generation"):
         if getattr(cfg.policy, key) is None:
             problems.append(f"policy.{key} is required (the student trains and generates)")
-    for key in ("optimizer", "scheduler", "generation"):
-        if cfg.teacher is not None and getattr(cfg.teacher, key) is not None:
-            problems.append(f"teacher.{key} must be null: the teacher is frozen and never samples")
+    for path, teacher in _teachers(cfg):
+        for key in ("optimizer", "scheduler", "generation"):
+            if getattr(teacher, key) is not None:
+                problems.append(
+                    f"{path}.{key} must be null: the teacher is frozen and never samples"
+                )
     return problems
 
 
@@ -200,7 +207,7 @@ def check_microbatching(cfg: "DistillationConfig") -> list[str]:
             )
         # The teacher never trains, so only its log-prob budget matters.
         budgets = (
-            ["logprob_mb_tokens"] if name == "teacher" else ["train_mb_tokens", "logprob_mb_tokens"]
+            ["logprob_mb_tokens"] if name != "policy" else ["train_mb_tokens", "logprob_mb_tokens"]
         )
         for scheme in ("sequence_packing", "dynamic_batching"):
             section = getattr(model, scheme)
@@ -270,12 +277,13 @@ def check_sequence_lengths(cfg: "DistillationConfig") -> list[str]:
             f"data.max_input_seq_length ({prompt}) must be less than "
             f"policy.max_total_sequence_length ({longest}) to leave room for a response"
         )
-    teacher = cfg.teacher.max_total_sequence_length if cfg.teacher is not None else longest
-    if teacher < longest:
-        problems.append(
-            f"teacher.max_total_sequence_length ({teacher}) must be at least "
-            f"policy.max_total_sequence_length ({longest}) to score whole rollouts"
-        )
+    for path, teacher in _teachers(cfg):
+        if teacher.max_total_sequence_length < longest:
+            problems.append(
+                f"{path}.max_total_sequence_length ({teacher.max_total_sequence_length}) must "
+                f"be at least policy.max_total_sequence_length ({longest}) to score whole "
+                "rollouts"
+            )
     return problems
 
 
@@ -283,19 +291,21 @@ def check_objective(cfg: "DistillationConfig") -> list[str]:
     """A teacher is configured exactly when an objective term uses one; a policy-gradient
     objective has a nonzero advantage term and samples at a temperature above 0; GRPO and RLOO
     have at least 2 generations per prompt; topk_kl and sft use no policy-gradient key."""
-    objective, teacher = cfg.objective, cfg.teacher
+    objective, teachers = cfg.objective, _teachers(cfg)
     problems = []
-    if objective.uses_teacher and teacher is None:
+    if objective.uses_teacher and not teachers:
         problems.append(
             f"objective.loss is {objective.loss!r} with a term that needs the teacher "
             "(loss topk_kl, objective.opd_coef > 0 or objective.topk_kl_coef > 0), but teacher "
             "is null; configure a teacher section"
         )
-    if not objective.uses_teacher and teacher is not None:
+    if not objective.uses_teacher and teachers:
+        section = "teachers" if cfg.teachers is not None else "teacher"
         problems.append(
-            "teacher is configured but no objective term uses it (objective.loss "
+            f"{section} is configured but no objective term uses it (objective.loss "
             f"{objective.loss!r}, opd_coef {objective.opd_coef}, topk_kl_coef "
-            f"{objective.topk_kl_coef}); set teacher to null (teacher=null on the command line)"
+            f"{objective.topk_kl_coef}); set {section} to null ({section}=null on the command "
+            "line)"
         )
     if objective.loss != "policy_gradient":
         return problems + _policy_gradient_keys_set(objective)
@@ -397,7 +407,12 @@ def _seq_kd_problems(cfg: "DistillationConfig", off_policy: bool) -> list[str]:
             "distillation.seq_kd with objective.loss 'sft' is not supported yet; use "
             "objective.loss topk_kl (the teacher grades its own samples, as TRL's seq_kd)"
         )
-    if cfg.teacher is None:
+    if cfg.teachers is not None:
+        problems.append(
+            "distillation.seq_kd with several teachers is not supported yet (which one would "
+            "sample?); use one teacher for seq_kd"
+        )
+    elif cfg.teacher is None:
         problems.append("distillation.seq_kd samples from the teacher, but teacher is null")
     elif cfg.teacher.server.enabled:
         problems.append(
@@ -429,6 +444,61 @@ def check_privileged_teacher(cfg: "DistillationConfig") -> list[str]:
             "to the column holding the reference responses"
         ]
     return []
+
+
+TEACHER_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+"""A name of `teachers` (it becomes part of metric names, teacher/<name>/...)."""
+
+
+def check_routed_teachers(cfg: "DistillationConfig") -> list[str]:
+    """`teachers` (several, by name) replaces `teacher` and needs data.teacher_key; names are
+    1-64 letters, digits, `_`, `.` or `-`; every data.teacher_routes value names a teacher;
+    a routed teacher is not served and has no prompt_template yet."""
+    data, teachers = cfg.data, cfg.teachers
+    if teachers is None:
+        used = [key for key in ("teacher_key", "teacher_routes") if getattr(data, key) is not None]
+        return [
+            f"data.{key} routes prompts to several teachers, but teachers is null; configure "
+            f"teachers (a section per teacher, by name) or set data.{key} to null"
+            for key in used
+        ]
+    problems = []
+    if cfg.teacher is not None:
+        problems.append(
+            "teacher and teachers are both set; set teacher (one teacher) or teachers (several, "
+            "routed by data.teacher_key), not both"
+        )
+    if not teachers:
+        problems.append("teachers is empty; name at least one teacher, or set teachers to null")
+    if data.teacher_key is None:
+        problems.append(
+            "teachers (several teachers) needs data.teacher_key: the column that names each "
+            "prompt's teacher (or a key of data.teacher_routes)"
+        )
+    bad_names = [name for name in teachers if not TEACHER_NAME.fullmatch(name)]
+    if bad_names:
+        problems.append(
+            f"teachers: the names {bad_names} are not 1-64 letters, digits, '_', '.' or '-' "
+            "(they name the teacher's metrics); rename them"
+        )
+    for value, name in (data.teacher_routes or {}).items():
+        if name not in teachers:
+            problems.append(
+                f"data.teacher_routes.{value} routes to {name!r}, which is not a teacher; "
+                f"teachers has {sorted(teachers)}"
+            )
+    for name, teacher in teachers.items():
+        if teacher.server.enabled:
+            problems.append(
+                f"teachers.{name}.server.enabled: a served teacher among several teachers is "
+                "not supported yet; run it in-process, or use one served teacher (teacher)"
+            )
+        if teacher.prompt_template is not None:
+            problems.append(
+                f"teachers.{name}.prompt_template: privileged context with several teachers is "
+                "not supported yet; use one teacher (teacher) for it"
+            )
+    return problems
 
 
 def check_data_source(cfg: "DistillationConfig") -> list[str]:
@@ -496,6 +566,7 @@ CHECKS: tuple[Callable[["DistillationConfig"], list[str]], ...] = (
     check_data_source,
     check_data_mix,
     check_privileged_teacher,
+    check_routed_teachers,
     check_checkpointing,
     check_served_teacher,
 )

@@ -111,6 +111,8 @@ def render_reference() -> str:
         if name == "teacher":
             parts.append(_teacher_note(field))
             parts += _render_section("teacher.server", TeacherConfig.model_fields["server"], 4)
+        elif name == "teachers":
+            parts.append(_teachers_note(field))
         else:
             parts += _render_section(name, field, level=3)
     parts.append(_render_checks())
@@ -125,6 +127,15 @@ def _teacher_note(field: FieldInfo) -> str:
         "`policy` (TeacherConfig extends PolicyConfig): `teacher.model_name`, "
         "`teacher.dtensor_cfg.*`, and so on. The training-only keys (`train_*`, "
         "`max_grad_norm`) are unused.\n"
+    )
+
+
+def _teachers_note(field: FieldInfo) -> str:
+    """Several teachers: a mapping of teacher sections, a note instead of a table."""
+    return (
+        f"### teachers\n\n{_clean(field.description)} An entry `teachers.<name>` takes every "
+        "key of `teacher`: `teachers.<name>.model_name`, `teachers.<name>.dtensor_cfg.*`, and "
+        "so on. Defaults to `null`.\n"
     )
 
 

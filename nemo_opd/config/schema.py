@@ -8,6 +8,7 @@ is generated from them by reference.py). A component receives only its own secti
       policy, teacher   PolicyConfig: model, tokenizer, batch sizes, backend (dtensor_cfg or
                         megatron_cfg), microbatching, optimizer, scheduler, generation;
                         TeacherConfig adds `server` (a teacher scored over HTTP)
+      teachers          {name: TeacherConfig}: several teachers, routed by data.teacher_key
       loss_fn           LossConfig: the top-k divergence
       objective         ObjectiveConfig: the training loss (top-k divergence or policy
                         gradient) and the advantage terms of a policy-gradient loss
@@ -669,6 +670,14 @@ class DataConfig(Section):
     """Column holding a reference response (a worked solution), the assistant turn of the
     off-policy steps (distillation.lmbda < 1) and of objective.loss sft; null: none."""
 
+    teacher_key: str | None = Field(None, min_length=1)
+    """Column naming the teacher that scores each prompt (its data source, say), with several
+    `teachers`: the value is a teacher's name, or a key of teacher_routes. Null: one teacher."""
+
+    teacher_routes: dict[str, str] | None = None
+    """{value of teacher_key: name of a `teachers` entry}, so that several data sources share a
+    teacher; null: each value is itself a teacher's name."""
+
     prompt_file: str | None = None
     """A text file with the user-prompt template ("{}" is replaced by the prompt); null uses the
     prompt as is."""
@@ -820,6 +829,12 @@ class DistillationConfig(Section):
     `server`; optimizer, scheduler and generation are null). Null when no objective term uses
     a teacher (a reward-only baseline such as GRPO): then no teacher is started."""
 
+    teachers: dict[str, TeacherConfig] | None = None
+    """Several frozen teachers by name, instead of `teacher`: each prompt is scored by the one
+    its record names in data.teacher_key (routing by data source; docs/gkd.md). Each entry has
+    the keys of `teacher` (not yet `server` or `prompt_template`); they share the workers'
+    devices like one teacher does."""
+
     loss_fn: LossConfig = Field(default_factory=LossConfig)
     """The top-k divergence between teacher and student (the loss of objective.loss topk_kl,
     the optional term of policy_gradient, and the validation divergence)."""
@@ -845,6 +860,13 @@ class DistillationConfig(Section):
     checkpointing: CheckpointingConfig = Field(default_factory=CheckpointingConfig)
     """Checkpoints of the student."""
 
+    @property
+    def named_teachers(self) -> dict[str, TeacherConfig]:
+        """Every teacher by name: `teachers`, or {"teacher": teacher}, or {} without one."""
+        if self.teachers is not None:
+            return dict(self.teachers)
+        return {"teacher": self.teacher} if self.teacher is not None else {}
+
     @model_validator(mode="after")
     def _check_consistency(self) -> "DistillationConfig":
         problems = find_problems(self)
@@ -860,21 +882,52 @@ def section_model(annotation: Any) -> type[BaseModel] | None:
     """The section model inside a field annotation (`X`, `X | None`), or None for a leaf."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        models = [section_model(arg) for arg in typing.get_args(annotation)]
-        models = [model for model in models if model is not None]
-        return models[0] if len(models) == 1 else None
+    models = [section_model(arg) for arg in _union_members(annotation)]
+    models = [model for model in models if model is not None]
+    return models[0] if len(models) == 1 else None
+
+
+def mapping_value(annotation: Any) -> Any:
+    """V of a `dict[str, V]` field (`teachers`, `data.teacher_routes`), else None: a mapping
+    whose keys the user names."""
+    for member in (annotation, *_union_members(annotation)):
+        if typing.get_origin(member) is dict:
+            return typing.get_args(member)[1]
     return None
 
 
-def model_at(root: type[BaseModel], path: Sequence[str | int]) -> type[BaseModel] | None:
-    """The section model reached by following `path` from `root`, or None if it is not one."""
-    model: type[BaseModel] | None = root
+def _union_members(annotation: Any) -> tuple:
+    """The members of `X | Y` (or `Optional[X]`); () for anything else."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return typing.get_args(annotation)
+    return ()
+
+
+def _annotation_at(root: type[BaseModel], path: Sequence[str | int]) -> tuple[bool, Any]:
+    """(found, the annotation of what `path` names): a field's, or a mapping's value type for a
+    user-named key under a mapping (`teachers.math`); (False, None) for no such path."""
+    annotation: Any = root
     for part in path:
-        if model is None or not isinstance(part, str) or part not in model.model_fields:
-            return None
-        model = section_model(model.model_fields[part].annotation)
-    return model
+        model = section_model(annotation)
+        value = mapping_value(annotation)
+        if not isinstance(part, str):
+            return False, None
+        if value is not None:
+            annotation = value  # any name: the mapping's keys are the user's
+        elif model is not None and part in model.model_fields:
+            annotation = model.model_fields[part].annotation
+        else:
+            return False, None
+    return True, annotation
+
+
+def model_at(root: type[BaseModel], path: Sequence[str | int]) -> type[BaseModel] | None:
+    """The section model reached by following `path` from `root`, or None if it is not one
+    (a key under a mapping of sections, `teachers.math`, reaches the entries' model)."""
+    found, annotation = _annotation_at(root, path)
+    if not found or mapping_value(annotation) is not None:
+        return None
+    return section_model(annotation)
 
 
 def keys_at(root: type[BaseModel], path: Sequence[str | int]) -> list[str]:
@@ -884,6 +937,6 @@ def keys_at(root: type[BaseModel], path: Sequence[str | int]) -> list[str]:
 
 
 def has_path(root: type[BaseModel], path: Sequence[str]) -> bool:
-    """Whether `path` (e.g. ["policy", "optimizer", "lr"]) names a key in the schema."""
-    *parents, last = path
-    return last in keys_at(root, parents)
+    """Whether `path` (e.g. ["policy", "optimizer", "lr"], or ["teachers", "math"]: any key of
+    a mapping) names a key in the schema."""
+    return _annotation_at(root, path)[0]
