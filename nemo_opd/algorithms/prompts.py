@@ -10,8 +10,9 @@ from nemo_opd.errors import SetupError
 
 @dataclass
 class PromptSet:
-    """Samples {"message_log", "metadata": {"answer", "prompt", and "response" with
-    data.response_key}} and how many were skipped."""
+    """Samples {"message_log", "metadata": {"answer", "prompt", "response" with
+    data.response_key, "teacher" (its name) with several teachers}} and how many were
+    skipped."""
 
     samples: list[dict]
     skipped: int
@@ -31,6 +32,8 @@ def encode_prompts(
         metadata = {"answer": record["answer"], "prompt": record["prompt"]}
         if "response" in record:  # data.response_key: the off-policy steps' assistant turn
             metadata["response"] = record["response"]
+        if "teacher" in record:  # data.teacher_key: the teacher that scores this prompt
+            metadata["teacher"] = record["teacher"]
         samples.append({"message_log": log, "metadata": metadata})
     if not samples:
         raise SetupError(

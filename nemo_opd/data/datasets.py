@@ -1,9 +1,10 @@
 """Prompt datasets: the embedded tiny_math task, local jsonl/json/parquet files, or a hub dataset
-through `datasets`, returned as records {"prompt": str, "answer": str}."""
+through `datasets`, returned as records {"prompt": str, "answer": str} (and "response",
+"teacher" when the run uses them)."""
 
 import io
 import json
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from numbers import Number
 from pathlib import Path
 from typing import Literal
@@ -18,12 +19,22 @@ Rows = Iterable[tuple[str, object]]
 VALIDATION_SPLITS = ("validation", "test")
 
 
-def load_prompt_records(cfg: DataConfig, split: Split, *, responses: bool = False) -> list[dict]:
+def load_prompt_records(
+    cfg: DataConfig,
+    split: Split,
+    *,
+    responses: bool = False,
+    teachers: Collection[str] | None = None,
+) -> list[dict]:
     """The records of one split, with the configured prompt and answer columns renamed to
-    "prompt" and "answer" (answers as strings), and with `responses` (a run that trains on the
-    dataset's responses) data.response_key's column as "response": a column nothing reads is
-    not required. Raises SetupError for a missing file, missing columns or an empty dataset."""
+    "prompt" and "answer" (answers as strings); with `responses` (a run that trains on the
+    dataset's responses) data.response_key's column as "response"; with `teachers` (the names
+    of several teachers) the name of each record's teacher as "teacher", read from
+    data.teacher_key through data.teacher_routes. A column nothing reads is not required.
+    Raises SetupError for a missing file, missing columns, an empty dataset, or a record routed
+    to no teacher."""
     rows, where = _load_rows(cfg, split)
+    rows = list(rows)
     keys = {
         "prompt": (cfg.prompt_key, "data.prompt_key"),
         "answer": (cfg.answer_key, "data.answer_key"),
@@ -32,10 +43,38 @@ def load_prompt_records(cfg: DataConfig, split: Split, *, responses: bool = Fals
         if cfg.response_key is None:
             raise SetupError("the run trains on the dataset's responses: set data.response_key")
         keys["response"] = (cfg.response_key, "data.response_key")
+    if teachers is not None:
+        keys["teacher"] = (cfg.teacher_key, "data.teacher_key")
     records = _select_columns(rows, keys, where)
     if not records:
         raise SetupError(f"{where} has no rows: nothing to train or validate on")
+    if teachers is not None:
+        _route(records, [position for position, _ in rows], cfg, set(teachers), where)
     return records
+
+
+def _route(
+    records: list[dict], positions: list[str], cfg: DataConfig, teachers: set[str], where: str
+) -> None:
+    """Replace each record's data.teacher_key value by its teacher's name (through
+    data.teacher_routes when set); SetupError at the first record routed to no teacher."""
+    routes = cfg.teacher_routes
+    for record, position in zip(records, positions, strict=True):
+        value = record["teacher"]
+        name = routes.get(value) if routes is not None else value
+        if name in teachers:
+            record["teacher"] = name
+            continue
+        if routes is not None:
+            known = f"data.teacher_routes has {sorted(routes)}"
+            fix = f"add data.teacher_routes.{value}=<teacher>"
+        else:
+            known = f"the teachers are {sorted(teachers)}"
+            fix = "name a teacher there, or map values to teachers with data.teacher_routes"
+        raise SetupError(
+            f"{where}: {position}: {cfg.teacher_key!r} (data.teacher_key) is {value!r}, which "
+            f"routes to no teacher ({known}); {fix}"
+        )
 
 
 def _load_rows(cfg: DataConfig, split: Split) -> tuple[Rows, str]:
@@ -147,8 +186,8 @@ def _numbered_rows(rows: Iterable[object]) -> Rows:
 
 def _select_columns(rows: Rows, keys: dict[str, tuple[str, str]], where: str) -> list[dict]:
     """[{name: text}] from each row, for keys {name: (column, config key)} ("prompt", "answer"
-    and maybe "response"). A row that is not an object, or whose column is missing, null or
-    neither text nor a number, is refused."""
+    and maybe "response" and "teacher"). A row that is not an object, or whose column is
+    missing, null or neither text nor a number, is refused."""
     fields = " and ".join(f"{key!r} ({config_key})" for key, config_key in keys.values())
     records = []
     for position, row in rows:

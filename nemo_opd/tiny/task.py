@@ -5,9 +5,11 @@ question ("What is 12 + 345?") or as a short word problem (about half of each). 
 subtractions use operands of 1 to 3 digits (a subtraction never goes below zero);
 multiplications are 1-digit times 2-digit. The reference solution is ``"A op B = C. \\boxed{C}"``.
 
-A record is ``{"prompt": str, "answer": "C", "solution": str}``. The held-out ("validation")
-split shares no ``(A, op, B)`` triple with the train split, so held-out accuracy measures
-arithmetic, not recall. Generation is seeded: the same config always gives the same records.
+A record is ``{"prompt": str, "answer": "C", "solution": str, "operation": str}`` (operation:
+"addition", "subtraction" or "multiplication", a data source to route teachers by). The
+held-out ("validation") split shares no ``(A, op, B)`` triple with the train split, so held-out
+accuracy measures arithmetic, not recall. Generation is seeded: the same config always gives
+the same records.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 
 SPLITS = ("train", "validation")
 OPERATORS = ("+", "-", "*")
+OPERATION_NAMES = {"+": "addition", "-": "subtraction", "*": "multiplication"}
 
 # Word-problem templates; {a} and {b} are the operands in the order they appear in "A op B".
 WORD_TEMPLATES = {
@@ -92,6 +95,7 @@ def to_record(problem: Problem) -> dict[str, str]:
         "prompt": problem.prompt,
         "answer": str(compute(problem.a, problem.op, problem.b)),
         "solution": format_solution(problem.a, problem.op, problem.b),
+        "operation": OPERATION_NAMES[problem.op],
     }
 
 

@@ -6,6 +6,7 @@ import pytest
 from nemo_opd.config import DataConfig
 from nemo_opd.data.datasets import load_prompt_records
 from nemo_opd.errors import SetupError
+from nemo_opd.tiny.task import TinyMathConfig, generate_problems
 
 
 def _jsonl(path, rows):
@@ -57,6 +58,47 @@ def test_responses_are_read_only_when_the_run_trains_on_them(tmp_path):
     assert records == [{"prompt": "p", "answer": "1", "response": "p = 1. \\boxed{1}"}]
     with pytest.raises(SetupError, match="set data.response_key"):
         load_prompt_records(DataConfig(dataset_name="tiny_math"), "train", responses=True)
+
+
+def test_each_record_names_its_teacher_directly_or_through_routes(tmp_path):
+    rows = [
+        {"problem": "p", "answer": 1, "source": "algebra"},
+        {"problem": "q", "answer": 2, "source": "geometry"},
+    ]
+    cfg = DataConfig(train_path=_jsonl(tmp_path / "t.jsonl", rows), teacher_key="source")
+    assert "teacher" not in load_prompt_records(cfg, "train")[0]  # read only when routed
+    records = load_prompt_records(cfg, "train", teachers=["algebra", "geometry"])
+    assert [r["teacher"] for r in records] == ["algebra", "geometry"]
+    shared = cfg.model_copy(update={"teacher_routes": {"algebra": "big", "geometry": "big"}})
+    assert [r["teacher"] for r in load_prompt_records(shared, "train", teachers=["big"])] == [
+        "big",
+        "big",
+    ]
+
+
+def test_a_record_routed_to_no_teacher_is_refused_with_its_line(tmp_path):
+    rows = [{"problem": "p", "answer": 1, "source": "geometry"}, {"problem": "q", "answer": 2}]
+    cfg = DataConfig(train_path=_jsonl(tmp_path / "t.jsonl", rows), teacher_key="source")
+    with pytest.raises(SetupError, match=r"line 2 has no column 'source' \(data.teacher_key\)"):
+        load_prompt_records(cfg, "train", teachers=["geometry"])
+    rows[1]["source"] = "algebra"
+    cfg = DataConfig(train_path=_jsonl(tmp_path / "u.jsonl", rows), teacher_key="source")
+    with pytest.raises(SetupError, match=r"line 2: 'source' \(data.teacher_key\) is 'algebra', wh"):
+        load_prompt_records(cfg, "train", teachers=["geometry"])
+    routes = cfg.model_copy(update={"teacher_routes": {"geometry": "geometry"}})
+    with pytest.raises(SetupError, match=r"add data.teacher_routes.algebra=<teacher>"):
+        load_prompt_records(routes, "train", teachers=["geometry"])
+
+
+def test_tiny_math_routes_by_operation():
+    cfg = DataConfig(dataset_name="tiny_math", prompt_key="prompt", teacher_key="operation")
+    routes = {"addition": "sums", "subtraction": "sums", "multiplication": "products"}
+    routed = cfg.model_copy(update={"teacher_routes": routes})
+    records = load_prompt_records(routed, "validation", teachers=["sums", "products"])
+    problems = generate_problems(TinyMathConfig())["validation"]
+    assert [r["teacher"] for r in records] == [
+        "products" if p.op == "*" else "sums" for p in problems
+    ]
 
 
 def test_missing_file(tmp_path):

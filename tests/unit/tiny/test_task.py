@@ -3,6 +3,7 @@ import re
 import pytest
 
 from nemo_opd.tiny.task import (
+    OPERATORS,
     TinyMathConfig,
     build_tiny_math_splits,
     load_jsonl,
@@ -30,7 +31,11 @@ def test_sizes_and_fields(splits):
     assert len(splits["train"]) == 3000
     assert len(splits["validation"]) == 300
     for record in splits["train"] + splits["validation"]:
-        assert set(record) == {"prompt", "answer", "solution"}
+        assert set(record) == {"prompt", "answer", "solution", "operation"}
+        assert (
+            record["solution"].split()[1]
+            == OPERATORS[("addition", "subtraction", "multiplication").index(record["operation"])]
+        )
 
 
 def test_same_seed_same_data_other_seed_other_data(splits):
