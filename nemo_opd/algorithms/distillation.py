@@ -53,7 +53,7 @@ from nemo_opd.algorithms.prompts import (
     repeat_samples,
 )
 from nemo_opd.algorithms.tokenizers import check_same_vocabulary, load_tokenizer
-from nemo_opd.config import DistillationConfig, PolicyConfig
+from nemo_opd.config import DistillationConfig, PolicyConfig, TeacherConfig
 from nemo_opd.config.checks import template_fields
 from nemo_opd.data.batching import TensorBatch
 from nemo_opd.data.chat import ChatFormatter, read_text_file
@@ -81,6 +81,7 @@ from nemo_opd.policy.policy import Policy
 from nemo_opd.rollouts import RolloutResult, run_multi_turn_rollout
 from nemo_opd.rollouts.off_policy import reference_rollout
 from nemo_opd.teachers.privileged import PrivilegedContext
+from nemo_opd.teachers.routed import RoutedTeachers, route_rows
 from nemo_opd.teachers.served import ServedTeacher
 from nemo_opd.teachers.served_checks import check_served_teacher
 from nemo_opd.tiny.assets import recorded_heldout_accuracy, resolve_pretrained
@@ -112,7 +113,7 @@ class DistillationRun:
     loader: PromptLoader
     environments: dict
     student: Policy
-    teacher: Policy | ServedTeacher | None
+    teacher: Policy | RoutedTeachers | ServedTeacher | None
     generation: VllmGeneration
     loss_fn: DistillationLossFn | PolicyGradientLossFn | NLLLossFn
     val_loss_fn: DistillationLossFn | None
@@ -135,8 +136,8 @@ class DistillationRun:
 
     def shutdown(self) -> None:
         """Stop every worker (generation first: it holds the most memory)."""
-        teacher = _teacher_workers(self.teacher)
-        for part in (self.generation, self.teacher_sampler, self.student, teacher):
+        teachers = _teacher_workers(self.teacher).values()
+        for part in (self.generation, self.teacher_sampler, self.student, *teachers):
             if part is not None:
                 part.shutdown()
         for env in self.environments.values():
@@ -235,17 +236,8 @@ def _build_run(cfg: DistillationConfig, lock: RunLock, marks: StartupMarks) -> D
         )
         started.append(student)
         teacher = served
-        if cfg.teacher is not None and served is None:
-            teacher = Policy(
-                cfg.teacher,
-                cfg.cluster,
-                optimizer=False,
-                num_workers=split.training,
-                name="teacher",
-                placement=placement,
-                share=SHARE,
-                wait=False,
-            )
+        if served is None and cfg.named_teachers:
+            teacher = _start_teachers(cfg, split.training, placement)
             started.append(teacher)
         marks.note("workers_launched")
         environments = {"math": MathEnvironment(cfg.env.math)}
@@ -298,19 +290,19 @@ def _build_run(cfg: DistillationConfig, lock: RunLock, marks: StartupMarks) -> D
 
 
 def _check_models(cfg: DistillationConfig) -> PreTrainedTokenizerBase:
-    """The student's tokenizer, after checking it against the teacher's, and the model configs
+    """The student's tokenizer, after checking it against every teacher's, and the model configs
     against each other (vocabularies, tensor-parallel sizes, top-k); SetupError on a mismatch."""
     tokenizer = load_tokenizer(cfg.policy.tokenizer, "policy")
-    local_teacher = cfg.teacher is not None and not _is_served(cfg)  # else: checked served
-    if local_teacher:
-        check_same_vocabulary(tokenizer, load_tokenizer(cfg.teacher.tokenizer, "teacher"))
+    local_teachers = {} if _is_served(cfg) else _teacher_sections(cfg)  # else: checked served
+    for section, teacher in local_teachers.items():
+        check_same_vocabulary(tokenizer, load_tokenizer(teacher.tokenizer, section))
     student_config = load_model_config(cfg.policy, "policy")
     check_tensor_parallel(cfg.policy, student_config, "policy")
-    if local_teacher:
-        teacher_config = load_model_config(cfg.teacher, "teacher")
-        check_vocab_sizes(student_config, teacher_config, len(tokenizer))
-        check_tensor_parallel(cfg.teacher, teacher_config, "teacher")
-    if cfg.teacher is not None and cfg.distillation.topk_logits_k > student_config.vocab_size:
+    for section, teacher in local_teachers.items():
+        teacher_config = load_model_config(teacher, section)
+        check_vocab_sizes(student_config, teacher_config, len(tokenizer), section)
+        check_tensor_parallel(teacher, teacher_config, section)
+    if cfg.named_teachers and cfg.distillation.topk_logits_k > student_config.vocab_size:
         raise SetupError(
             f"distillation.topk_logits_k ({cfg.distillation.topk_logits_k}) exceeds the "
             f"vocabulary size ({student_config.vocab_size})"
@@ -332,6 +324,35 @@ def _privileged_context(
 
 def _is_served(cfg: DistillationConfig) -> bool:
     return cfg.teacher is not None and cfg.teacher.server.enabled
+
+
+def _teacher_sections(cfg: DistillationConfig) -> dict[str, TeacherConfig]:
+    """{key path: section} of every teacher: {"teacher": ...} or {"teachers.<name>": ...}."""
+    if cfg.teachers is None:
+        return dict(cfg.named_teachers)
+    return {f"teachers.{name}": teacher for name, teacher in cfg.teachers.items()}
+
+
+def _start_teachers(
+    cfg: DistillationConfig, workers: int, placement: PlacementGroup
+) -> Policy | RoutedTeachers:
+    """The in-process teacher's workers, or with several teachers one Policy each behind
+    RoutedTeachers; the teachers split one teacher's share of every training bundle."""
+    named = cfg.named_teachers
+    policies = {
+        name: Policy(
+            teacher,
+            cfg.cluster,
+            optimizer=False,
+            num_workers=workers,
+            name="teacher" if cfg.teachers is None else f"teacher.{name}",
+            placement=placement,
+            share=SHARE / len(named),
+            wait=False,
+        )
+        for name, teacher in named.items()
+    }
+    return policies["teacher"] if cfg.teachers is None else RoutedTeachers(policies)
 
 
 def _served_teacher(cfg: DistillationConfig, tokenizer: PreTrainedTokenizerBase) -> ServedTeacher:
@@ -356,9 +377,14 @@ def _served_teacher(cfg: DistillationConfig, tokenizer: PreTrainedTokenizerBase)
     return teacher
 
 
-def _teacher_workers(teacher: Policy | ServedTeacher | None) -> Policy | None:
-    """The teacher's Ray workers, if it has any (a served teacher has none to start or stop)."""
-    return teacher if isinstance(teacher, Policy) else None
+def _teacher_workers(
+    teacher: Policy | RoutedTeachers | ServedTeacher | None,
+) -> dict[str, Policy]:
+    """{part name: Policy} of the teacher's Ray workers: {"teacher": ...}, one
+    "teacher.<name>" per routed teacher, or {} (a served teacher has none to start or stop)."""
+    if isinstance(teacher, RoutedTeachers):
+        return {f"teacher.{name}": policy for name, policy in teacher.items()}
+    return {"teacher": teacher} if isinstance(teacher, Policy) else {}
 
 
 def _load_prompts(
@@ -376,9 +402,15 @@ def _load_prompts(
     privileged = template is not None and "response" in template_fields(template)
     # The dataset's responses: the off-policy steps' data (unless the teacher samples it).
     off_policy = on_policy_share(cfg) < 1.0 and not cfg.distillation.seq_kd
-    records = load_prompt_records(cfg.data, "train", responses=off_policy or privileged)
+    # Several teachers: each record's teacher, by data.teacher_key.
+    teachers = list(cfg.teachers) if cfg.teachers is not None else None
+    records = load_prompt_records(
+        cfg.data, "train", responses=off_policy or privileged, teachers=teachers
+    )
     train = encode_prompts(records, formatter, max_prompt, "train")
-    val_records = load_prompt_records(cfg.data, "validation", responses=privileged)
+    val_records = load_prompt_records(
+        cfg.data, "validation", responses=privileged, teachers=teachers
+    )
     val = encode_prompts(val_records, formatter, max_prompt, "validation")
     if cfg.distillation.max_val_samples is not None:
         val.samples = val.samples[: cfg.distillation.max_val_samples]
@@ -390,25 +422,29 @@ def _load_prompts(
     return formatter, train, val
 
 
-def _named_parts(*parts: Policy | VllmGeneration | None) -> list[tuple[str, object]]:
-    """(name, part) of what a run starts, given in the order student, teacher (its workers),
-    vLLM, the teacher's vLLM (seq_kd); the parts it did not start (None) left out."""
-    names = ("policy", "teacher", "vllm", "teacher_vllm")
-    return [(name, part) for name, part in zip(names, parts, strict=False) if part is not None]
+def _named_parts(
+    student: Policy,
+    teachers: dict[str, Policy],
+    generation: VllmGeneration | None,
+    teacher_sampler: VllmGeneration | None,
+) -> list[tuple[str, object]]:
+    """(name, part) of what a run starts, in the order student, teachers (_teacher_workers'
+    names), vLLM, the teacher's vLLM (seq_kd); the parts it did not start (None) left out."""
+    parts = [("policy", student), *teachers.items()]
+    parts += [("vllm", generation), ("teacher_vllm", teacher_sampler)]
+    return [(name, part) for name, part in parts if part is not None]
 
 
-def _wait_for_workers(marks: StartupMarks, *parts: Policy | VllmGeneration | None) -> None:
-    """Block until every part (_named_parts' order) has started, marking each."""
+def _wait_for_workers(marks: StartupMarks, *parts) -> None:
+    """Block until every part (_named_parts' arguments) has started, marking each."""
     for name, part in _named_parts(*parts):
         part.wait_until_ready()
         marks.note(f"{name}_ready")
 
 
-def _collect_startup(
-    marks: StartupMarks, *parts: Policy | VllmGeneration | None
-) -> dict[str, dict[str, float]]:
+def _collect_startup(marks: StartupMarks, *parts) -> dict[str, dict[str, float]]:
     """{"driver": ..., "policy.<rank>": ..., "teacher.<rank>": ..., "vllm.<engine>": ...,
-    "teacher_vllm.<engine>": ...} for the parts in _named_parts' order."""
+    "teacher_vllm.<engine>": ...} for _named_parts' arguments."""
     processes = {"driver": marks.as_dict()}
     for name, part in _named_parts(*parts):
         for index, worker in enumerate(part.startup_marks()):
@@ -435,18 +471,21 @@ def _build_teacher_sampler(
 def _resolve_model_paths(cfg: DistillationConfig) -> DistillationConfig:
     """The config with "tiny:*" model and tokenizer names replaced by local directories (not a
     served teacher's: its name is the one the server knows, and nothing of it is loaded here)."""
-    update = {}
-    for section in ("policy", "teacher"):
-        model = getattr(cfg, section)
-        if model is None or (section == "teacher" and _is_served(cfg)):
-            continue
-        tokenizer = model.tokenizer.model_copy(
-            update={"name": resolve_pretrained(model.tokenizer.name)}
-        )
-        update[section] = model.model_copy(
-            update={"model_name": resolve_pretrained(model.model_name), "tokenizer": tokenizer}
-        )
+    update = {"policy": _resolved(cfg.policy)}
+    if cfg.teacher is not None and not _is_served(cfg):
+        update["teacher"] = _resolved(cfg.teacher)
+    if cfg.teachers is not None:
+        update["teachers"] = {name: _resolved(t) for name, t in cfg.teachers.items()}
     return cfg.model_copy(update=update)
+
+
+def _resolved(model: PolicyConfig) -> PolicyConfig:
+    """`model` with its model and tokenizer names resolved to local directories."""
+    name = resolve_pretrained(model.tokenizer.name)
+    tokenizer = model.tokenizer.model_copy(update={"name": name})
+    return model.model_copy(
+        update={"model_name": resolve_pretrained(model.model_name), "tokenizer": tokenizer}
+    )
 
 
 def _rollouts_per_step(cfg: DistillationConfig) -> int:
@@ -669,6 +708,7 @@ def _train_step(state: DistillationRun, samples: list, step: int, timers: Timers
     with timers.time("policy_training"):
         history = state.student.train(batch, state.loss_fn)
     metrics.update(_train_metrics(history, batch, rollout))
+    metrics.update(_route_metrics(_routes(state, rollout), rollout.rewards, prefix=""))
     if isinstance(state.teacher, ServedTeacher):
         metrics["teacher/server_retries"] = state.teacher.retries
     state.logger.log_rollouts(_rollout_records(rollout), step=step)
@@ -722,18 +762,38 @@ def _scored_batch(
     def as_student(values: torch.Tensor) -> torch.Tensor:
         return values if rows is None else rows.to_student(values, width)
 
+    # Several teachers: each row is scored by the teacher its prompt's record names.
+    routes = _routes(state, rollout)
+    routing = {} if routes is None else {"routes": routes}
     if topk:
         with timers.time("teacher_topk"):
             values, indices = state.teacher.get_topk_logits(
-                scored, cfg.distillation.topk_logits_k, temperature=temperature
+                scored, cfg.distillation.topk_logits_k, temperature=temperature, **routing
             )
         batch["teacher_topk_logprobs"] = as_student(values)
         batch["teacher_topk_indices"] = as_student(indices)
     if sampled:
         with timers.time("teacher_logprobs"):
-            logprobs = state.teacher.get_logprobs(scored, temperature=temperature)
+            logprobs = state.teacher.get_logprobs(scored, temperature=temperature, **routing)
         batch["teacher_logprobs"] = as_student(logprobs)
     return batch
+
+
+def _routes(state: DistillationRun, rollout: RolloutResult) -> list[str] | None:
+    """The teacher of every row of a rollout (its prompt record's), with several teachers."""
+    if not isinstance(state.teacher, RoutedTeachers):
+        return None
+    return [meta["teacher"] for meta in rollout.metadata]
+
+
+def _route_metrics(routes: list[str] | None, rewards: torch.Tensor, prefix: str) -> dict:
+    """<prefix>teacher/<name>/samples (rows routed to it) and .../reward (their mean reward),
+    with several teachers."""
+    metrics = {}
+    for name, rows in route_rows(routes or []).items():
+        metrics[f"{prefix}teacher/{name}/samples"] = float(len(rows))
+        metrics[f"{prefix}teacher/{name}/reward"] = float(rewards[rows].mean())
+    return metrics
 
 
 def _policy_gradient_inputs(
@@ -908,9 +968,11 @@ def validate(state: DistillationRun, timers: Timers) -> dict:
 
 
 def _validate_greedy(state: DistillationRun, timers: Timers) -> dict:
+    """validation/accuracy, avg_length and, with a teacher, the divergence metrics; with several
+    teachers, each teacher's own as validation/teacher/<name>/* (its prompts' rollouts)."""
     loop = state.cfg.distillation
     samples = state.val_prompts.samples
-    rewards, lengths, kl_sums, count = [], [], {}, 0
+    rewards, routes, lengths, divergence = [], [], [], DivergenceSums()
     for start in range(0, len(samples), loop.val_batch_size):
         chunk = samples[start : start + loop.val_batch_size]
         logs, metadata = repeat_samples(chunk, 1)
@@ -918,21 +980,54 @@ def _validate_greedy(state: DistillationRun, timers: Timers) -> dict:
             rollout = _rollout(state, logs, metadata, greedy=True, seed=None)
         rewards.append(rollout.rewards)
         lengths.append(rollout.metrics["mean_generated_tokens"] * len(chunk))
+        chunk_routes = _routes(state, rollout)
+        routes += chunk_routes or []
         if state.val_loss_fn is None:
             continue
         batch = _scored_batch(state, rollout, timers, topk=True, sampled=False)
         with timers.time("student_eval"):
-            evaluated = state.student.evaluate(batch, state.val_loss_fn)
-        tokens = evaluated["global_valid_toks"]
-        for name in ("loss", "forward_kl", "reverse_kl", "top1_agreement"):
-            kl_sums[name] = kl_sums.get(name, 0.0) + evaluated[name] * tokens
-        count += tokens
+            # With several teachers, each teacher's rows apart: the overall values are the
+            # token-weighted means of theirs.
+            groups = route_rows(chunk_routes) if chunk_routes else {"": None}
+            for name, rows in groups.items():
+                part = batch if rows is None else TensorBatch(batch).select(rows)
+                divergence.add(state.student.evaluate(part, state.val_loss_fn), name)
+    rewards = torch.cat(rewards)
     metrics = {
-        "validation/accuracy": float(torch.cat(rewards).mean()),
+        "validation/accuracy": float(rewards.mean()),
         "validation/avg_length": sum(lengths) / len(samples),
+        **divergence.means("validation/"),
     }
-    metrics.update({f"validation/{n}": s / max(count, 1.0) for n, s in kl_sums.items()})
+    for name, rows in route_rows(routes).items():
+        metrics[f"validation/teacher/{name}/accuracy"] = float(rewards[rows].mean())
     return metrics
+
+
+class DivergenceSums:
+    """Token-weighted sums of the validation loss's metrics, overall and per teacher."""
+
+    NAMES = ("loss", "forward_kl", "reverse_kl", "top1_agreement")
+
+    def __init__(self) -> None:
+        self.sums: dict[str, dict[str, float]] = {}
+
+    def add(self, evaluated: dict, teacher: str) -> None:
+        """Add one evaluate() result; teacher "" for a run with one teacher."""
+        tokens = evaluated["global_valid_toks"]
+        for group in {"", teacher}:
+            sums = self.sums.setdefault(group, {"tokens": 0.0})
+            sums["tokens"] += tokens
+            for name in self.NAMES:
+                sums[name] = sums.get(name, 0.0) + evaluated[name] * tokens
+
+    def means(self, prefix: str) -> dict:
+        """{prefix + name: mean} overall, {prefix + "teacher/<t>/" + name: mean} per teacher."""
+        metrics = {}
+        for group, sums in self.sums.items():
+            where = prefix if group == "" else f"{prefix}teacher/{group}/"
+            for name in self.NAMES:
+                metrics[where + name] = sums[name] / max(sums["tokens"], 1.0)
+        return metrics
 
 
 def _validate_sampled(state: DistillationRun, timers: Timers, k: int) -> dict:

@@ -16,18 +16,21 @@ def load_model_config(cfg: PolicyConfig, section: str) -> PretrainedConfig:
         raise SetupError(message) from error
 
 
-def check_vocab_sizes(student: PretrainedConfig, teacher: PretrainedConfig, tokens: int) -> None:
-    """Both embeddings cover the tokenizer, and the teacher's vocabulary is not larger than the
-    student's (its top-k ids index the student's logits)."""
-    for section, config in (("policy", student), ("teacher", teacher)):
+def check_vocab_sizes(
+    student: PretrainedConfig, teacher: PretrainedConfig, tokens: int, section: str = "teacher"
+) -> None:
+    """Both embeddings cover the tokenizer, and the teacher's vocabulary (that of the config's
+    `section`: teacher, or teachers.<name>) is not larger than the student's (its top-k ids
+    index the student's logits)."""
+    for name, config in (("policy", student), (section, teacher)):
         if config.vocab_size < tokens:
             raise SetupError(
-                f"{section}.model_name: vocab size {config.vocab_size} is smaller than the "
+                f"{name}.model_name: vocab size {config.vocab_size} is smaller than the "
                 f"tokenizer's {tokens} tokens"
             )
     if teacher.vocab_size > student.vocab_size:
         raise SetupError(
-            f"the teacher's vocab size ({teacher.vocab_size}) exceeds the student's "
+            f"{section}: the teacher's vocab size ({teacher.vocab_size}) exceeds the student's "
             f"({student.vocab_size}): teacher top-k ids could fall outside the student's logits"
         )
 

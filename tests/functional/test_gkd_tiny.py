@@ -13,6 +13,8 @@ privileged-context teacher. The runs share this process's imports and Ray.
 - self-distillation (the teacher is the student's own starting model): without context its
   first-step divergence is zero (the same weights see the same tokens); with the reference
   solution in the teacher's prompt (teacher.prompt_template) it is not, on the same rollouts.
+- several teachers routed by data source: each prompt's rollouts are scored by its teacher
+  (the per-teacher divergence at step 0 shows which), with metrics per teacher.
 """
 
 from pathlib import Path
@@ -134,3 +136,29 @@ def test_seq_kd_trains_on_the_teachers_samples(mixed, tmp_path):
     # Sampled (not the dataset's solutions: their reward is 1), by a better model than the
     # student, whose own samples at step 2 of the mixed run (same settings) scored lower.
     assert mixed[2]["train/reward"] < seq_kd[1]["train/reward"] < 1.0
+
+
+def test_routed_teachers_score_each_prompt_with_its_own(tmp_path):
+    """Multiplication goes to the tiny teacher, addition and subtraction to the student's own
+    start (distillation_tiny_routed.yaml): at step 0 the student diverges from the second by
+    ~0 on exactly its prompts' rollouts, from the first by far more."""
+    routed = run_loop(
+        tmp_path,
+        "distillation_tiny_routed.yaml",
+        "distillation.max_num_steps=2",
+        "distillation.val_at_start=true",
+        "distillation.max_val_samples=48",
+        "distillation.val_batch_size=48",
+    )
+    start = routed[0]
+    assert abs(start["validation/teacher/start/forward_kl"]) < 1e-5
+    assert start["validation/teacher/start/top1_agreement"] == 1.0
+    assert start["validation/teacher/arithmetic/forward_kl"] > 0.05
+    # The overall divergence is the token-weighted mean of the two teachers' parts.
+    parts = [start[f"validation/teacher/{t}/forward_kl"] for t in ("start", "arithmetic")]
+    assert min(parts) < start["validation/forward_kl"] < max(parts)
+    for teacher in ("arithmetic", "start"):  # start-up times logged with the first metrics
+        assert any(key.startswith(f"timing/startup/teacher.{teacher}.0/") for key in start)
+    for metrics in (routed[1], routed[2]):  # every rollout of the step is some teacher's
+        samples = [metrics[f"teacher/{t}/samples"] for t in ("start", "arithmetic")]
+        assert sum(samples) == 16 and min(samples) > 0

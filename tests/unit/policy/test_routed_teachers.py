@@ -1,0 +1,95 @@
+"""Several teachers routed by row: each row's top-k and log-probs are its own teacher's, in one
+process and under tensor parallelism (two teachers that differ, sharing the bundles as in the
+loop)."""
+
+import pytest
+import torch
+from conftest import cpu_cluster, make_batch, policy_config
+
+from nemo_opd.distributed.cluster import WorkerResources, build_placement_group
+from nemo_opd.policy.policy import Policy
+from nemo_opd.teachers.routed import RoutedTeachers, route_rows
+
+RAY_CPUS = 2
+K = 4
+ROUTES = ["b", "a", "a", "b", "b", "a", "b"]  # ragged rows of make_batch, mixed
+
+
+def frozen(model_dir, workers, tp, placement, name):
+    cfg = policy_config(
+        model_dir, optimizer=None, scheduler=None, dtensor_cfg__tensor_parallel_size=tp
+    )
+    return Policy(
+        cfg,
+        cpu_cluster(workers),
+        optimizer=False,
+        name=name,
+        placement=placement,
+        share=0.5,
+        wait=False,
+    )
+
+
+def start_teachers(model_dirs, workers, tp):
+    import ray
+
+    placement = build_placement_group(workers, WorkerResources("cpu", 1))
+    teachers = {
+        "a": frozen(model_dirs["tied"], workers, tp, placement, f"teacher_a_tp{tp}"),
+        "b": frozen(model_dirs["untied"], workers, tp, placement, f"teacher_b_tp{tp}"),
+    }
+    for teacher in teachers.values():
+        teacher.wait_until_ready()
+    return teachers, lambda: ray.util.remove_placement_group(placement)
+
+
+@pytest.fixture(scope="module")
+def references(model_dirs, ray_session):
+    """Each teacher alone on the whole batch, one process each: {name: (values, ids, logprobs)}."""
+    teachers, release = start_teachers(model_dirs, 1, 1)
+    batch = make_batch(len(ROUTES), teacher=False)
+    try:
+        return {
+            name: (*teacher.get_topk_logits(batch, K), teacher.get_logprobs(batch))
+            for name, teacher in teachers.items()
+        }
+    finally:
+        for teacher in teachers.values():
+            teacher.shutdown()
+        release()
+
+
+def test_route_rows_keeps_batch_order():
+    groups = route_rows(ROUTES)
+    assert list(groups) == ["b", "a"]
+    assert groups["a"].tolist() == [1, 2, 5] and groups["b"].tolist() == [0, 3, 4, 6]
+
+
+@pytest.mark.parametrize(("workers", "tp"), [(1, 1), (2, 2)], ids=["one_process", "tp2"])
+def test_each_row_is_scored_by_its_routed_teacher(model_dirs, ray_session, references, workers, tp):
+    a, b = references["a"], references["b"]
+    assert not torch.allclose(a[0], b[0], atol=1e-3)  # the teachers differ: routing shows
+    teachers, release = start_teachers(model_dirs, workers, tp)
+    routed = RoutedTeachers(teachers)
+    batch = make_batch(len(ROUTES), teacher=False)
+    try:
+        values, ids = routed.get_topk_logits(batch, K, routes=ROUTES)
+        logprobs = routed.get_logprobs(batch, routes=ROUTES)
+    finally:
+        routed.shutdown()
+        release()
+    for row, name in enumerate(ROUTES):
+        ref_values, ref_ids, ref_logprobs = references[name]
+        torch.testing.assert_close(values[row], ref_values[row], atol=2e-5, rtol=1e-5)
+        assert torch.equal(ids[row], ref_ids[row])
+        torch.testing.assert_close(logprobs[row], ref_logprobs[row], atol=2e-5, rtol=1e-5)
+    assert values.shape == (len(ROUTES), *a[0].shape[1:]) and ids.dtype == torch.int32
+
+
+def test_a_row_routed_to_no_teacher_is_an_error():
+    routed = RoutedTeachers({"a": object()})
+    batch = make_batch(2, teacher=False)
+    with pytest.raises(ValueError, match=r"rows routed to \['c'\], which are not among \['a'\]"):
+        routed.get_logprobs(batch, routes=["a", "c"])
+    with pytest.raises(ValueError, match="2 routes for a batch of 3 rows"):
+        routed.get_logprobs(make_batch(3, teacher=False), routes=["a", "a"])
