@@ -7,10 +7,12 @@ One step of distillation_train, in order:
     1. refit     push the student's weights into vLLM, only when they changed
     2. rollout   run_multi_turn_rollout over the math environment; or, on an off-policy step
                  (distillation.lmbda < 1, objective.loss sft), the dataset's responses
-                 (reference_rollout), without refit or sampling
+                 (reference_rollout) or the teacher's samples (distillation.seq_kd), without
+                 refit
     3. flatten   message logs -> input_ids, input_lengths, token_mask, sample_mask
     4. teacher   what the objective uses: top-k log-probs and ids of every position, and/or
-                 the log-prob of every sampled token (no teacher at all for reward-only RL)
+                 the log-prob of every sampled token (no teacher at all for reward-only RL);
+                 with several teachers, each row is scored by its prompt's (RoutedTeachers)
     5. advantage (objective.loss policy_gradient) the student's log-probs before the update,
                  vLLM's sampling log-probs, and the advantages (nemo_opd.algorithms.advantages)
     6. train     student.train with the objective's loss (DistillationLossFn or
@@ -22,8 +24,8 @@ Resuming is automatic: when checkpointing.checkpoint_dir holds a checkpoint, the
 optimizer, data position and step are restored, and sampling seeds depend only on (seed, step),
 so the resumed run continues exactly as an uninterrupted one would.
 
-Left out on purpose, for now: overlapping generation with teacher scoring, asynchronous
-rollouts, and teacher-sampled off-policy data (seq-KD; docs/gkd.md, "Not yet").
+Left out on purpose, for now: overlapping generation with teacher scoring, and asynchronous
+rollouts.
 """
 
 from __future__ import annotations
