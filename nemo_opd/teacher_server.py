@@ -59,6 +59,11 @@ def settings_from_config(cfg: DistillationConfig, args: argparse.Namespace) -> S
     """The server's settings for the config's teacher, with the command line's overrides."""
     from nemo_opd.tiny.assets import resolve_pretrained
 
+    if cfg.teachers is not None:
+        raise ConfigError(
+            "the config has several teachers (teachers), and serving one of them is not "
+            "supported yet; serve a config with one teacher (teacher)"
+        )
     if cfg.teacher is None:
         raise ConfigError("the config has no teacher (teacher: null): nothing to serve")
     vllm_cfg = cfg.policy.generation.vllm_cfg

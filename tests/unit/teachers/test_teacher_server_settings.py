@@ -3,7 +3,9 @@ real server is started in test_served_teacher.py)."""
 
 from pathlib import Path
 
-from nemo_opd.config import load_config
+import pytest
+
+from nemo_opd.config import ConfigError, load_config
 from nemo_opd.teacher_server import (
     EXIT_CONFIG_ERROR,
     build_parser,
@@ -67,3 +69,10 @@ def test_a_config_without_a_teacher_exits_2(capsys):
     status = main(["--config", str(CONFIGS / "grpo_tiny.yaml")])
     assert status == EXIT_CONFIG_ERROR
     assert "the config has no teacher" in capsys.readouterr().err
+
+
+def test_a_config_without_one_teacher_has_nothing_to_serve():
+    with pytest.raises(ConfigError, match="several teachers .* not supported yet"):
+        settings("distillation_tiny_routed.yaml")
+    with pytest.raises(ConfigError, match="no teacher"):
+        settings("grpo_tiny.yaml")
