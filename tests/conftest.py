@@ -1,8 +1,17 @@
 """Settings for the whole suite, applied before any test module is imported."""
 
 import os
+import secrets
 
 # Read when ray is imported: under `uv run`, Ray would otherwise package the project and build a
 # fresh venv for its workers (about a minute, more than some tests wait for a worker); the
 # workers use this venv as is. The command line sets the same (nemo_opd.cli).
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+
+# One authentication mode and token for every Ray instance of the suite. Ray 2.60 turns token
+# authentication on for each new local instance anyway (with ~/.ray/auth_token), but a driver
+# takes its mode from the environment when it imports ray, and a driver whose mode differs from
+# its cluster's fails in obscure ways (its actors die as if their owner had). The multi-node
+# tests' `ray start` nodes inherit these, like every local instance's processes.
+os.environ.setdefault("RAY_AUTH_MODE", "token")
+os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))

@@ -30,6 +30,7 @@ rollouts.
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from dataclasses import dataclass, field
@@ -67,8 +68,15 @@ from nemo_opd.distributed.cluster import (
     build_placement_group,
     resolve_device_type,
 )
-from nemo_opd.distributed.placement import worker_split
+from nemo_opd.distributed.nodes import choose_nodes, format_placement, placement_record
+from nemo_opd.distributed.placement import (
+    WorkerSplit,
+    bundle_node_slots,
+    generation_bundles,
+    worker_split,
+)
 from nemo_opd.distributed.ray_runtime import init_ray
+from nemo_opd.distributed.shared_paths import check_shared_paths, paths_workers_use
 from nemo_opd.environments import MathEnvironment
 from nemo_opd.errors import RunError, ServiceError, SetupError
 from nemo_opd.generation import VllmGeneration, logprob_mismatch
@@ -90,13 +98,15 @@ from nemo_opd.tiny.assets import recorded_heldout_accuracy, resolve_pretrained
 from nemo_opd.utils.checkpoint_manager import CheckpointManager
 from nemo_opd.utils.logger import Logger
 from nemo_opd.utils.plot import ROLLOUTS_KEY, plot_metrics
-from nemo_opd.utils.run_dirs import RunLock, check_writable
+from nemo_opd.utils.run_dirs import RunLock, check_writable, with_absolute_paths
 from nemo_opd.utils.startup import StartupMarks, format_startup_report, startup_metrics
 from nemo_opd.utils.stop_signal import StopSignal
 from nemo_opd.utils.timers import Timers
 
 FINAL_MODEL_DIR = "final_model"
 ELAPSED_KEY = "progress/elapsed_s"
+PLACEMENT_FILE = "placement.json"
+"""Where Ray placed the run's workers (nodes.placement_record), in logger.log_dir."""
 STOPPED_EXIT_STATUS = 128 + signal.SIGTERM
 """Exit status of a run that SIGTERM stopped at a clean point (the shell's convention)."""
 SHARE = 1 / 3
@@ -171,6 +181,7 @@ def setup(cfg: DistillationConfig) -> DistillationRun:
     """Claim the output directories, then build everything (_build_run); the directories are
     released again if building fails."""
     marks = StartupMarks()
+    cfg = with_absolute_paths(cfg)  # the workers' working directory is not the driver's
     lock = _claim_directories(cfg)
     try:
         return _build_run(cfg, lock, marks)
@@ -213,14 +224,12 @@ def _build_run(cfg: DistillationConfig, lock: RunLock, marks: StartupMarks) -> D
     split = worker_split(cfg.cluster, cfg.policy.generation)
     device = resolve_device_type(cfg.cluster)
     check_megatron_training_precision(cfg.policy, device)
-    placement = build_placement_group(
-        split.training, WorkerResources(device, cfg.cluster.cpus_per_worker)
-    )
+    placement = _reserve_workers(cfg, device)
     started = []
     try:
-        generation = _build_generation(cfg, device, split.generation, placement)
+        generation = _build_generation(cfg, device, split, placement)
         started.append(generation)
-        teacher_sampler = _build_teacher_sampler(cfg, device, split.generation, placement)
+        teacher_sampler = _build_teacher_sampler(cfg, device, split, placement)
         if teacher_sampler is not None:
             started.append(teacher_sampler)
         marks.note("vllm_launched")
@@ -282,6 +291,7 @@ def _build_run(cfg: DistillationConfig, lock: RunLock, marks: StartupMarks) -> D
     )
     run_state.started_at = marks.as_dict()["process"]
     print(format_startup_report(marks.as_dict()["process"], run_state.startup))
+    _report_placement(cfg, student, _teacher_workers(teacher), generation, teacher_sampler)
     run_state.logger = Logger(
         cfg.logger,
         run_config=cfg.model_dump(mode="json"),
@@ -455,7 +465,7 @@ def _collect_startup(marks: StartupMarks, *parts) -> dict[str, dict[str, float]]
 
 
 def _build_teacher_sampler(
-    cfg: DistillationConfig, device: str, generation_workers: int, placement: PlacementGroup
+    cfg: DistillationConfig, device: str, split: WorkerSplit, placement: PlacementGroup
 ) -> VllmGeneration | None:
     """With distillation.seq_kd, vLLM holding the teacher (like the student's engines, with its
     generation settings); SetupError for colocated generation on CUDA (no room for it yet)."""
@@ -467,7 +477,7 @@ def _build_teacher_sampler(
             "generation on GPUs has no room for yet; set "
             "policy.generation.colocated.enabled=false"
         )
-    return _build_generation(cfg, device, generation_workers, placement, cfg.teacher)
+    return _build_generation(cfg, device, split, placement, cfg.teacher)
 
 
 def _resolve_model_paths(cfg: DistillationConfig) -> DistillationConfig:
@@ -501,32 +511,56 @@ def _optimizer_steps_per_step(cfg: DistillationConfig) -> int:
 def _build_generation(
     cfg: DistillationConfig,
     device: str,
-    generation_workers: int,
+    split: WorkerSplit,
     placement: PlacementGroup,
     model: PolicyConfig | None = None,
 ) -> VllmGeneration:
     """vLLM engines holding the student's initial weights (or `model`'s: the teacher's, for
-    distillation.seq_kd; never refit). On CUDA: one per generation worker,
-    in the training bundles when colocated (a third of each, next to student and teacher), on
-    their own GPUs otherwise. On CPU: one engine with no reservation, on as many threads as
-    the training workers of a node hold CPUs (it time-shares the cores with training, which
-    waits while it generates)."""
+    distillation.seq_kd; never refit), in the placement's generation bundles
+    (placement.generation_bundles). On CUDA: one per generation worker, a third of a training
+    bundle when colocated (next to student and teacher), a whole bundle of its own otherwise.
+    On CPU: one per node that generates, with no reservation, on as many threads as the
+    training workers of a node hold CPUs (it time-shares the cores with training, which waits
+    while it generates)."""
     gen_cfg = cfg.policy.generation
     colocated = device == "cuda" and gen_cfg.colocated.enabled
     model = model or cfg.policy
+    bundles = generation_bundles(cfg.cluster, split, gen_cfg, device)
     return VllmGeneration(
         gen_cfg,
         model.model_name,
         model.tokenizer.name,
         device_type=device,
-        num_engines=1 if device == "cpu" else generation_workers,
+        num_engines=len(bundles),
         seed=cfg.distillation.seed,
         cpus_per_engine=cfg.cluster.cpus_per_worker * SHARE if colocated else None,
         cpu_threads=cfg.cluster.cpus_per_worker * cfg.cluster.gpus_per_node,
         gpus_per_engine=SHARE if colocated else None,
-        placement=placement if colocated else None,
+        placement=placement,
+        bundles=bundles,
         wait=False,
     )
+
+
+def _reserve_workers(cfg: DistillationConfig, device: str) -> PlacementGroup:
+    """The placement group of the run: cluster.num_nodes nodes chosen (SetupError when the
+    cluster lacks them), checked to see the paths the workers use, and one bundle per worker
+    pinned to its node (placement.bundle_node_slots)."""
+    resources = WorkerResources(device, cfg.cluster.cpus_per_worker)
+    nodes = choose_nodes(cfg.cluster, resources)
+    check_shared_paths(paths_workers_use(cfg), nodes)
+    slots = bundle_node_slots(cfg.cluster)
+    return build_placement_group(len(slots), resources, nodes=[nodes[s].node_id for s in slots])
+
+
+def _report_placement(cfg: DistillationConfig, *parts: Policy | VllmGeneration | None) -> None:
+    """Print where Ray placed every worker (_named_parts' order) and write it to
+    logger.log_dir/placement.json."""
+    record = placement_record({name: part.nodes() for name, part in _named_parts(*parts)})
+    print(format_placement(record))
+    log_dir = Path(cfg.logger.log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    (log_dir / PLACEMENT_FILE).write_text(json.dumps(record, indent=2) + "\n")
 
 
 def _build_loss(cfg: DistillationConfig) -> DistillationLossFn | PolicyGradientLossFn | NLLLossFn:

@@ -13,6 +13,7 @@ import string
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
+from nemo_opd.distributed.address import address_problem
 from nemo_opd.distributed.placement import worker_split
 
 if TYPE_CHECKING:  # the schema runs these checks when it validates: no import back at run time
@@ -153,6 +154,38 @@ def check_parallel_sizes_divide_world(cfg: "DistillationConfig") -> list[str]:
                 f"(= {expert_group}) must divide the {world} training workers"
             )
     return problems
+
+
+def check_model_parallel_within_node(cfg: "DistillationConfig") -> list[str]:
+    """On several nodes, tensor x context parallel groups fit inside a node: their size divides
+    cluster.gpus_per_node (ranks fill a node before the next, so data parallel spans nodes)."""
+    per_node = cfg.cluster.gpus_per_node
+    if cfg.cluster.num_nodes == 1:
+        return []
+    problems = []
+    for name, model in _models(cfg):
+        served = getattr(model, "server", None) is not None and model.server.enabled
+        if served or model.dtensor_cfg.enabled == model.megatron_cfg.enabled:
+            continue  # no workers of its own / reported by check_one_backend
+        group = model.tensor_parallel_size * model.context_parallel_size
+        if per_node % group:
+            problems.append(
+                f"{name}: tensor x context parallel size ({model.tensor_parallel_size} x "
+                f"{model.context_parallel_size} = {group}) must divide cluster.gpus_per_node "
+                f"({per_node}) on several nodes: each group's collectives run at every layer "
+                "and stay inside one node"
+            )
+    return problems
+
+
+def check_cluster_address(cfg: "DistillationConfig") -> list[str]:
+    """cluster.address, when set, is a Ray head's GCS address host:port (or "auto"), not a
+    dashboard (http://) or Ray Client (ray://) address."""
+    address = cfg.cluster.address
+    if address is None or address == "auto":
+        return []
+    problem = address_problem(address)
+    return [f"cluster.address: {problem}"] if problem else []
 
 
 def check_global_batch_divisible(cfg: "DistillationConfig") -> list[str]:
@@ -557,6 +590,8 @@ CHECKS: tuple[Callable[["DistillationConfig"], list[str]], ...] = (
     check_policy_trains_teacher_frozen,
     check_generation_placement,
     check_parallel_sizes_divide_world,
+    check_model_parallel_within_node,
+    check_cluster_address,
     check_global_batch_divisible,
     check_rollouts_fill_global_batches,
     check_microbatching,

@@ -781,6 +781,12 @@ class ClusterConfig(Section):
     cpus_per_worker: int = Field(1, gt=0, le=MAX_RANKS)
     """CPU cores reserved per worker process."""
 
+    address: str | None = Field(None, min_length=1)
+    """The Ray cluster to run on: its head's GCS address host:port (what `ray start --head`
+    prints for `ray start --address`), or "auto" for the cluster `ray start` started on this
+    node. Null: the RAY_ADDRESS environment variable if set (`ray job submit` sets it), else
+    a local Ray instance started for the run and stopped after it (docs/cluster.md)."""
+
     @property
     def world_size(self) -> int:
         """Worker processes in the whole cluster."""

@@ -1,14 +1,19 @@
 """Ray resources for the workers: checks against the live cluster, and the placement group."""
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group
 
 from nemo_opd.config import ClusterConfig
+from nemo_opd.errors import SetupError
+
+NODE_ID_LABEL = "ray.io/node-id"
+"""The label Ray gives every node: its id (what a bundle's label selector pins it to)."""
 
 
-class ClusterResourceError(RuntimeError):
+class ClusterResourceError(SetupError):
     """The Ray cluster cannot host the workers the config asks for."""
 
 
@@ -50,11 +55,22 @@ def check_resources(num_workers: int, resources: WorkerResources) -> None:
 
 
 def build_placement_group(
-    num_workers: int, resources: WorkerResources, timeout_s: float = 60.0
+    num_workers: int,
+    resources: WorkerResources,
+    timeout_s: float = 60.0,
+    nodes: Sequence[str] | None = None,
 ) -> PlacementGroup:
-    """Reserve one bundle per worker (packed onto as few nodes as possible) and wait for it."""
+    """Reserve one bundle per worker and wait for it: bundle i on the node whose id is
+    nodes[i], or, without `nodes`, packed onto as few nodes as possible."""
     check_resources(num_workers, resources)
-    group = placement_group([resources.bundle] * num_workers, strategy="PACK")
+    selectors = None
+    if nodes is not None:
+        if len(nodes) != num_workers:
+            raise ValueError(f"{len(nodes)} nodes given for {num_workers} bundles")
+        selectors = [{NODE_ID_LABEL: node} for node in nodes]
+    group = placement_group(
+        [resources.bundle] * num_workers, strategy="PACK", bundle_label_selector=selectors
+    )
     ready, _ = ray.wait([group.ready()], timeout=timeout_s)
     if not ready:
         ray.util.remove_placement_group(group)

@@ -1,8 +1,14 @@
-"""The Ray instance of a run: a local one sized for the config's workers, unless one is running.
+"""The Ray instance of a run: an existing cluster when one is given, else a local instance
+sized for the config's workers.
 
-    init_ray(cfg.cluster)             # True: this call started Ray
-    with ray_session(cfg.cluster):    # the same, stopped again at the end if it started it
+    init_ray(cfg.cluster)             # True: this call connected this process to Ray
+    with ray_session(cfg.cluster):    # the same, disconnected again at the end if it connected
         ...
+
+Which one (cluster_address): cluster.address, else the RAY_ADDRESS environment variable (which
+`ray job submit` sets for the job it starts), else none: a local instance starts, as on a
+laptop. Attaching to a cluster only connects this process as a driver; ray.shutdown() at the
+end disconnects it and leaves the cluster running. A local instance ends with the run.
 
 The command line (nemo_opd.cli) starts Ray before it imports the training loop, while a thread
 imports torch and transformers, so that Ray's own start-up (its GCS, raylet and agents: ~8 s of
@@ -17,8 +23,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import ray
+from ray.exceptions import AuthenticationError
 
 from nemo_opd.config import ClusterConfig
+from nemo_opd.distributed.address import probe_head
+from nemo_opd.errors import SetupError
+
+ADDRESS_ENV = "RAY_ADDRESS"
+CONNECT_TIMEOUT_S = 10.0
+"""How long the cluster's head may take to answer before setup reports it unreachable."""
 
 
 def local_cpus(cluster: ClusterConfig) -> int:
@@ -26,22 +39,78 @@ def local_cpus(cluster: ClusterConfig) -> int:
     return max(os.cpu_count() or 1, cluster.world_size * cluster.cpus_per_worker)
 
 
+def cluster_address(cluster: ClusterConfig) -> tuple[str | None, str]:
+    """(address of the cluster to attach to, or None for a local instance; where it came from:
+    "cluster.address" or "RAY_ADDRESS")."""
+    if cluster.address:
+        return cluster.address, "cluster.address"
+    return os.environ.get(ADDRESS_ENV) or None, ADDRESS_ENV
+
+
 def init_ray(cluster: ClusterConfig) -> bool:
-    """Start a local Ray instance for `cluster`, unless this process is already connected to
-    one; returns whether it started one."""
+    """Connect this process to Ray unless it is already: to the cluster at cluster_address,
+    or to a new local instance. Returns whether this call connected it. An address where no
+    Ray head answers raises SetupError within CONNECT_TIMEOUT_S."""
     if ray.is_initialized():
         return False
-    ray.init(num_cpus=local_cpus(cluster), include_dashboard=False, log_to_driver=True)
+    address, source = cluster_address(cluster)
+    if address is None:
+        # "local": never a cluster that `ray start` left on this machine (Ray's default for
+        # address=None), which would also refuse num_cpus.
+        context = ray.init(
+            address="local",
+            num_cpus=local_cpus(cluster),
+            include_dashboard=False,
+            log_to_driver=True,
+        )
+        print(f"ray: started a local instance at {context.address_info['gcs_address']}")
+        return True
+    if address != "auto":  # "auto": the cluster `ray start` started on this node
+        probe_head(address, CONNECT_TIMEOUT_S, source)
+    _attach(address, source)
     return True
+
+
+def _attach(address: str, source: str) -> None:
+    """ray.init as a driver of the cluster at `address`; Ray's own failure as SetupError."""
+    try:
+        with _ray_address(address):  # Ray prefers RAY_ADDRESS to its address argument
+            ray.init(address=address, log_to_driver=True)
+    except (ConnectionError, RuntimeError, ValueError, AuthenticationError) as error:
+        raise SetupError(
+            f"{source}: cannot attach to the Ray cluster at {address}: {error}. The loop must "
+            "run on a node of that cluster (`ray start --address` ran there), or be submitted "
+            "with `ray job submit`; a cluster with token authentication (the default of "
+            "`ray start --head` in Ray 2.60) also needs RAY_AUTH_MODE=token and its token "
+            "(RAY_AUTH_TOKEN or ~/.ray/auth_token) in this process's environment "
+            "(docs/cluster.md)"
+        ) from None
+    nodes = sum(1 for node in ray.nodes() if node["Alive"])
+    print(f"ray: attached to the cluster at {address} ({nodes} nodes alive)")
+
+
+@contextmanager
+def _ray_address(address: str) -> Iterator[None]:
+    """RAY_ADDRESS set to `address` for the block, then restored."""
+    previous = os.environ.get(ADDRESS_ENV)
+    os.environ[ADDRESS_ENV] = address
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ[ADDRESS_ENV]
+        else:
+            os.environ[ADDRESS_ENV] = previous
 
 
 @contextmanager
 def ray_session(cluster: ClusterConfig) -> Iterator[None]:
-    """init_ray for the block; Ray is stopped at its end (however it ends) if the block
-    started it, and left running if it was already (a cluster the caller attached to)."""
-    started = init_ray(cluster)
+    """init_ray for the block; at its end (however it ends) this process disconnects if the
+    block connected it: a local instance stops, an attached cluster keeps running. Already
+    connected (the caller's own ray.init), it stays connected."""
+    connected = init_ray(cluster)
     try:
         yield
     finally:
-        if started:
+        if connected:
             ray.shutdown()

@@ -15,6 +15,7 @@ from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from nemo_opd.distributed.cluster import WorkerResources, build_placement_group
+from nemo_opd.distributed.nodes import actor_nodes
 from nemo_opd.errors import RunError
 
 
@@ -90,6 +91,10 @@ class WorkerGroup:
             self.shutdown()
             raise
         self._starting = []
+
+    def nodes(self) -> list[tuple[str, str]]:
+        """(node id, node address) of each rank, as Ray placed them."""
+        return actor_nodes(self.actors)
 
     @property
     def size(self) -> int:

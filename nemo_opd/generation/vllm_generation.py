@@ -22,16 +22,21 @@ Placement (one Ray actor per engine, see VllmWorker):
   GPU that training also uses; vLLM then takes vllm_cfg.gpu_memory_utilization of its memory.
   finish_generation() puts the engines to sleep (weights to host memory, KV cache freed) so
   training gets the memory back, and prepare_for_generation() wakes them.
+- With a placement group, engine i runs in its bundle bundles[i] (the run's placement group
+  holds one bundle per worker, pinned to the nodes it chose: nemo_opd.distributed.placement),
+  taking only what the engine reserves; without one, Ray places the engines.
 
 Refit uses one path in both placements: the full state dict goes into Ray's object store once
-(shared memory on a node; the non-colocated "channel") and every engine copies it into its model
-in place (VllmWorker.update_weights). The loop hands refit the ObjectRef that the student's rank
-0 put there (Policy.full_weights_ref), so the tensors never pass through the driver; a dict is
-put by the driver. Colocated on CUDA the same call runs between training and wake-up: refit
+(shared memory on a node; the non-colocated "channel"; Ray copies it once to each other node
+that reads it) and every engine copies it into its model in place (VllmWorker.update_weights).
+The loop hands refit the ObjectRef that the student's rank 0 put there
+(Policy.full_weights_ref), so the tensors never pass through the driver; a dict is put by the
+driver. Colocated on CUDA the same call runs between training and wake-up: refit
 wakes sleeping engines first, since a sleeping engine's weights are not on the device.
 """
 
 import time
+from collections.abc import Sequence
 
 import ray
 import torch
@@ -40,6 +45,7 @@ from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from nemo_opd.config import GenerationConfig
+from nemo_opd.distributed.nodes import actor_nodes
 from nemo_opd.distributed.worker_group import death_notice
 from nemo_opd.errors import RunError
 from nemo_opd.generation.interface import GenerationOutput
@@ -59,8 +65,9 @@ class VllmGeneration:
         cpus_per_engine: Ray CPUs each engine reserves (default: 0 on CPU, 1 on CUDA).
         cpu_threads: OpenMP threads of each engine on CPU (default: 1, or cpus_per_engine).
         gpus_per_engine: Ray GPUs each engine reserves on CUDA (default: 1, or 0.5 colocated).
-        placement: a placement group shared with the training workers (colocated): engine i
-            runs in bundle i, taking cpus_per_engine / gpus_per_engine of it.
+        placement: the run's placement group: engine i runs in bundle bundles[i], taking
+            cpus_per_engine / gpus_per_engine of it (shared with training when colocated).
+        bundles: the bundle of each engine (num_engines of them); default 0, 1, 2, ...
     """
 
     def __init__(
@@ -76,6 +83,7 @@ class VllmGeneration:
         cpu_threads: int | None = None,
         gpus_per_engine: float | None = None,
         placement: PlacementGroup | None = None,
+        bundles: Sequence[int] | None = None,
         wait: bool = True,
     ) -> None:
         if not ray.is_initialized():
@@ -92,10 +100,13 @@ class VllmGeneration:
         options = _actor_options(
             device_type, self.colocated, cpus_per_engine, gpus_per_engine, cpu_threads
         )
+        bundles = list(range(num_engines)) if bundles is None else list(bundles)
+        if len(bundles) != num_engines:
+            raise ValueError(f"{len(bundles)} bundles given for {num_engines} engines")
         remote_cls = ray.remote(VllmWorker)
         self._started = time.perf_counter()
         self.engines = [
-            remote_cls.options(**options, **_bundle(placement, i)).remote(
+            remote_cls.options(**options, **_bundle(placement, bundles[i])).remote(
                 model_path, tokenizer_path, cfg.vllm_cfg.model_dump(), seed + i, self.colocated
             )
             for i in range(num_engines)
@@ -123,6 +134,10 @@ class VllmGeneration:
     def startup_marks(self) -> list[dict[str, float]]:
         """Each engine's start-up times (nemo_opd.utils.startup), in engine order."""
         return ray.get([engine.startup_marks.remote() for engine in self.engines])
+
+    def nodes(self) -> list[tuple[str, str]]:
+        """(node id, node address) of each engine, in engine order, as Ray placed them."""
+        return actor_nodes(self.engines)
 
     def generate(
         self,

@@ -190,6 +190,10 @@ class Policy:
         generation engine reads it directly, without a copy through the driver."""
         return self.workers.run(lambda actor, rank: actor.full_weights_ref.remote())[0][0]
 
+    def nodes(self) -> list[tuple[str, str]]:
+        """(node id, node address) of each worker, by rank, as Ray placed them."""
+        return self.workers.nodes()
+
     def startup_marks(self) -> list[dict[str, float]]:
         """Each rank's start-up times (nemo_opd.utils.startup), in rank order."""
         return self.workers.run(lambda actor, rank: actor.startup_marks.remote())

@@ -91,8 +91,9 @@ class TinyAssets:
 
 
 def cache_root() -> Path:
-    """``$NEMO_OPD_CACHE`` if set, else ``~/.cache/nemo_opd``."""
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "nemo_opd")
+    """``$NEMO_OPD_CACHE`` if set, else ``~/.cache/nemo_opd``, as an absolute path (workers on
+    other nodes, or in another working directory, load the models from it)."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "nemo_opd").absolute()
 
 
 def assets_dir(recipe: TinyRecipe) -> Path:

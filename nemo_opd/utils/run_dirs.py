@@ -14,6 +14,11 @@ save. The file descriptor is not inherited by the processes a run starts.
 flock is advisory and local to a machine or a filesystem that supports it (local disks, NFSv4,
 Lustre and GPFS with locking enabled); on a shared filesystem without locks, runs on different
 machines are not kept apart.
+
+with_absolute_paths() resolves the relative paths of a config against the driver's working
+directory before anything uses them: the workers do not share it (on a cluster started with
+`ray start`, each node's workers run where `ray start` ran), so a relative checkpoint directory
+would otherwise name one directory for the driver and another for rank 0.
 """
 
 import fcntl
@@ -24,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from nemo_opd.config import DistillationConfig
 from nemo_opd.errors import SetupError
 
 LOCK_FILE = ".nemo_opd.lock"
@@ -82,6 +88,33 @@ class RunLock:
         finally:
             os.close(self._fd)  # closing releases the flock
             self._fd = None
+
+
+def with_absolute_paths(cfg: DistillationConfig) -> DistillationConfig:
+    """`cfg` with checkpointing.checkpoint_dir, logger.log_dir, and the model and tokenizer
+    paths that exist here (not hub or "tiny:" names, nor a served teacher's model name) made
+    absolute."""
+    update = {
+        "checkpointing": cfg.checkpointing.model_copy(
+            update={"checkpoint_dir": os.path.abspath(cfg.checkpointing.checkpoint_dir)}
+        ),
+        "logger": cfg.logger.model_copy(update={"log_dir": os.path.abspath(cfg.logger.log_dir)}),
+    }
+    for section in ("policy", "teacher"):
+        model = getattr(cfg, section)
+        if model is not None:
+            tokenizer = model.tokenizer.model_copy(
+                update={"name": _absolute_if_local(model.tokenizer.name)}
+            )
+            served = section == "teacher" and model.server.enabled  # the server's name for it
+            name = model.model_name if served else _absolute_if_local(model.model_name)
+            update[section] = model.model_copy(update={"model_name": name, "tokenizer": tokenizer})
+    return cfg.model_copy(update=update)
+
+
+def _absolute_if_local(name: str) -> str:
+    """An existing local path, made absolute; any other name (a hub name) unchanged."""
+    return os.path.abspath(name) if os.path.exists(name) else name
 
 
 def check_writable(directory: str | os.PathLike, key: str) -> None:

@@ -104,3 +104,26 @@ def test_the_command_line_refuses_a_busy_checkpoint_directory(tmp_path, capsys):
     finally:
         child.kill()
         child.wait()
+
+
+def test_relative_paths_become_absolute_against_the_drivers_directory(tmp_path, monkeypatch):
+    from nemo_opd.config import load_config
+    from nemo_opd.utils.run_dirs import with_absolute_paths
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models" / "student").mkdir(parents=True)
+    cfg = load_config(
+        TINY,
+        [
+            "checkpointing.checkpoint_dir=runs/ckpt",
+            "logger.log_dir=runs/logs",
+            "policy.model_name=models/student",
+            "policy.tokenizer.name=Qwen/Qwen3-0.6B",
+        ],
+    )
+    resolved = with_absolute_paths(cfg)
+    assert resolved.checkpointing.checkpoint_dir == str(tmp_path / "runs" / "ckpt")
+    assert resolved.logger.log_dir == str(tmp_path / "runs" / "logs")
+    assert resolved.policy.model_name == str(tmp_path / "models" / "student")
+    assert resolved.policy.tokenizer.name == "Qwen/Qwen3-0.6B"  # a hub name, not a path here
+    assert resolved.teacher.model_name == "tiny:teacher"  # resolved later, into the cache

@@ -1,0 +1,70 @@
+"""Which Ray a run uses: cluster.address, else RAY_ADDRESS, else a local instance it starts and
+stops; an address where no head answers is refused at once, without connecting."""
+
+import time
+
+import pytest
+import ray
+
+from nemo_opd.config import ClusterConfig
+from nemo_opd.distributed.ray_runtime import ADDRESS_ENV, cluster_address, init_ray, ray_session
+from nemo_opd.errors import SetupError
+
+
+def test_the_config_comes_before_the_environment(monkeypatch):
+    monkeypatch.setenv(ADDRESS_ENV, "10.0.0.2:6379")
+    assert cluster_address(ClusterConfig(address="10.0.0.1:6379")) == (
+        "10.0.0.1:6379",
+        "cluster.address",
+    )
+    assert cluster_address(ClusterConfig()) == ("10.0.0.2:6379", ADDRESS_ENV)
+    monkeypatch.setenv(ADDRESS_ENV, "")
+    assert cluster_address(ClusterConfig()) == (None, ADDRESS_ENV)
+    monkeypatch.delenv(ADDRESS_ENV)
+    assert cluster_address(ClusterConfig()) == (None, ADDRESS_ENV)
+
+
+def test_an_address_from_the_environment_that_does_not_answer(monkeypatch, unused_port):
+    monkeypatch.setenv(ADDRESS_ENV, unused_port)
+    started = time.monotonic()
+    with pytest.raises(
+        SetupError, match=rf"^RAY_ADDRESS: cannot reach a Ray head at {unused_port}"
+    ):
+        init_ray(ClusterConfig())
+    assert time.monotonic() - started < 5.0
+    assert not ray.is_initialized()
+
+
+def test_a_dashboard_address_in_the_environment_is_named(monkeypatch):
+    monkeypatch.setenv(ADDRESS_ENV, "http://127.0.0.1:8265")
+    with pytest.raises(SetupError, match="RAY_ADDRESS: http://127.0.0.1:8265 is a dashboard"):
+        init_ray(ClusterConfig())
+
+
+def test_a_local_instance_ends_with_the_session(monkeypatch, capsys):
+    monkeypatch.delenv(ADDRESS_ENV, raising=False)
+    with ray_session(ClusterConfig(device="cpu")):
+        assert ray.is_initialized()
+        gcs = ray.get_runtime_context().gcs_address
+    assert f"ray: started a local instance at {gcs}" in capsys.readouterr().out
+    assert not ray.is_initialized()
+
+
+def test_a_session_inside_a_callers_ray_leaves_it_connected():
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        with ray_session(ClusterConfig(address="10.0.0.1:6379")):  # not even looked at
+            pass
+        assert ray.is_initialized()
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture
+def unused_port():
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"127.0.0.1:{port}"
