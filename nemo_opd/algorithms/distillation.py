@@ -56,7 +56,7 @@ from nemo_opd.algorithms.prompts import (
     repeat_samples,
 )
 from nemo_opd.algorithms.tokenizers import check_same_vocabulary, load_tokenizer
-from nemo_opd.config import DistillationConfig, PolicyConfig, TeacherConfig
+from nemo_opd.config import DistillationConfig, PolicyConfig
 from nemo_opd.config.checks import template_fields
 from nemo_opd.data.batching import TensorBatch
 from nemo_opd.data.chat import ChatFormatter, read_text_file
@@ -305,7 +305,7 @@ def _check_models(cfg: DistillationConfig) -> PreTrainedTokenizerBase:
     """The student's tokenizer, after checking it against every teacher's, and the model configs
     against each other (vocabularies, tensor-parallel sizes, top-k); SetupError on a mismatch."""
     tokenizer = load_tokenizer(cfg.policy.tokenizer, "policy")
-    local_teachers = {} if _is_served(cfg) else _teacher_sections(cfg)  # else: checked served
+    local_teachers = {} if _is_served(cfg) else cfg.teacher_sections  # else: checked served
     for section, teacher in local_teachers.items():
         check_same_vocabulary(tokenizer, load_tokenizer(teacher.tokenizer, section))
     student_config = load_model_config(cfg.policy, "policy")
@@ -336,13 +336,6 @@ def _privileged_context(
 
 def _is_served(cfg: DistillationConfig) -> bool:
     return cfg.teacher is not None and cfg.teacher.server.enabled
-
-
-def _teacher_sections(cfg: DistillationConfig) -> dict[str, TeacherConfig]:
-    """{key path: section} of every teacher: {"teacher": ...} or {"teachers.<name>": ...}."""
-    if cfg.teachers is None:
-        return dict(cfg.named_teachers)
-    return {f"teachers.{name}": teacher for name, teacher in cfg.teachers.items()}
 
 
 def _start_teachers(
@@ -483,21 +476,14 @@ def _build_teacher_sampler(
 def _resolve_model_paths(cfg: DistillationConfig) -> DistillationConfig:
     """The config with "tiny:*" model and tokenizer names replaced by local directories (not a
     served teacher's: its name is the one the server knows, and nothing of it is loaded here)."""
-    update = {"policy": _resolved(cfg.policy)}
+    update = {"policy": cfg.policy.with_names(resolve_pretrained)}
     if cfg.teacher is not None and not _is_served(cfg):
-        update["teacher"] = _resolved(cfg.teacher)
+        update["teacher"] = cfg.teacher.with_names(resolve_pretrained)
     if cfg.teachers is not None:
-        update["teachers"] = {name: _resolved(t) for name, t in cfg.teachers.items()}
+        update["teachers"] = {
+            name: teacher.with_names(resolve_pretrained) for name, teacher in cfg.teachers.items()
+        }
     return cfg.model_copy(update=update)
-
-
-def _resolved(model: PolicyConfig) -> PolicyConfig:
-    """`model` with its model and tokenizer names resolved to local directories."""
-    name = resolve_pretrained(model.tokenizer.name)
-    tokenizer = model.tokenizer.model_copy(update={"name": name})
-    return model.model_copy(
-        update={"model_name": resolve_pretrained(model.model_name), "tokenizer": tokenizer}
-    )
 
 
 def _rollouts_per_step(cfg: DistillationConfig) -> int:

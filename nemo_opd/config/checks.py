@@ -22,9 +22,7 @@ if TYPE_CHECKING:  # the schema runs these checks when it validates: no import b
 
 def _teachers(cfg: "DistillationConfig") -> list[tuple[str, "TeacherConfig"]]:
     """(key path, section) of every teacher: `teacher`, or each `teachers.<name>`."""
-    if cfg.teachers is not None:
-        return [(f"teachers.{name}", teacher) for name, teacher in cfg.teachers.items()]
-    return [("teacher", cfg.teacher)] if cfg.teacher is not None else []
+    return list(cfg.teacher_sections.items())
 
 
 def _models(cfg: "DistillationConfig") -> Iterator[tuple[str, "PolicyConfig"]]:

@@ -23,8 +23,8 @@ reference).
 
 import types
 import typing
-from collections.abc import Sequence
-from typing import Annotated, Any, Literal
+from collections.abc import Callable, Sequence
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -437,6 +437,13 @@ class PolicyConfig(Section):
     def model_parallel_size(self) -> int:
         """Ranks holding one model replica: tensor x context x pipeline parallel."""
         return self.tensor_parallel_size * self.context_parallel_size * self.pipeline_parallel_size
+
+    def with_names(self, resolve: Callable[[str], str], *, model: bool = True) -> "Self":
+        """A copy with resolve() applied to tokenizer.name and (when `model`) model_name: e.g.
+        "tiny:*" names to local directories, relative paths to absolute ones."""
+        tokenizer = self.tokenizer.model_copy(update={"name": resolve(self.tokenizer.name)})
+        name = resolve(self.model_name) if model else self.model_name
+        return self.model_copy(update={"model_name": name, "tokenizer": tokenizer})
 
 
 class TeacherConfig(PolicyConfig):
@@ -872,6 +879,13 @@ class DistillationConfig(Section):
         if self.teachers is not None:
             return dict(self.teachers)
         return {"teacher": self.teacher} if self.teacher is not None else {}
+
+    @property
+    def teacher_sections(self) -> dict[str, TeacherConfig]:
+        """Every teacher by its key path: {"teacher": ...}, {"teachers.<name>": ...}, or {}."""
+        if self.teachers is not None:
+            return {f"teachers.{name}": teacher for name, teacher in self.teachers.items()}
+        return dict(self.named_teachers)
 
     @model_validator(mode="after")
     def _check_consistency(self) -> "DistillationConfig":

@@ -45,12 +45,11 @@ class SharedPath:
 
 
 def paths_workers_use(cfg: DistillationConfig) -> list[SharedPath]:
-    """The checkpoint directory, and the model and tokenizer paths of the student and of a
+    """The checkpoint directory, and the model and tokenizer paths of the student and of every
     teacher with workers of its own, that exist on this machine (absolute paths)."""
     paths = [SharedPath("checkpointing.checkpoint_dir", cfg.checkpointing.checkpoint_dir, True)]
-    for section in ("policy", "teacher"):
-        model = getattr(cfg, section)
-        if model is None or (section == "teacher" and model.server.enabled):
+    for section, model in {"policy": cfg.policy, **cfg.teacher_sections}.items():
+        if section != "policy" and model.server.enabled:
             continue
         names = {"model_name": model.model_name, "tokenizer.name": model.tokenizer.name}
         for key, name in names.items():

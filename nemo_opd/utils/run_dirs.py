@@ -100,15 +100,14 @@ def with_absolute_paths(cfg: DistillationConfig) -> DistillationConfig:
         ),
         "logger": cfg.logger.model_copy(update={"log_dir": os.path.abspath(cfg.logger.log_dir)}),
     }
-    for section in ("policy", "teacher"):
-        model = getattr(cfg, section)
-        if model is not None:
-            tokenizer = model.tokenizer.model_copy(
-                update={"name": _absolute_if_local(model.tokenizer.name)}
-            )
-            served = section == "teacher" and model.server.enabled  # the server's name for it
-            name = model.model_name if served else _absolute_if_local(model.model_name)
-            update[section] = model.model_copy(update={"model_name": name, "tokenizer": tokenizer})
+    update["policy"] = cfg.policy.with_names(_absolute_if_local)
+    if cfg.teacher is not None:  # a served teacher's model name is the server's name for it
+        served = cfg.teacher.server.enabled
+        update["teacher"] = cfg.teacher.with_names(_absolute_if_local, model=not served)
+    if cfg.teachers is not None:
+        update["teachers"] = {
+            name: teacher.with_names(_absolute_if_local) for name, teacher in cfg.teachers.items()
+        }
     return cfg.model_copy(update=update)
 
 

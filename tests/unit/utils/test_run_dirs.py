@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from nemo_opd import cli
+from nemo_opd.config import load_config
 from nemo_opd.errors import SetupError
-from nemo_opd.utils.run_dirs import LOCK_FILE, RunLock, check_writable
+from nemo_opd.utils.run_dirs import LOCK_FILE, RunLock, check_writable, with_absolute_paths
 
 TINY = Path(__file__).resolve().parents[3] / "examples" / "configs" / "distillation_tiny.yaml"
 
@@ -107,9 +108,6 @@ def test_the_command_line_refuses_a_busy_checkpoint_directory(tmp_path, capsys):
 
 
 def test_relative_paths_become_absolute_against_the_drivers_directory(tmp_path, monkeypatch):
-    from nemo_opd.config import load_config
-    from nemo_opd.utils.run_dirs import with_absolute_paths
-
     monkeypatch.chdir(tmp_path)
     (tmp_path / "models" / "student").mkdir(parents=True)
     cfg = load_config(
@@ -127,3 +125,16 @@ def test_relative_paths_become_absolute_against_the_drivers_directory(tmp_path, 
     assert resolved.policy.model_name == str(tmp_path / "models" / "student")
     assert resolved.policy.tokenizer.name == "Qwen/Qwen3-0.6B"  # a hub name, not a path here
     assert resolved.teacher.model_name == "tiny:teacher"  # resolved later, into the cache
+
+
+def test_every_routed_teachers_local_paths_are_made_absolute(tmp_path, monkeypatch):
+    root = Path(__file__).resolve().parents[3]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "local_teacher").mkdir()
+    cfg = load_config(
+        root / "examples" / "configs" / "distillation_tiny_routed.yaml",
+        ["teachers.start.model_name=local_teacher"],
+    )
+    absolute = with_absolute_paths(cfg)
+    assert absolute.teachers["start"].model_name == str(tmp_path / "local_teacher")
+    assert absolute.teachers["arithmetic"].model_name == "tiny:teacher"  # not a path here
