@@ -78,7 +78,7 @@ def odd_student(assets, tmp_path_factory) -> str:
 def ray_session():
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 

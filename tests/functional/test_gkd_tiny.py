@@ -35,7 +35,7 @@ DATA_METRICS = ("train/num_tokens", "train/reward", "rollout/mean_generated_toke
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_session():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 

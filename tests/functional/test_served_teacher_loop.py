@@ -73,7 +73,7 @@ class TeacherServer:
 def server():
     server = TeacherServer()
     server.start()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield server
     ray.shutdown()
     server.stop()

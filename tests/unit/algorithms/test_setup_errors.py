@@ -26,7 +26,7 @@ def assets():
 def ray_instance():
     """One Ray instance for the module: the command line attaches to it instead of starting and
     stopping its own for every refused run."""
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 

@@ -108,7 +108,7 @@ def test_setup_errors_go_to_stderr_and_exit_2(monkeypatch, capsys):
     fake = types.ModuleType(TRAINER)
     fake.run = run
     monkeypatch.setitem(sys.modules, TRAINER, fake)
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
         assert cli.main(["--config", str(TINY)]) == cli.EXIT_CONFIG_ERROR
         assert ray.is_initialized()

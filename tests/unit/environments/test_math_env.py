@@ -16,7 +16,7 @@ RETRY = "Wrong, try again."
 @pytest.fixture(scope="module")
 def ray_session():
     """One local Ray instance for this module."""
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 

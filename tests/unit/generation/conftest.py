@@ -16,6 +16,6 @@ def ray_session():
     """A 2-CPU Ray instance like the CPU CI machine's."""
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()

@@ -140,6 +140,6 @@ def ray_session(request):
     import ray
 
     cpus = getattr(request.module, "RAY_CPUS", 2)
-    ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()

@@ -151,7 +151,7 @@ def test_equals_the_in_process_teacher_on_a_ragged_batch(server):
     tokenizer = cfg.teacher.tokenizer.model_copy(update={"name": model})
     teacher_cfg = cfg.teacher.model_copy(update={"model_name": model, "tokenizer": tokenizer})
     batch = ragged_batch([9, 33, 17, 1, 26], seed=3, width=40)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         local = Policy(teacher_cfg, cfg.cluster, optimizer=False, name="teacher")
         try:
