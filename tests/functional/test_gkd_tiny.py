@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import ray
 from run_metrics import read_metrics
+from short_runs import short_run_args
 
 from nemo_opd.algorithms.data_mix import is_on_policy_step
 from nemo_opd.cli import main
@@ -41,26 +42,7 @@ def ray_session():
 
 
 def run_loop(run_dir: Path, config: str, *extra: str) -> dict[int, dict]:
-    status = main(
-        [
-            "--config",
-            str(CONFIGS / config),
-            f"distillation.max_num_steps={STEPS}",
-            "distillation.num_prompts_per_step=8",
-            "distillation.num_generations_per_prompt=2",
-            "distillation.val_at_start=false",
-            "distillation.val_at_end=false",
-            "distillation.val_period=0",
-            "policy.train_global_batch_size=16",
-            "policy.train_micro_batch_size=8",
-            "policy.generation.max_new_tokens=16",
-            "checkpointing.enabled=false",
-            f"checkpointing.checkpoint_dir={run_dir / 'checkpoints'}",
-            f"logger.log_dir={run_dir / 'logs'}",
-            "logger.console_progress=false",
-            *extra,
-        ]
-    )
+    status = main(short_run_args(CONFIGS / config, run_dir, STEPS, *extra))
     assert status == 0
     return read_metrics(run_dir)
 

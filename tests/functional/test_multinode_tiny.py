@@ -26,6 +26,7 @@ import pytest
 import ray
 from ray_cluster import LocalCluster, free_port
 from run_metrics import read_metrics
+from short_runs import short_run_args
 
 from nemo_opd.cli import main
 from nemo_opd.distributed.address import probe_head
@@ -50,25 +51,7 @@ def cluster():
 
 
 def loop_args(run_dir: Path, *extra: str, checkpoint_dir: Path | None = None) -> list[str]:
-    checkpoint_dir = checkpoint_dir or run_dir / "checkpoints"
-    return [
-        "--config",
-        str(CONFIG),
-        f"distillation.max_num_steps={STEPS}",
-        "distillation.num_prompts_per_step=8",
-        "distillation.num_generations_per_prompt=2",
-        "distillation.val_at_start=false",
-        "distillation.val_at_end=false",
-        "distillation.val_period=0",
-        "policy.train_global_batch_size=16",
-        "policy.train_micro_batch_size=8",
-        "policy.generation.max_new_tokens=16",
-        "checkpointing.enabled=false",
-        f"checkpointing.checkpoint_dir={checkpoint_dir}",
-        f"logger.log_dir={run_dir / 'logs'}",
-        "logger.console_progress=false",
-        *extra,
-    ]
+    return short_run_args(CONFIG, run_dir, STEPS, *extra, checkpoint_dir=checkpoint_dir)
 
 
 @pytest.fixture(scope="module")
