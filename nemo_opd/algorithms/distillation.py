@@ -730,7 +730,7 @@ def _train_step(state: DistillationRun, samples: list, step: int, timers: Timers
     with timers.time("policy_training"):
         history = state.student.train(batch, state.loss_fn)
     metrics.update(_train_metrics(history, batch, rollout))
-    metrics.update(_route_metrics(_routes(state, rollout), rollout.rewards, prefix=""))
+    metrics.update(_route_metrics(_routes(state, rollout), rollout.rewards))
     if isinstance(state.teacher, ServedTeacher):
         metrics["teacher/server_retries"] = state.teacher.retries
     state.logger.log_rollouts(_rollout_records(rollout), step=step)
@@ -808,13 +808,13 @@ def _routes(state: DistillationRun, rollout: RolloutResult) -> list[str] | None:
     return [meta["teacher"] for meta in rollout.metadata]
 
 
-def _route_metrics(routes: list[str] | None, rewards: torch.Tensor, prefix: str) -> dict:
-    """<prefix>teacher/<name>/samples (rows routed to it) and .../reward (their mean reward),
+def _route_metrics(routes: list[str] | None, rewards: torch.Tensor) -> dict:
+    """teacher/<name>/samples (rows routed to it) and teacher/<name>/reward (their mean reward),
     with several teachers."""
     metrics = {}
     for name, rows in route_rows(routes or []).items():
-        metrics[f"{prefix}teacher/{name}/samples"] = float(len(rows))
-        metrics[f"{prefix}teacher/{name}/reward"] = float(rewards[rows].mean())
+        metrics[f"teacher/{name}/samples"] = float(len(rows))
+        metrics[f"teacher/{name}/reward"] = float(rewards[rows].mean())
     return metrics
 
 
