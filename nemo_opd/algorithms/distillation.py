@@ -1103,10 +1103,11 @@ def _save_checkpoint(state: DistillationRun) -> None:
 
 
 def export_final_model(state: DistillationRun) -> Path:
-    """The trained student in Hugging Face format (weights, config, tokenizer) under
+    """The trained student in Hugging Face format (weights, config, tokenizer; a LoRA student
+    merged, with its peft adapter in final_model/adapter) under
     checkpointing.checkpoint_dir/final_model, and the PNG of the training curves."""
     target = Path(state.cfg.checkpointing.checkpoint_dir) / FINAL_MODEL_DIR
-    state.student.save(str(target))
+    state.student.export(str(target))
     state.formatter.tokenizer.save_pretrained(str(target))
     metrics_file = Path(state.cfg.logger.log_dir) / "metrics.jsonl"
     if metrics_file.exists():

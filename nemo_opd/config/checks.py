@@ -96,6 +96,26 @@ def check_policy_trains_teacher_frozen(cfg: "DistillationConfig") -> list[str]:
     return problems
 
 
+def check_lora(cfg: "DistillationConfig") -> list[str]:
+    """LoRA is for the student on the DTensor backend: megatron_cfg and teachers refuse it."""
+    problems = []
+    lora = cfg.policy.lora
+    if lora.enabled and cfg.policy.backend == "megatron":
+        problems.append(
+            "policy.lora.enabled is true with policy.megatron_cfg.enabled: LoRA students run "
+            "on the DTensor backend only (megatron-core ships no adapter layers); set "
+            "policy.megatron_cfg.enabled=false and policy.dtensor_cfg.enabled=true, or "
+            "policy.lora.enabled=false"
+        )
+    for path, teacher in _teachers(cfg):
+        if teacher.lora.enabled:
+            problems.append(
+                f"{path}.lora.enabled must be false: the teacher is frozen, and adapters are "
+                "for the trained student (policy.lora)"
+            )
+    return problems
+
+
 def check_generation_placement(cfg: "DistillationConfig") -> list[str]:
     """Non-colocated generation must leave workers for training; vLLM's tensor_parallel_size is
     1 (each generation worker runs one single-device vLLM engine)."""
@@ -586,6 +606,7 @@ CHECKS: tuple[Callable[["DistillationConfig"], list[str]], ...] = (
     check_one_backend,
     check_backend_features_available,
     check_policy_trains_teacher_frozen,
+    check_lora,
     check_generation_placement,
     check_parallel_sizes_divide_world,
     check_model_parallel_within_node,

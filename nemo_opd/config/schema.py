@@ -338,6 +338,40 @@ class TeacherServerConfig(Section):
     """Rows sent in one request."""
 
 
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The decoder layers' linear projections LoRA can adapt (Qwen3/Llama names)."""
+
+
+class LoraConfig(Section):
+    """LoRA adapters on the student (DTensor backend; docs/lora.md): the base weights stay frozen
+    and sharded, only the adapters train and hold optimizer state, checkpoints hold only them."""
+
+    enabled: bool = False
+    """Train low-rank adapters instead of the full weights."""
+
+    rank: int = Field(16, ge=1, le=MAX_TOKENS)
+    """Rank r of each adapter: W + (alpha / r) B A with A [r, in] and B [out, r]."""
+
+    alpha: float = Field(32.0, gt=0)
+    """Scale numerator: the update is multiplied by alpha / rank."""
+
+    dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on the adapters' input during training."""
+
+    target_modules: list[Literal[LORA_TARGETS]] = Field(  # type: ignore[valid-type]
+        default_factory=lambda: list(LORA_TARGETS), min_length=1
+    )
+    """Projections of every decoder layer that get an adapter (default: all seven)."""
+
+    learning_rate: float | None = Field(None, gt=0)
+    """Peak learning rate of the adapters; null uses optimizer.lr. LoRA usually wants about
+    10x a full fine-tune's."""
+
+    init_seed: int = Field(0, ge=0, le=MAX_SEED)
+    """Seed of the adapters' initialization (A random, B zero, so the initial student is the
+    base model); every rank draws the same."""
+
+
 # -------- a model: the student (policy) or the teacher --------------------------------------------
 
 
@@ -406,6 +440,9 @@ class PolicyConfig(Section):
 
     generation: GenerationConfig | None = None
     """Rollout generation; required for the policy, null for the teacher."""
+
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+    """LoRA adapters instead of full-weight training (the student on the DTensor backend)."""
 
     @property
     def backend(self) -> Literal["dtensor", "megatron"]:

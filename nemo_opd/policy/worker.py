@@ -97,6 +97,9 @@ class PolicyWorker:
     def save(self, path: str) -> None:
         self.engine.save(path)
 
+    def export(self, path: str) -> None:
+        self.engine.export(path)
+
     def load(self, path: str) -> None:
         self.engine.load(path)
 

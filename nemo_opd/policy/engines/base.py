@@ -47,7 +47,8 @@ from nemo_opd.policy.engines.training_state import (
     read_step,
     read_training_state,
     restore_rng,
-    write_checkpoint,
+    write_training_state,
+    write_weights,
 )
 from nemo_opd.policy.engines.vocab_padding import mask_padded_logits, padded_vocab_size
 from nemo_opd.tiny import resolve_pretrained
@@ -218,9 +219,18 @@ class Engine(ABC):
         rng = gather_rng_states()
         if dist.get_rank() == 0:
             with atomic_directory(path) as tmp:
-                config = self.hf_config.to_dict()
-                write_checkpoint(tmp, weights, config, optimizer, scheduler, rng, self.step)
+                self.write_weights(tmp, weights)
+                write_training_state(tmp, optimizer, scheduler, rng, self.step)
         dist.barrier()
+
+    def write_weights(self, tmp: Path, weights: dict[str, torch.Tensor]) -> None:
+        """Write gather_weights()'s result into a checkpoint directory (rank 0 only)."""
+        write_weights(tmp, weights, self.hf_config.to_dict())
+
+    def export(self, path: str) -> None:
+        """Write the trained model for use outside the run (Hugging Face format, loadable with
+        from_pretrained); a full-weight engine's export is its checkpoint. A collective."""
+        self.save(path)
 
     def load(self, path: str) -> None:
         """Restore weights, optimizer, scheduler, RNG and step from a checkpoint directory (the

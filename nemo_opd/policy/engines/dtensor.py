@@ -1,11 +1,15 @@
 """DTensorEngine: Hugging Face causal LMs with FSDP2, tensor and context parallelism.
 
 Build steps: register the segment-causal attention -> load the model with from_pretrained ->
-pad the vocabulary rows of the embedding and lm_head (vocab_padding.py) -> apply tensor
-parallel over "tp" -> activation checkpointing -> FSDP2 over "dp_cp" -> optimizer and
-scheduler. FSDP is applied even at world size 1, so every parameter is a DTensor and one code
-path serves every layout. Weights, checkpoints and optimizer state leave the engine with the
-real vocabulary's rows and are padded again when loaded.
+(with policy.lora: peft's adapters injected, lora.py) -> pad the vocabulary rows of the
+embedding and lm_head (vocab_padding.py) -> apply tensor parallel over "tp" -> activation
+checkpointing -> FSDP2 over "dp_cp" -> optimizer and scheduler (with LoRA: over the adapters
+only, the rest frozen). FSDP is applied even at world size 1, so every parameter is a DTensor
+and one code path serves every layout. Weights, checkpoints and optimizer state leave the engine
+with the real vocabulary's rows and are padded again when loaded.
+
+A LoRA student's refit weights and export are merged (W + s B A, computed per weight without
+touching the base copy); its checkpoints hold the adapters and their optimizer state only.
 """
 
 from collections.abc import Iterator
@@ -14,6 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from safetensors.torch import load_file
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -43,16 +48,37 @@ from nemo_opd.policy.engines.dtensor_parallelize import (
     apply_vocab_padding,
     tp_replicated_parameters,
 )
-from nemo_opd.policy.engines.training_state import DTYPES, WEIGHTS_FILE, move_training_state
+from nemo_opd.policy.engines.lora import (
+    adapter_pairs,
+    hf_name,
+    inject_lora,
+    is_adapter,
+    load_adapter,
+    lora_summary,
+    merged_weight,
+    peft_name,
+    save_adapter,
+    train_only_adapters,
+)
+from nemo_opd.policy.engines.training_state import (
+    DTYPES,
+    WEIGHTS_FILE,
+    move_training_state,
+    write_weights,
+)
 from nemo_opd.policy.engines.vocab_padding import (
     VOCAB_WEIGHTS,
     resize_vocab_optimizer_state,
     resize_vocab_weights,
 )
 from nemo_opd.policy.optim import build_training_optimizer
+from nemo_opd.utils.checkpoint import atomic_directory
 
 FULL = StateDictOptions(full_state_dict=True)
 FULL_ON_CPU = StateDictOptions(full_state_dict=True, cpu_offload=True)
+FULL_PARTIAL = StateDictOptions(full_state_dict=True, strict=False)  # a LoRA student's adapters
+ADAPTER_DIR = "adapter"
+"""The peft adapter's folder inside a LoRA student's export."""
 
 
 class DTensorEngine(Engine):
@@ -73,12 +99,20 @@ class DTensorEngine(Engine):
         total_steps: int | None = None,
     ) -> None:
         super().__init__(cfg, dims, device, with_optimizer)
+        self.lora = cfg.lora if cfg.lora.enabled else None
         self.model = self._build_model()
+        self._lora_pairs = adapter_pairs(self.model) if self.lora else {}
         self._tp_replicated = tp_replicated_parameters(self.model) if dims.tp > 1 else []
         if with_optimizer:
+            trainable = [p for p in self.model.parameters() if p.requires_grad]
+            optimizer = cfg.optimizer
+            if self.lora and self.lora.learning_rate is not None:
+                optimizer = optimizer.model_copy(update={"lr": self.lora.learning_rate})
             self.optimizer, self.scheduler = build_training_optimizer(
-                list(self.model.parameters()), cfg.optimizer, cfg.scheduler, total_steps
+                trainable, optimizer, cfg.scheduler, total_steps
             )
+        if self.lora and dist.get_rank() == 0:
+            print(lora_summary(self.model, self.lora), flush=True)
 
     def _build_model(self) -> torch.nn.Module:
         if self.cfg.dtensor_cfg.sequence_parallel:
@@ -88,7 +122,10 @@ class DTensorEngine(Engine):
             self.model_dir,
             dtype=torch.float32,
             attn_implementation=attention,
-        ).to(self.device)
+        )
+        if self.lora:
+            inject_lora(model, self.lora)
+        model.to(self.device)
         apply_vocab_padding(model, self.padded_vocab_size)
         if self.dims.tp > 1:
             apply_tensor_parallel(model, self.dims.submesh("tp"))
@@ -102,6 +139,8 @@ class DTensorEngine(Engine):
         )
         if not self.with_optimizer:
             model.requires_grad_(False)
+        elif self.lora:
+            train_only_adapters(model)
         return model
 
     # ---------------------------------------------------------------- compute primitives
@@ -152,17 +191,23 @@ class DTensorEngine(Engine):
 
     def iter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """(HF name, full tensor on CPU in the training precision) per weight; lm_head
-        included even when tied to the embedding. A collective over all ranks."""
+        included even when tied to the embedding; a LoRA student's projections merged (the
+        adapters themselves are not yielded). A collective over all ranks."""
         dtype = DTYPES[self.cfg.precision]
         with self._unsharded():
             names = dict(self.model.named_parameters())
             tied = "lm_head.weight" not in names and self.hf_config.tie_word_embeddings
             for name, param in names.items():
-                full = param.full_tensor() if isinstance(param, DTensor) else param
+                if is_adapter(name):
+                    continue
+                full = _full(param)
+                if name in self._lora_pairs:
+                    a, b, scaling = self._lora_pairs[name]
+                    full = merged_weight(full, _full(names[a]), _full(names[b]), scaling)
                 if name in VOCAB_WEIGHTS:
                     full = full[: self.vocab_size]
                 full = full.detach().to("cpu", dtype, copy=True)
-                yield name, full
+                yield hf_name(name), full
                 if tied and name == "model.embed_tokens.weight":
                     yield "lm_head.weight", full
 
@@ -181,16 +226,60 @@ class DTensorEngine(Engine):
                 module.reshard()
 
     def gather_weights(self) -> dict[str, torch.Tensor]:
+        """The full weights, or a LoRA student's adapters under peft's keys (lora.peft_name)."""
+        if self.lora:
+            adapters = (item for item in self.model.named_parameters() if is_adapter(item[0]))
+            return {peft_name(n): _full(p).detach().to("cpu", torch.float32) for n, p in adapters}
         weights = get_model_state_dict(self.model, options=FULL_ON_CPU)
         if self.hf_config.tie_word_embeddings:
             weights.pop("lm_head.weight", None)
         return resize_vocab_weights(weights, self.vocab_size)
 
+    def gather_merged_weights(self) -> dict[str, torch.Tensor]:
+        """A LoRA student's full fp32 weights with the adapters merged, in gather_weights'
+        full-weight format (on rank 0; the other ranks get an empty dict)."""
+        state = get_model_state_dict(self.model, options=FULL_ON_CPU)
+        merged = {}
+        for name, tensor in state.items():
+            if is_adapter(name):
+                continue
+            if name in self._lora_pairs:
+                a, b, scaling = self._lora_pairs[name]
+                tensor = merged_weight(tensor, state[a], state[b], scaling)
+            merged[hf_name(name)] = tensor
+        if self.hf_config.tie_word_embeddings:
+            merged.pop("lm_head.weight", None)
+        return resize_vocab_weights(merged, self.vocab_size) if merged else merged
+
     def gather_optimizer_state(self) -> dict:
         state = get_optimizer_state_dict(self.model, self.optimizer, options=FULL_ON_CPU)
         return resize_vocab_optimizer_state(state, self.vocab_size)
 
+    def write_weights(self, tmp: Path, weights: dict[str, torch.Tensor]) -> None:
+        if self.lora:
+            save_adapter(tmp, weights, self.lora, str(self.model_dir))
+        else:
+            super().write_weights(tmp, weights)
+
+    def export(self, path: str) -> None:
+        """A LoRA student: the merged Hugging Face model in `path` and its peft adapter in
+        `path`/adapter (PeftModel.from_pretrained(base, path/adapter)), written atomically; a
+        full-weight student: its checkpoint."""
+        if not self.lora:
+            return super().export(path)
+        merged = self.gather_merged_weights()
+        adapters = self.gather_weights()
+        if dist.get_rank() == 0:
+            with atomic_directory(path) as tmp:
+                write_weights(tmp, merged, self.hf_config.to_dict())
+                save_adapter(tmp / ADAPTER_DIR, adapters, self.lora, str(self.model_dir))
+        dist.barrier()
+
     def load_weights(self, root: Path) -> None:
+        if self.lora:
+            adapters = load_adapter(root, self.lora)
+            set_model_state_dict(self.model, adapters, options=FULL_PARTIAL)
+            return
         weights = load_file(root / WEIGHTS_FILE)
         if self.hf_config.tie_word_embeddings:
             weights.setdefault("lm_head.weight", weights["model.embed_tokens.weight"])
@@ -200,3 +289,8 @@ class DTensorEngine(Engine):
     def load_optimizer_state(self, state: dict) -> None:
         state = resize_vocab_optimizer_state(state, self.padded_vocab_size)
         set_optimizer_state_dict(self.model, self.optimizer, state, options=FULL)
+
+
+def _full(param: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of a (DTensor) parameter: a collective over its mesh."""
+    return param.full_tensor() if isinstance(param, DTensor) else param

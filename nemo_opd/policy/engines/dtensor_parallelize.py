@@ -20,6 +20,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from nemo_opd.policy.engines.lora import lora_block_plan
 from nemo_opd.policy.engines.vocab_padding import resize_vocab_rows
 
 TP_REPLICATED_SUFFIXES = ("self_attn.q_norm.weight", "self_attn.k_norm.weight")
@@ -50,7 +51,7 @@ def apply_vocab_padding(model: torch.nn.Module, rows: int) -> None:
 def apply_tensor_parallel(model: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
     """Megatron-style TP: q/k/v and gate/up column-parallel, o and down row-parallel, the
     embedding and lm_head split along the (padded) vocabulary; logits stay vocab-sharded
-    [.., V_pad / tp]."""
+    [.., V_pad / tp]. LoRA adapters follow their projection (lora.lora_block_plan)."""
     config = model.config
     tp = tp_mesh.size()
     for name, size in (
@@ -71,8 +72,8 @@ def apply_tensor_parallel(model: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
         "mlp.up_proj": ColwiseParallel(),
         "mlp.down_proj": RowwiseParallel(),
     }
-    for block in decoder_layers(model):
-        parallelize_module(block, tp_mesh, block_plan)
+    for block in decoder_layers(model):  # projections peft wrapped get their adapters' layout
+        parallelize_module(block, tp_mesh, lora_block_plan(block, block_plan))
     parallelize_module(
         model,
         tp_mesh,

@@ -4,6 +4,8 @@ files (docs/policy.md), per-rank RNG states, and model plus optimizer state betw
 Checkpoint directory (written by rank 0 into an atomic temporary directory):
     config.json          the Hugging Face config, dtype float32
     model.safetensors    fp32 weights under Hugging Face names (lm_head omitted when tied)
+                         (a LoRA student: adapter_model.safetensors and adapter_config.json
+                         instead, peft's adapter format; see lora.py)
     training_state.pt    {"optimizer": full state by HF name or None, "scheduler": ..., "rng":
                          [every rank's RNG state]}
     nemo_opd.json        {"step": optimizer steps taken}
@@ -39,22 +41,20 @@ def gather_rng_states() -> list[dict]:
     return states
 
 
-def write_checkpoint(
-    tmp: Path,
-    weights: dict[str, torch.Tensor],
-    hf_config: dict,
-    optimizer: dict | None,
-    scheduler: dict | None,
-    rng: list[dict],
-    step: int,
-) -> None:
-    """Write the checkpoint files into `tmp` (see the module docstring)."""
+def write_weights(tmp: Path, weights: dict[str, torch.Tensor], hf_config: dict) -> None:
+    """model.safetensors and config.json (dtype float32) of a full-weight checkpoint or export."""
     weights = {name: tensor.contiguous() for name, tensor in weights.items()}
     save_file(weights, tmp / WEIGHTS_FILE, metadata={"format": "pt"})
     config = dict(hf_config)
     config.pop("_attn_implementation_autoset", None)
     config["torch_dtype"] = config["dtype"] = "float32"
     (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+
+
+def write_training_state(
+    tmp: Path, optimizer: dict | None, scheduler: dict | None, rng: list[dict], step: int
+) -> None:
+    """training_state.pt and nemo_opd.json of a checkpoint (see the module docstring)."""
     state = {"optimizer": optimizer, "scheduler": scheduler, "rng": rng}
     try:
         torch.save(state, tmp / TRAINING_STATE_FILE)

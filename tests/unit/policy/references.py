@@ -36,12 +36,14 @@ def reference_train(
     model, batch: dict, loss_fn, cfg, steps_rows: int, optimizer: tuple | None = None
 ):
     """Per-step losses, gradient norms (before clipping), final parameters and (optimizer,
-    schedule) of AdamW with clipping and linear warmup, on one process; `optimizer` continues
-    an earlier call's."""
+    schedule) of AdamW with clipping and linear warmup over the parameters that require grad
+    (a LoRA model: its adapters), on one process; `optimizer` continues an earlier call's."""
     opt = cfg.optimizer
+    trainable = [p for p in model.parameters() if p.requires_grad]
     if optimizer is None:
+        lr = cfg.lora.learning_rate if cfg.lora.enabled and cfg.lora.learning_rate else opt.lr
         adamw = torch.optim.AdamW(
-            model.parameters(), lr=opt.lr, betas=opt.betas, eps=opt.eps,
+            trainable, lr=lr, betas=opt.betas, eps=opt.eps,
             weight_decay=opt.weight_decay, foreach=False,
         )  # fmt: skip
         warmup = cfg.scheduler.warmup_steps
@@ -58,7 +60,7 @@ def reference_train(
         optimizer.zero_grad()
         loss, _ = loss_fn(reference_logits(model, rows), rows, count)
         loss.backward()
-        norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm).item())
+        norms.append(torch.nn.utils.clip_grad_norm_(trainable, cfg.max_grad_norm).item())
         optimizer.step()
         sched.step()
         losses.append(loss.item())

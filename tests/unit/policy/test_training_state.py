@@ -11,12 +11,13 @@ def test_a_save_over_the_file_size_limit_names_the_limit(tmp_path):
         f"""
         import resource, torch
         from pathlib import Path
-        from nemo_opd.policy.engines.training_state import write_checkpoint
+        from nemo_opd.policy.engines.training_state import write_training_state, write_weights
         resource.setrlimit(resource.RLIMIT_FSIZE, (50_000, 50_000))
         optimizer = {{"state": {{0: {{"exp_avg": torch.zeros(100_000)}}}}, "param_groups": []}}
         try:
             weights, config = {{"w": torch.zeros(10)}}, {{"dtype": "float32"}}
-            write_checkpoint(Path({str(tmp_path)!r}), weights, config, optimizer, None, [], 3)
+            write_weights(Path({str(tmp_path)!r}), weights, config)
+            write_training_state(Path({str(tmp_path)!r}), optimizer, None, [], 3)
         except OSError as error:
             print("OSError:", error)
         """

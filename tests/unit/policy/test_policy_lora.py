@@ -1,0 +1,180 @@
+"""LoRA students (policy.lora) against independent single-process references.
+
+Every layout (one process, tp2, dp2) checks on one Policy: at initialization its log-probs are
+the base model's; two AdamW steps have the losses and gradient norms of a plain Hugging Face
+model with peft's adapters, trained on one process; afterwards its log-probs are that model's,
+the refit weights are peft's own merge of it, a Hugging Face model loaded with them gives the
+adapter model's log-probs, and no frozen weight moved. A tp2 checkpoint holds only the adapters
+and their optimizer state, loads in peft, and resumes exactly; the export is the merged model
+plus the adapter.
+"""
+
+import json
+
+import pytest
+import torch
+from conftest import cpu_cluster, make_batch, policy_config, train_after_resume
+from peft import PeftModel
+from peft.tuners.lora import LoraLayer
+from references import load_reference, reference_logprobs, reference_train
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+from nemo_opd.losses import DistillationLossFn, TopkKLParams
+from nemo_opd.policy.engines.lora import hf_name, inject_lora, is_adapter, train_only_adapters
+from nemo_opd.policy.policy import Policy
+
+K = 4
+LOGPROB_ATOL = 2e-5
+LOSS_RTOL = 1e-4
+LORA = {
+    "lora__enabled": True,
+    "lora__rank": 4,
+    "lora__alpha": 8.0,
+    "lora__learning_rate": 5e-3,
+    "lora__target_modules": ["q_proj", "v_proj", "o_proj", "up_proj", "down_proj"],
+}
+LAYOUTS = {
+    "world1": ("tied", 1, {}),
+    "tp2": (
+        "untied",
+        2,
+        {"dtensor_cfg__tensor_parallel_size": 2, "dtensor_cfg__activation_checkpointing": True},
+    ),
+    "dp2": ("tied", 2, {}),
+}
+
+
+def lora_reference(model_dir: str, cfg) -> torch.nn.Module:
+    """The Hugging Face model with peft's adapters, initialized as the engine's are."""
+    reference = load_reference(model_dir)
+    inject_lora(reference, cfg.lora)
+    train_only_adapters(reference)
+    return reference
+
+
+def peft_merged(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """{HF name: weight} after peft's own merge (in place) of every adapter into its base."""
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, LoraLayer):
+                module.merge()
+    return {hf_name(n): p.detach() for n, p in model.named_parameters() if not is_adapter(n)}
+
+
+def logprob_error(logprobs: torch.Tensor, expected: torch.Tensor) -> float:
+    return float((logprobs - expected).abs().max())
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_lora_layout_matches_reference(layout, model_dirs, ray_session):
+    kind, workers, overrides = LAYOUTS[layout]
+    model_dir = model_dirs[kind]
+    cfg = policy_config(model_dir, **LORA, **overrides)
+    batch = make_batch(8, k=K, seed=3)
+    batch["sample_mask"][5] = 0.0
+    loss_fn = DistillationLossFn(params=TopkKLParams(kl_type="mixed"), implementation="torch")
+    policy = Policy(cfg, cpu_cluster(workers), name=f"lora_{layout}")
+    try:
+        initial = policy.get_logprobs(batch)
+        initial_weights = policy.full_weights()  # refit before training, as the loop does
+        metrics = policy.train(batch, loss_fn)
+        trained = policy.get_logprobs(batch)
+        merged = policy.full_weights()
+    finally:
+        policy.shutdown()
+
+    base = load_reference(model_dir)
+    base_weights = dict(base.named_parameters())
+    assert logprob_error(initial, reference_logprobs(base, batch)) < LOGPROB_ATOL
+    for name, tensor in base_weights.items():  # B = 0: the merge is the base
+        torch.testing.assert_close(initial_weights[name], tensor.detach(), rtol=0, atol=0)
+
+    reference = lora_reference(model_dir, cfg)
+    losses, norms, _, _ = reference_train(
+        reference, batch, loss_fn, cfg, cfg.train_global_batch_size
+    )
+    close = {"rtol": LOSS_RTOL, "atol": 0.0}
+    torch.testing.assert_close(torch.tensor(metrics["loss"]), torch.tensor(losses), **close)
+    torch.testing.assert_close(torch.tensor(metrics["grad_norm"]), torch.tensor(norms), **close)
+    assert metrics["lr"][1] == pytest.approx(cfg.lora.learning_rate)  # after 1 warmup step
+    assert logprob_error(trained, reference_logprobs(reference, batch)) < LOGPROB_ATOL
+
+    expected = peft_merged(reference)
+    assert set(merged) == set(base_weights) | {"lm_head.weight"}
+    moved = []
+    for name, tensor in expected.items():
+        torch.testing.assert_close(merged[name], tensor, rtol=0, atol=2e-6, msg=name)
+        if not torch.equal(merged[name], base_weights[name].detach()):
+            moved.append(name)
+    targets = tuple(cfg.lora.target_modules)
+    assert moved and all(name.rsplit(".", 2)[-2] in targets for name in moved), moved
+
+    base.load_state_dict(merged)
+    merged_error = logprob_error(reference_logprobs(base, batch), trained)
+    assert merged_error < LOGPROB_ATOL, f"merged model differs by {merged_error:.3g}"
+    print(f"\nlora {layout}: merged vs adapter log-probs {merged_error:.2g}")
+
+
+def test_lora_checkpoint_holds_adapters_resumes_and_exports(model_dirs, ray_session, tmp_path):
+    model_dir = model_dirs["untied"]
+    cfg = policy_config(model_dir, dtensor_cfg__tensor_parallel_size=2, **LORA)
+    first, second = make_batch(4, k=K, seed=21), make_batch(4, k=K, seed=22)
+    loss_fn = DistillationLossFn(implementation="torch")
+    checkpoint, export = tmp_path / "step_1", tmp_path / "final_model"
+    policy = Policy(cfg, cpu_cluster(2))
+    try:
+        policy.train(first, loss_fn)
+        saved_logprobs = policy.get_logprobs(second)
+        policy.save(str(checkpoint))
+        policy.export(str(export))
+        continued = policy.train(second, loss_fn)
+    finally:
+        policy.shutdown()
+
+    # Adapters and their optimizer state only: no base weight is written.
+    files = sorted(path.name for path in checkpoint.iterdir())
+    assert files == [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+        "nemo_opd.json",
+        "training_state.pt",
+    ]
+    adapters = load_file(checkpoint / "adapter_model.safetensors")
+    assert adapters and all(".lora_A." in k or ".lora_B." in k for k in adapters)
+    optimizer = torch.load(checkpoint / "training_state.pt", weights_only=False)["optimizer"]
+    assert set(optimizer["state"]) and all(is_adapter(name) for name in optimizer["state"])
+    assert json.loads((checkpoint / "adapter_config.json").read_text())["r"] == cfg.lora.rank
+
+    # peft loads the checkpoint's adapter onto the base model: the policy's log-probs.
+    adapted = PeftModel.from_pretrained(load_reference(model_dir), str(checkpoint))
+    assert logprob_error(reference_logprobs(adapted, second), saved_logprobs) < LOGPROB_ATOL
+
+    # The export: a merged Hugging Face model, and the adapter beside it.
+    merged = AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32)
+    assert logprob_error(reference_logprobs(merged, second), saved_logprobs) < LOGPROB_ATOL
+    assert (export / "adapter" / "adapter_model.safetensors").exists()
+    exported = load_file(export / "adapter" / "adapter_model.safetensors")
+    assert all(torch.equal(exported[k], adapters[k]) for k in adapters)
+
+    again = train_after_resume(cfg, 2, str(checkpoint), second, loss_fn, step=1)
+    for name in ("loss", "grad_norm", "lr"):
+        torch.testing.assert_close(
+            torch.tensor(again[name]), torch.tensor(continued[name]), rtol=1e-6, atol=0
+        )
+
+
+def test_full_weight_checkpoint_does_not_resume_a_lora_run(model_dirs, ray_session, tmp_path):
+    full = policy_config(model_dirs["tied"])
+    policy = Policy(full, cpu_cluster(1))
+    try:
+        policy.save(str(tmp_path / "full"))
+    finally:
+        policy.shutdown()
+    lora = policy_config(model_dirs["tied"], **LORA)
+    resumed = Policy(lora, cpu_cluster(1))
+    try:
+        with pytest.raises(Exception, match="not a LoRA checkpoint"):
+            resumed.load(str(tmp_path / "full"))
+    finally:
+        resumed.shutdown()
