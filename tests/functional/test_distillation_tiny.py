@@ -17,13 +17,13 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import psutil
 import pytest
+import run_process
 import torch
 from run_metrics import assert_resumed_like, read_metrics
+from run_process import Run
 
 from nemo_opd.tiny.assets import ensure_tiny_assets
 from nemo_opd.tiny.recipe import micro_recipe
@@ -84,60 +84,11 @@ def command(assets, run_dir: Path) -> list[str]:
 
 
 def run_to_end(assets, run_dir: Path, *extra: str) -> subprocess.CompletedProcess:
-    result = subprocess.run(
-        [*command(assets, run_dir), *extra],
-        cwd=run_dir,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-    return result
+    return run_process.run_to_end([*command(assets, run_dir), *extra], run_dir)
 
 
-class Run:
-    """A run started in the background (its own session), its output in files."""
-
-    def __init__(self, assets, run_dir: Path, *extra: str) -> None:
-        self.run_dir = run_dir
-        self.out, self.err = run_dir / "out.txt", run_dir / "err.txt"
-        with open(self.out, "w") as out, open(self.err, "w") as err:
-            self.process = subprocess.Popen(
-                [*command(assets, run_dir), *extra],
-                cwd=run_dir,
-                stdout=out,
-                stderr=err,
-                start_new_session=True,
-            )
-
-    def wait_for_checkpoint(self, step: int) -> None:
-        marker = self.run_dir / "checkpoints" / f"step_{step}" / "training_state.json"
-        deadline = time.monotonic() + 900
-        while not marker.exists():
-            assert self.process.poll() is None, f"the run ended first:\n{self.err.read_text()}"
-            assert time.monotonic() < deadline, f"checkpoint {step} never appeared"
-            time.sleep(0.1)
-
-    def policy_workers(self) -> list[int]:
-        """Pids of this run's training workers (student and teacher PolicyWorker actors)."""
-        return policy_worker_pids(psutil.Process(self.process.pid))
-
-    def finish(self, timeout: float = 600) -> tuple[int, str, str]:
-        """Exit status, stdout and stderr; a run that does not end in time fails the test."""
-        code = self.process.wait(timeout=timeout)
-        return code, self.out.read_text(), self.err.read_text()
-
-
-def policy_worker_pids(root: psutil.Process) -> list[int]:
-    """Pids of the PolicyWorker actors below `root` (Ray names each actor's process after it)."""
-    found = []
-    for child in root.children(recursive=True):
-        try:
-            if "ray::PolicyWorker" in " ".join(child.cmdline()):
-                found.append(child.pid)
-        except psutil.NoSuchProcess:
-            continue
-    return found
+def start_run(assets, run_dir: Path, *extra: str) -> Run:
+    return Run([*command(assets, run_dir), *extra], run_dir)
 
 
 def assert_exported_student_is_trained(final: Path, last_checkpoint: Path, initial: Path):
@@ -206,7 +157,7 @@ def test_faults_end_runs_cleanly_and_resume_exactly(micro_assets, straight, tmp_
     checkpoints = tmp_path / "checkpoints"
 
     # 1. SIGTERM to the driver: the step in progress finishes, a checkpoint is saved, exit 143.
-    run = Run(micro_assets, tmp_path, *FAULTY)
+    run = start_run(micro_assets, tmp_path, *FAULTY)
     run.wait_for_checkpoint(1)
     os.kill(run.process.pid, signal.SIGTERM)
     code, out, err = run.finish()
@@ -216,7 +167,7 @@ def test_faults_end_runs_cleanly_and_resume_exactly(micro_assets, straight, tmp_
     assert (checkpoints / f"step_{stopped}").is_dir() and not (checkpoints / "final_model").exists()
 
     # 2. A training worker killed mid-step: one message naming it, no hang, exit 1.
-    run = Run(micro_assets, tmp_path, *FAULTY)
+    run = start_run(micro_assets, tmp_path, *FAULTY)
     run.wait_for_checkpoint(stopped + 1)
     victim = run.policy_workers()[0]
     os.kill(victim, signal.SIGKILL)

@@ -1,0 +1,56 @@
+"""A run of the loop as its own process, as the fault tests start, stop and kill it."""
+
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+
+
+def run_to_end(command: list[str], run_dir: Path) -> subprocess.CompletedProcess:
+    """Run `command` in run_dir to its end; a non-zero exit fails the test with its output."""
+    result = subprocess.run(command, cwd=run_dir, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    return result
+
+
+class Run:
+    """A run started in the background (its own session), its output in run_dir/out.txt and
+    run_dir/err.txt; its checkpoints under run_dir/checkpoints."""
+
+    def __init__(self, command: list[str], run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.out, self.err = run_dir / "out.txt", run_dir / "err.txt"
+        with open(self.out, "w") as out, open(self.err, "w") as err:
+            self.process = subprocess.Popen(
+                command, cwd=run_dir, stdout=out, stderr=err, start_new_session=True
+            )
+
+    def wait_for_checkpoint(self, step: int) -> None:
+        marker = self.run_dir / "checkpoints" / f"step_{step}" / "training_state.json"
+        deadline = time.monotonic() + 900
+        while not marker.exists():
+            assert self.process.poll() is None, f"the run ended first:\n{self.err.read_text()}"
+            assert time.monotonic() < deadline, f"checkpoint {step} never appeared"
+            time.sleep(0.1)
+
+    def policy_workers(self) -> list[int]:
+        """Pids of this run's training workers (student and teacher PolicyWorker actors)."""
+        return policy_worker_pids(psutil.Process(self.process.pid))
+
+    def finish(self, timeout: float = 600) -> tuple[int, str, str]:
+        """Exit status, stdout and stderr; a run that does not end in time fails the test."""
+        code = self.process.wait(timeout=timeout)
+        return code, self.out.read_text(), self.err.read_text()
+
+
+def policy_worker_pids(root: psutil.Process) -> list[int]:
+    """Pids of the PolicyWorker actors below `root` (Ray names each actor's process after it)."""
+    found = []
+    for child in root.children(recursive=True):
+        try:
+            if "ray::PolicyWorker" in " ".join(child.cmdline()):
+                found.append(child.pid)
+        except psutil.NoSuchProcess:
+            continue
+    return found
