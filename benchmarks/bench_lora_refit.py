@@ -174,9 +174,8 @@ def main() -> None:
             f"generation {1000 * results[mode]['generation_s']:7.1f} ms   (median of {args.steps})"
         )
     if all("greedy" in result for result in results.values()):
-        same = sum(
-            a == b for a, b in zip(results["merged"]["greedy"], results["adapter"]["greedy"])
-        )
+        pairs = zip(results["merged"]["greedy"], results["adapter"]["greedy"], strict=True)
+        same = sum(a == b for a, b in pairs)
         print(f"greedy decodes that agree: {same} of {len(results['merged']['greedy'])}")
         results["greedy_agree"] = same
     for result in results.values():
