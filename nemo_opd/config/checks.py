@@ -97,9 +97,17 @@ def check_policy_trains_teacher_frozen(cfg: "DistillationConfig") -> list[str]:
 
 
 def check_lora(cfg: "DistillationConfig") -> list[str]:
-    """LoRA is for the student on the DTensor backend: megatron_cfg and teachers refuse it."""
+    """LoRA is for the student on the DTensor backend: megatron_cfg and teachers refuse it, and
+    lora.dropout needs tensor_parallel_size 1."""
     problems = []
     lora = cfg.policy.lora
+    if lora.enabled and lora.dropout > 0 and cfg.policy.dtensor_cfg.tensor_parallel_size > 1:
+        problems.append(
+            f"policy.lora.dropout ({lora.dropout}) with policy.dtensor_cfg.tensor_parallel_size "
+            f"{cfg.policy.dtensor_cfg.tensor_parallel_size} is not supported yet: each "
+            "tensor-parallel rank would draw its own dropout mask for the adapter factor they "
+            "share; set policy.lora.dropout=0 or tensor_parallel_size=1"
+        )
     if lora.enabled and cfg.policy.backend == "megatron":
         problems.append(
             "policy.lora.enabled is true with policy.megatron_cfg.enabled: LoRA students run "

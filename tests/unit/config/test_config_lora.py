@@ -64,3 +64,12 @@ def test_megatron_refuses_a_lora_student(minimal):
 def test_a_teacher_refuses_lora(minimal):
     message = refused(apply_overrides(minimal, ["teacher.lora.enabled=true"]))
     assert "teacher.lora.enabled must be false: the teacher is frozen" in message
+
+
+def test_lora_dropout_needs_one_tensor_parallel_rank(minimal):
+    base = ["policy.lora.enabled=true", "policy.lora.dropout=0.1"]
+    validate_config(apply_overrides(minimal, base))  # dropout alone is fine
+    tp2 = [*base, "policy.dtensor_cfg.tensor_parallel_size=2", "cluster.gpus_per_node=2"]
+    message = refused(apply_overrides(minimal, tp2))
+    assert "policy.lora.dropout (0.1) with policy.dtensor_cfg.tensor_parallel_size 2" in message
+    validate_config(apply_overrides(minimal, [*tp2[2:], "policy.lora.enabled=true"]))
