@@ -57,7 +57,17 @@ def inject_lora(model: torch.nn.Module, cfg: LoraConfig) -> None:
     model's outputs are unchanged until B trains. train_only_adapters sets what trains."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.init_seed)
-        peft.inject_adapter_in_model(peft_config(cfg), model)
+        try:
+            peft.inject_adapter_in_model(peft_config(cfg), model)
+        except ValueError as error:  # peft: none of the targets exists in the model
+            raise ValueError(f"policy.lora.target_modules: {error}") from error
+    wrapped = {name.rsplit(".", 3)[-3] for name in adapter_pairs(model)}
+    missing = sorted(set(cfg.target_modules) - wrapped)
+    if missing:
+        raise ValueError(
+            f"policy.lora.target_modules names {missing}, which this model "
+            f"({type(model).__name__}) does not have; it has {sorted(wrapped)} of them"
+        )
 
 
 def train_only_adapters(model: torch.nn.Module) -> None:

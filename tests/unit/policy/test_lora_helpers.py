@@ -102,3 +102,18 @@ def test_an_adapter_of_other_settings_is_refused(model, tmp_path):
         load_adapter(tmp_path, other)
     with pytest.raises(FileNotFoundError, match="not a LoRA checkpoint"):
         load_adapter(tmp_path / "missing", CFG)
+
+
+def test_targets_the_model_lacks_are_named():
+    from transformers import Phi3Config
+
+    config = Phi3Config(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=2, pad_token_id=0,
+    )  # fmt: skip
+    phi3 = AutoModelForCausalLM.from_config(config)  # fused qkv_proj and gate_up_proj
+    with pytest.raises(ValueError, match=r"names \['gate_proj', 'k_proj', 'q_proj', 'up_proj', "):
+        inject_lora(phi3, LoraConfig(enabled=True))
+    only_q = CFG.model_copy(update={"target_modules": ["q_proj"]})  # matches nothing in Phi3
+    with pytest.raises(ValueError, match=r"policy.lora.target_modules: .*q_proj"):
+        inject_lora(AutoModelForCausalLM.from_config(config), only_q)
