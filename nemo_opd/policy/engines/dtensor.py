@@ -49,6 +49,8 @@ from nemo_opd.policy.engines.dtensor_parallelize import (
     tp_replicated_parameters,
 )
 from nemo_opd.policy.engines.lora import (
+    ADAPTER_CONFIG_FILE,
+    ADAPTER_WEIGHTS_FILE,
     adapter_pairs,
     hf_name,
     inject_lora,
@@ -280,6 +282,12 @@ class DTensorEngine(Engine):
             adapters = load_adapter(root, self.lora)
             set_model_state_dict(self.model, adapters, options=FULL_PARTIAL)
             return
+        if not (root / WEIGHTS_FILE).exists() and (root / ADAPTER_WEIGHTS_FILE).exists():
+            raise ValueError(
+                f"{root} is a LoRA checkpoint (adapters only): resume it with "
+                "policy.lora.enabled=true and the rank, alpha and target_modules of its "
+                f"{ADAPTER_CONFIG_FILE}"
+            )
         weights = load_file(root / WEIGHTS_FILE)
         if self.hf_config.tie_word_embeddings:
             weights.setdefault("lm_head.weight", weights["model.embed_tokens.weight"])

@@ -20,6 +20,7 @@ from references import load_reference, reference_logprobs, reference_train
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
+from nemo_opd.distributed.worker_group import WorkerError
 from nemo_opd.losses import DistillationLossFn, TopkKLParams
 from nemo_opd.policy.engines.lora import hf_name, inject_lora, is_adapter, train_only_adapters
 from nemo_opd.policy.policy import Policy
@@ -164,17 +165,23 @@ def test_lora_checkpoint_holds_adapters_resumes_and_exports(model_dirs, ray_sess
         )
 
 
-def test_full_weight_checkpoint_does_not_resume_a_lora_run(model_dirs, ray_session, tmp_path):
-    full = policy_config(model_dirs["tied"])
+def test_a_checkpoint_of_the_other_kind_is_refused_with_the_fix(model_dirs, ray_session, tmp_path):
+    full, lora = policy_config(model_dirs["tied"]), policy_config(model_dirs["tied"], **LORA)
     policy = Policy(full, cpu_cluster(1))
     try:
         policy.save(str(tmp_path / "full"))
     finally:
         policy.shutdown()
-    lora = policy_config(model_dirs["tied"], **LORA)
-    resumed = Policy(lora, cpu_cluster(1))
+    policy = Policy(lora, cpu_cluster(1))
     try:
-        with pytest.raises(Exception, match="not a LoRA checkpoint"):
-            resumed.load(str(tmp_path / "full"))
+        with pytest.raises(WorkerError, match="holds no adapter_model.safetensors: it is not a"):
+            policy.load(str(tmp_path / "full"))
+        policy.save(str(tmp_path / "lora"))
     finally:
-        resumed.shutdown()
+        policy.shutdown()
+    policy = Policy(full, cpu_cluster(1))
+    try:
+        with pytest.raises(WorkerError, match="is a LoRA checkpoint .* policy.lora.enabled=true"):
+            policy.load(str(tmp_path / "lora"))
+    finally:
+        policy.shutdown()
