@@ -1,12 +1,12 @@
 """LoRA students (policy.lora) against independent single-process references.
 
-Every layout (one process, tp2, dp2) checks on one Policy: at initialization its log-probs are
-the base model's; two AdamW steps have the losses and gradient norms of a plain Hugging Face
-model with peft's adapters, trained on one process; afterwards its log-probs are that model's,
-the refit weights are peft's own merge of it, a Hugging Face model loaded with them gives the
-adapter model's log-probs, and no frozen weight moved. A tp2 checkpoint holds only the adapters
-and their optimizer state, loads in peft, and resumes exactly; the export is the merged model
-plus the adapter.
+Every layout (one process, tp2, dp2, packed rows over cp2) checks on one Policy: at
+initialization its log-probs are the base model's; two AdamW steps have the losses and gradient
+norms of a plain Hugging Face model with peft's adapters, trained on one process; afterwards its
+log-probs are that model's, the refit weights are peft's own merge of it, a Hugging Face model
+loaded with them gives the adapter model's log-probs, and no frozen weight moved. A tp2
+checkpoint holds only the adapters and their optimizer state, loads in peft, and resumes
+exactly; the export is the merged model plus the adapter.
 """
 
 import json
@@ -43,6 +43,17 @@ LAYOUTS = {
         {"dtensor_cfg__tensor_parallel_size": 2, "dtensor_cfg__activation_checkpointing": True},
     ),
     "dp2": ("tied", 2, {}),
+    "packed_cp2": (
+        "untied",
+        2,
+        {
+            "dtensor_cfg__context_parallel_size": 2,
+            "sequence_packing__enabled": True,
+            "sequence_packing__train_mb_tokens": 64,
+            "sequence_packing__logprob_mb_tokens": 64,
+            "sequence_packing__sequence_length_round": 1,
+        },
+    ),
 }
 
 
