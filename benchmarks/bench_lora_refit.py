@@ -38,10 +38,9 @@ def adapter_state(student: Path, step: int) -> tuple[dict, dict]:
     from nemo_opd.config import LoraConfig
     from nemo_opd.policy.engines.lora import (
         adapter_pairs,
-        hf_name,
         inject_lora,
         is_adapter,
-        merged_weight,
+        merge_state,
         peft_name,
     )
 
@@ -53,17 +52,9 @@ def adapter_state(student: Path, step: int) -> tuple[dict, dict]:
         for name, param in params.items():
             if ".lora_B." in name:
                 param.copy_(0.02 * torch.randn(param.shape, generator=generator))
-    pairs = adapter_pairs(model)
-    adapters = {peft_name(n): p.detach().clone() for n, p in params.items() if is_adapter(n)}
-    merged = {}
-    for name, param in params.items():
-        if is_adapter(name):
-            continue
-        if name in pairs:
-            a, b, scaling = pairs[name]
-            merged[hf_name(name)] = merged_weight(param, params[a], params[b], scaling)
-        else:
-            merged[hf_name(name)] = param.detach().clone()
+    state = {name: param.detach() for name, param in params.items()}
+    adapters = {peft_name(n): tensor for n, tensor in state.items() if is_adapter(n)}
+    merged = merge_state(state, adapter_pairs(model))
     merged.setdefault("lm_head.weight", merged["model.embed_tokens.weight"])
     return adapters, merged
 

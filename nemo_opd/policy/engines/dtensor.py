@@ -57,6 +57,7 @@ from nemo_opd.policy.engines.lora import (
     is_adapter,
     load_adapter,
     lora_summary,
+    merge_state,
     merged_weight,
     peft_name,
     save_adapter,
@@ -241,14 +242,7 @@ class DTensorEngine(Engine):
         """A LoRA student's full fp32 weights with the adapters merged, in gather_weights'
         full-weight format (on rank 0; the other ranks get an empty dict)."""
         state = get_model_state_dict(self.model, options=FULL_ON_CPU)
-        merged = {}
-        for name, tensor in state.items():
-            if is_adapter(name):
-                continue
-            if name in self._lora_pairs:
-                a, b, scaling = self._lora_pairs[name]
-                tensor = merged_weight(tensor, state[a], state[b], scaling)
-            merged[hf_name(name)] = tensor
+        merged = merge_state(state, self._lora_pairs)
         if self.hf_config.tie_word_embeddings:
             merged.pop("lm_head.weight", None)
         return resize_vocab_weights(merged, self.vocab_size) if merged else merged

@@ -3,6 +3,7 @@
     inject_lora(model, cfg)                 peft wraps the target projections (before TP/FSDP)
     lora_block_plan(block, plan)            the TP plan of a block whose projections are wrapped
     merged_weight(base, lora_a, lora_b, s)  W + s B A in fp32, the base left as it was
+    merge_state(state, pairs)               a whole state dict merged, in HF names
     adapter_pairs(model)                    {base weight name: (A, B, scaling)}
     hf_name / peft_name / model_name        the three namings of a weight
 
@@ -123,6 +124,23 @@ def merged_weight(
     """base + scaling * B @ A as a new fp32 tensor (full tensors: base [out, in], A [r, in],
     B [out, r]); `base` is not modified."""
     return base.float() + scaling * (lora_b.float() @ lora_a.float())
+
+
+def merge_state(
+    state: dict[str, torch.Tensor], pairs: dict[str, tuple[str, str, float]]
+) -> dict[str, torch.Tensor]:
+    """{HF name: weight} of a LoRA model's full state dict (model naming): every wrapped
+    projection merged (merged_weight, with adapter_pairs' `pairs`), the adapters left out, the
+    other tensors as they are."""
+    merged = {}
+    for name, tensor in state.items():
+        if is_adapter(name):
+            continue
+        if name in pairs:
+            a, b, scaling = pairs[name]
+            tensor = merged_weight(tensor, state[a], state[b], scaling)
+        merged[hf_name(name)] = tensor
+    return merged
 
 
 def hf_name(name: str) -> str:
