@@ -1,20 +1,11 @@
 """Cross-field checks: each rule rejects a bad combination with a message naming the keys."""
 
 import pytest
+from config_errors import problems
 
 from nemo_opd.config import ConfigError, validate_config
 from nemo_opd.config.checks import CHECKS
 from nemo_opd.distributed.placement import worker_split
-
-
-def problems(config) -> list[str]:
-    """The problem lines of the ConfigError raised for `config` ([] if it is valid)."""
-    try:
-        validate_config(config)
-    except ConfigError as error:
-        lines = str(error).splitlines()
-        return [line.strip() for line in (lines[1:] if len(lines) > 1 else lines)]
-    return []
 
 
 def without_unsupported(found: list[str]) -> list[str]:

@@ -2,18 +2,9 @@
 inside a node when there are several."""
 
 import pytest
+from config_errors import problems
 
-from nemo_opd.config import ConfigError, validate_config
-
-
-def problems(config) -> list[str]:
-    """The problem lines of the ConfigError raised for `config` ([] if it is valid)."""
-    try:
-        validate_config(config)
-    except ConfigError as error:
-        lines = str(error).splitlines()
-        return [line.strip() for line in (lines[1:] if len(lines) > 1 else lines)]
-    return []
+from nemo_opd.config import validate_config
 
 
 @pytest.mark.parametrize("address", ["10.0.0.1:6379", "head-0.cluster.local:6380", "auto"])

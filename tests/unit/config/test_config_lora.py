@@ -1,15 +1,10 @@
 """policy.lora: its fields, and the backends and models that refuse it at load."""
 
 import pytest
+from config_errors import error_of
 
 from nemo_opd.config import ConfigError, apply_overrides, validate_config
 from nemo_opd.config.schema import LORA_TARGETS
-
-
-def refused(data) -> str:
-    with pytest.raises(ConfigError) as caught:
-        validate_config(data)
-    return str(caught.value)
 
 
 def test_lora_is_off_by_default_and_set_by_overrides(minimal):
@@ -39,7 +34,7 @@ def test_lora_is_off_by_default_and_set_by_overrides(minimal):
     ],
 )
 def test_bad_lora_values_are_named(minimal, override, named):
-    assert named in refused(apply_overrides(minimal, [override]))
+    assert named in error_of(apply_overrides(minimal, [override]))
 
 
 def test_an_unknown_lora_key_is_named_with_the_close_one(minimal):
@@ -56,13 +51,13 @@ def test_megatron_refuses_a_lora_student(minimal):
             "policy.dtensor_cfg.enabled=false",
         ],
     )
-    message = refused(data)
+    message = error_of(data)
     assert "policy.lora.enabled is true with policy.megatron_cfg.enabled" in message
     assert "DTensor backend only" in message
 
 
 def test_a_teacher_refuses_lora(minimal):
-    message = refused(apply_overrides(minimal, ["teacher.lora.enabled=true"]))
+    message = error_of(apply_overrides(minimal, ["teacher.lora.enabled=true"]))
     assert "teacher.lora.enabled must be false: the teacher is frozen" in message
 
 
@@ -70,6 +65,6 @@ def test_lora_dropout_needs_one_tensor_parallel_rank(minimal):
     base = ["policy.lora.enabled=true", "policy.lora.dropout=0.1"]
     validate_config(apply_overrides(minimal, base))  # dropout alone is fine
     tp2 = [*base, "policy.dtensor_cfg.tensor_parallel_size=2", "cluster.gpus_per_node=2"]
-    message = refused(apply_overrides(minimal, tp2))
+    message = error_of(apply_overrides(minimal, tp2))
     assert "policy.lora.dropout (0.1) with policy.dtensor_cfg.tensor_parallel_size 2" in message
     validate_config(apply_overrides(minimal, [*tp2[2:], "policy.lora.enabled=true"]))

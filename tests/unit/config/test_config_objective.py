@@ -2,19 +2,14 @@
 combinations (each one message naming the keys)."""
 
 import pytest
+from config_errors import error_of
 
-from nemo_opd.config import ConfigError, validate_config
+from nemo_opd.config import validate_config
 
 
 def policy_gradient(config, **objective):
     config["objective"] = {"loss": "policy_gradient", **objective}
     return config
-
-
-def error_of(config) -> str:
-    with pytest.raises(ConfigError) as caught:
-        validate_config(config)
-    return str(caught.value)
 
 
 def test_default_objective_is_topk_distillation(minimal):

@@ -1,6 +1,7 @@
 """Schema validation errors: one ConfigError, one line per problem, full key paths, values."""
 
 import pytest
+from config_errors import error_of
 from pydantic import BaseModel
 
 from nemo_opd.config import ConfigError, DistillationConfig, PolicyConfig, validate_config
@@ -14,12 +15,6 @@ def _section(config: dict, path) -> dict:
             config[part] = {}
         config = config[part]
     return config
-
-
-def error_of(config) -> str:
-    with pytest.raises(ConfigError) as info:
-        validate_config(config)
-    return str(info.value)
 
 
 def test_minimal_config_is_valid(minimal):

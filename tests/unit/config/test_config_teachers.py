@@ -2,6 +2,7 @@
 data.teacher_routes, their checks, and overrides that name a teacher."""
 
 import pytest
+from config_errors import error_of
 
 from nemo_opd.config import ConfigError, apply_overrides, validate_config
 
@@ -13,12 +14,6 @@ def routed(minimal, routes=None, **teachers):
     minimal["data"]["teacher_key"] = "operation"
     minimal["data"]["teacher_routes"] = routes
     return minimal
-
-
-def refused(data) -> str:
-    with pytest.raises(ConfigError) as caught:
-        validate_config(data)
-    return str(caught.value)
 
 
 def test_named_teachers_are_every_teacher_by_name(minimal):
@@ -37,14 +32,14 @@ def test_named_teachers_are_every_teacher_by_name(minimal):
 
 def test_each_teacher_section_is_checked_under_its_own_key(minimal):
     data = routed(minimal, math={}, words={"max_total_sequence_length": 32, "scheduler": {}})
-    message = refused(data)
+    message = error_of(data)
     assert "teachers.words.max_total_sequence_length (32) must be at least" in message
     assert "teachers.words.scheduler must be null" in message
     assert "teachers.math" not in message
 
 
 def test_an_unknown_key_inside_a_teacher_is_named_with_its_path(minimal):
-    message = refused(routed(minimal, math={"model_nam": "x"}))
+    message = error_of(routed(minimal, math={"model_nam": "x"}))
     assert "teachers.math.model_nam" in message and "model_name" in message
 
 
@@ -67,7 +62,7 @@ def test_overrides_reach_into_a_named_teacher(minimal):
 
 def test_a_route_naming_an_unknown_teacher_is_refused(minimal):
     data = routed(minimal, {"addition": "math", "multiplication": "maths"}, math={})
-    message = refused(data)
+    message = error_of(data)
     assert "data.teacher_routes.multiplication routes to 'maths', which is not a teacher" in message
     assert "['math']" in message
 
@@ -76,7 +71,7 @@ def test_teachers_need_a_key_and_replace_teacher(minimal):
     data = routed(minimal, math={})
     data["data"]["teacher_key"] = None
     data["teacher"] = dict(data["teachers"]["math"])
-    message = refused(data)
+    message = error_of(data)
     assert "teacher and teachers are both set" in message
     assert "teachers (several teachers) needs data.teacher_key" in message
 
@@ -84,7 +79,7 @@ def test_teachers_need_a_key_and_replace_teacher(minimal):
 def test_routing_keys_without_teachers_are_refused(minimal):
     minimal["data"]["teacher_key"] = "operation"
     assert "data.teacher_key routes prompts to several teachers, but teachers is null" in (
-        refused(minimal)
+        error_of(minimal)
     )
 
 
@@ -96,21 +91,21 @@ def test_routing_keys_without_teachers_are_refused(minimal):
     ],
 )
 def test_what_routed_teachers_do_not_support_yet_is_refused(minimal, extra, expected):
-    assert expected in refused(routed(minimal, math=extra))
+    assert expected in error_of(routed(minimal, math=extra))
 
 
 def test_names_become_metric_names_so_they_are_plain(minimal):
-    assert "the names ['a b'] are not" in refused(routed(dict(minimal), **{"a b": {}}))
-    assert "teachers is empty" in refused(routed(minimal))
+    assert "the names ['a b'] are not" in error_of(routed(dict(minimal), **{"a b": {}}))
+    assert "teachers is empty" in error_of(routed(minimal))
 
 
 def test_seq_kd_needs_a_single_teacher(minimal):
     data = routed(minimal, math={})
     data["distillation"].update(lmbda=0.5, seq_kd=True)
-    assert "distillation.seq_kd with several teachers is not supported yet" in refused(data)
+    assert "distillation.seq_kd with several teachers is not supported yet" in error_of(data)
 
 
 def test_an_unused_routed_teacher_is_refused(minimal):
     data = routed(minimal, math={})
     data["objective"] = {"loss": "policy_gradient", "reward_estimator": "grpo"}
-    assert "teachers is configured but no objective term uses it" in refused(data)
+    assert "teachers is configured but no objective term uses it" in error_of(data)
