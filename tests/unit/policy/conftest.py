@@ -1,5 +1,8 @@
 """Fixtures: tiny random Qwen3 models on disk, configs, batches, one Ray session per module."""
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen3Config
@@ -78,32 +81,36 @@ def cpu_cluster(workers: int) -> ClusterConfig:
     return ClusterConfig(num_nodes=1, gpus_per_node=workers, device="cpu", cpus_per_worker=1)
 
 
+@contextmanager
+def running_policy(cfg: PolicyConfig, workers: int, **kwargs) -> Iterator:
+    """A Policy of `cfg` on `workers` CPU workers (kwargs: Policy's), shut down when the block
+    is left, either way."""
+    from nemo_opd.policy.policy import Policy
+
+    policy = Policy(cfg, cpu_cluster(workers), **kwargs)
+    try:
+        yield policy
+    finally:
+        policy.shutdown()
+
+
 def train_after_resume(
     cfg: PolicyConfig, workers: int, checkpoint: str, batch: dict, loss_fn, *, step: int
 ) -> dict:
     """Load `checkpoint` into a fresh Policy (checked to be at optimizer step `step`), train one
     call on `batch` and return its metrics; the workers are shut down either way."""
-    from nemo_opd.policy.policy import Policy
-
-    resumed = Policy(cfg, cpu_cluster(workers), name=f"resumed_{cfg.backend}")
-    try:
+    with running_policy(cfg, workers, name=f"resumed_{cfg.backend}") as resumed:
         resumed.load(checkpoint)
         assert resumed.step == step
         return resumed.train(batch, loss_fn)
-    finally:
-        resumed.shutdown()
 
 
 def frozen_topk(cfg: PolicyConfig, workers: int, batch: dict, k: int) -> tuple:
     """(values, indices) of get_topk_logits from a fresh frozen Policy (no optimizer), shut
     down afterwards either way."""
-    from nemo_opd.policy.policy import Policy
-
-    teacher = Policy(cfg, cpu_cluster(workers), optimizer=False, name=f"teacher_{cfg.backend}")
-    try:
+    name = f"teacher_{cfg.backend}"
+    with running_policy(cfg, workers, optimizer=False, name=name) as teacher:
         return teacher.get_topk_logits(batch, k)
-    finally:
-        teacher.shutdown()
 
 
 def make_batch(

@@ -13,7 +13,7 @@ import json
 
 import pytest
 import torch
-from conftest import cpu_cluster, make_batch, policy_config, train_after_resume
+from conftest import make_batch, policy_config, running_policy, train_after_resume
 from peft import PeftModel
 from peft.tuners.lora import LoraLayer
 from references import load_reference, reference_logprobs, reference_train
@@ -23,7 +23,6 @@ from transformers import AutoModelForCausalLM
 from nemo_opd.distributed.worker_group import WorkerError
 from nemo_opd.losses import DistillationLossFn, TopkKLParams
 from nemo_opd.policy.engines.lora import hf_name, inject_lora, is_adapter, train_only_adapters
-from nemo_opd.policy.policy import Policy
 
 K = 4
 LOGPROB_ATOL = 2e-5
@@ -86,15 +85,12 @@ def test_lora_layout_matches_reference(layout, model_dirs, ray_session):
     batch = make_batch(8, k=K, seed=3)
     batch["sample_mask"][5] = 0.0
     loss_fn = DistillationLossFn(params=TopkKLParams(kl_type="mixed"), implementation="torch")
-    policy = Policy(cfg, cpu_cluster(workers), name=f"lora_{layout}")
-    try:
+    with running_policy(cfg, workers, name=f"lora_{layout}") as policy:
         initial = policy.get_logprobs(batch)
         initial_weights = policy.full_weights()  # refit before training, as the loop does
         metrics = policy.train(batch, loss_fn)
         trained = policy.get_logprobs(batch)
         merged = policy.full_weights()
-    finally:
-        policy.shutdown()
 
     base = load_reference(model_dir)
     base_weights = dict(base.named_parameters())
@@ -134,15 +130,12 @@ def test_lora_checkpoint_holds_adapters_resumes_and_exports(model_dirs, ray_sess
     first, second = make_batch(4, k=K, seed=21), make_batch(4, k=K, seed=22)
     loss_fn = DistillationLossFn(implementation="torch")
     checkpoint, export = tmp_path / "step_1", tmp_path / "final_model"
-    policy = Policy(cfg, cpu_cluster(2))
-    try:
+    with running_policy(cfg, 2) as policy:
         policy.train(first, loss_fn)
         saved_logprobs = policy.get_logprobs(second)
         policy.save(str(checkpoint))
         policy.export(str(export))
         continued = policy.train(second, loss_fn)
-    finally:
-        policy.shutdown()
 
     # Adapters and their optimizer state only: no base weight is written.
     files = sorted(path.name for path in checkpoint.iterdir())
@@ -178,21 +171,12 @@ def test_lora_checkpoint_holds_adapters_resumes_and_exports(model_dirs, ray_sess
 
 def test_a_checkpoint_of_the_other_kind_is_refused_with_the_fix(model_dirs, ray_session, tmp_path):
     full, lora = policy_config(model_dirs["tied"]), policy_config(model_dirs["tied"], **LORA)
-    policy = Policy(full, cpu_cluster(1))
-    try:
+    with running_policy(full, 1) as policy:
         policy.save(str(tmp_path / "full"))
-    finally:
-        policy.shutdown()
-    policy = Policy(lora, cpu_cluster(1))
-    try:
+    with running_policy(lora, 1) as policy:
         with pytest.raises(WorkerError, match="holds no adapter_model.safetensors: it is not a"):
             policy.load(str(tmp_path / "full"))
         policy.save(str(tmp_path / "lora"))
-    finally:
-        policy.shutdown()
-    policy = Policy(full, cpu_cluster(1))
-    try:
-        with pytest.raises(WorkerError, match="is a LoRA checkpoint .* policy.lora.enabled=true"):
-            policy.load(str(tmp_path / "lora"))
-    finally:
-        policy.shutdown()
+    refused = pytest.raises(WorkerError, match="is a LoRA checkpoint .* policy.lora.enabled=true")
+    with running_policy(full, 1) as policy, refused:
+        policy.load(str(tmp_path / "lora"))
