@@ -1,443 +1,200 @@
-"""Math answer verification: pull the final answer out of a model response and compare it with a
-reference answer. Pure functions, no Ray, no sympy, no eval.
+"""Grading a math answer: the math environment's entry point, verify(response, reference,
+max_answer_chars).
 
-Model output is untrusted, so every step is bounded: answers longer than max_answer_chars (in
-every form, found by reading at most a few characters past that limit, before any cleaning or
-parsing), nesting deeper than _MAX_DEPTH, literals with more than _MAX_DIGITS digits, and
-arithmetic whose result would exceed _MAX_BITS bits are refused (counted as wrong) instead of
-computed; only identical normalized text, which costs nothing to compare, still matches. Numbers
-are compared exactly with fractions.Fraction.
+Two engines (env.math.grader):
+- math_verify (the default): Hugging Face's math-verify library, the grader TRL, NeMo-RL and
+  verl use. It extracts the answer as the field does (\\boxed{}, "final answer is", LaTeX
+  environments, plain numbers) and compares with sympy: sets, intervals, relations, labelled
+  answers, symbolic equivalence, rounded decimals, units and percent words.
+- builtin: builtin_grader (exact numbers and normalized text, no sympy): fast and narrow.
 
-Decisions worth knowing:
-- A percent sign is dropped: "50\\%" equals "50" (not "0.5"); references and models disagree on
-  whether to write the sign, rarely on the scale.
-- Degree marks (^\\circ, °) and \\text{}-style wrappers are dropped.
-- "x=5" equals "5" when the other side has no "=".
-- Decimals are exact: "0.333" is not "1/3".
-- If a response contains \\boxed but its last one is malformed (e.g. a truncated "\\boxed{12"),
-  there is no answer; the plain forms are only used when there is no \\boxed/\\fbox at all.
+Before either, a fast path (fast_verdict) answers when the verdict is certain: the response's
+one \\boxed{} holds the reference's normalized text, or both are plain numbers that are equal (or
+unequal integers). The tiny task's answers all take it.
+
+Model output is untrusted. Before math-verify sees a response it is bounded: only its last
+RESPONSE_WINDOW_CHARS characters are read (from its last \\boxed{} when that lies earlier), and a
+\\boxed{} answer longer than max_answer_chars, brackets nested deeper than MAX_NESTING, or control
+characters, NUL bytes and lone surrogates (invalid UTF-8) make it wrong without parsing. Nothing
+is executed: math-verify parses LaTeX with its ANTLR grammar, and hands sympy's parse_expr only
+strings of digits, spaces and the operators + - * / ^ ( ) that its own regular expression
+matched. Its signal-based time-outs are off (they fail off the main thread); sympy can still run
+for minutes on a short answer ((2+sqrt 3)^1000 expanded), so verify() itself has no time limit:
+the math environment runs it in grader_pool's worker processes, which kill an answer that
+overruns env.math.timeout_s.
 """
 
 import re
-import unicodedata
 from fractions import Fraction
+from typing import Literal
 
-_MAX_DEPTH = 20
-"""Deepest bracket nesting accepted in an answer (and parser recursion budget)."""
-
-_MAX_DIGITS = 1000
-"""Longest digit run accepted in a number literal."""
-
-_MAX_BITS = 20_000
-"""Largest numerator/denominator (in bits) any intermediate result may have (about 6000 digits)."""
-
-_HARD_MAX_CHARS = 10_000
-"""answers_equivalent refuses longer strings whatever the caller's limit."""
-
-_TAIL_CHARS = 4096
-"""Plain-form answers ("The answer is 5") are looked for only in the response's last characters:
-the final answer is stated at the end, and it keeps the regex work small on huge responses."""
-
-
-class _Refused(Exception):
-    """An answer exceeded a work bound; it counts as wrong (no string-compare fallback)."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Extraction
-# ---------------------------------------------------------------------------------------------
-
-_BOX_COMMANDS = ("\\boxed", "\\fbox")
-_BRACE_RE = re.compile(r"\\[{}]|[{}]")  # escaped braces first, so "\{" is skipped
-_ANSWER_RE = re.compile(r"(?i)\banswer\b\**\s*(?:is\b|:)")
-_SPACES_RE = re.compile(r"[ \t]*")
-_TOKEN_RE = re.compile(r"[^\s$]+")
-_NUMBER_RE = re.compile(
-    r"(?:(?<![\w)}\]])-)?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?(?:/\d+)?|(?<![\w.])\.\d+"
+from nemo_opd.environments.builtin_grader import (
+    BOX_COMMANDS,
+    boxed_answer,
+    boxed_answer_too_long,
+    builtin_verify,
+    clean_answer,
+    has_control_chars,
+    nesting_depth,
+    normalize,
 )
-_WRAPPER_RE = re.compile(r"\\(?:text|textbf|textrm|mathrm|mathbf|mbox|textup)\s*\{([^{}]*)\}")
-_THOUSANDS_RE = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
+
+Grader = Literal["math_verify", "builtin"]
+GRADERS: tuple[Grader, ...] = ("math_verify", "builtin")
+
+RESPONSE_WINDOW_CHARS = 16_384
+"""Characters of a response (and of a reference) math-verify reads: the end, where a final
+answer stands. A 64k-character response parses in ~0.1 s; the window keeps every answer's cost
+and the bytes sent to a grader worker small."""
+
+MAX_NESTING = 50
+"""Deepest bracket nesting math-verify is given: deeper input makes its parser recurse for
+minutes (10,000 nested braces: 47 s and 780 MB), and no real answer comes near it."""
+
+_PLAIN_NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")
+_BARE_NUMBER_RE = re.compile(r"\s*-?\d[\d,. ]*%?\s*")
+_LATEX_MARKS = ("$", "\\(", "\\[", *BOX_COMMANDS)
 
 
-def extract_answer(text: str, max_chars: int | None = None) -> str | None:
-    """The final answer of a model response, or None.
+def verify(
+    response: str, reference: str, max_answer_chars: int, grader: Grader = "math_verify"
+) -> bool:
+    """Whether the final answer of a model response equals the reference answer.
 
-    The content of the last \\boxed{...} / \\fbox{...} (balanced braces, nesting allowed) or
-    "\\boxed 5" space form; without any box, the last "answer is X" / "answer: X", else "= X"
-    ending the last line, else the last number. The result is lightly cleaned ($, trailing
-    period, \\text{} wrappers, thousands separators). With max_chars, an answer longer than that
-    (before cleaning), in any form, gives None: it is found by reading at most a few characters
-    more than max_chars past its start, and nothing longer is cleaned or parsed.
+    reference: as datasets give it: a bare answer ("12", "\\frac{1}{2}"), LaTeX ("$[0, 1)$"), or
+    a whole solution whose answer is in \\boxed{} (MATH's solution column); it is parsed like the
+    response. Answers longer than max_answer_chars are wrong. Never raises: any error counts as
+    wrong. In-process and without a time limit (see the module docstring).
     """
-    if not isinstance(text, str):
-        return None
-    cap = len(text) if max_chars is None else max_chars
-    box_at = max(text.rfind(cmd) for cmd in _BOX_COMMANDS)
-    if box_at >= 0:
-        raw = _boxed_content(text, box_at, cap)
-    else:
-        raw = _plain_answer(text[-_TAIL_CHARS:], cap)
-    if raw is None or len(raw) > cap:
-        return None
-    cleaned = clean_answer(raw)
-    return cleaned or None
+    return grade(response, reference, max_answer_chars, grader)[0]
 
 
-def _boxed_content(text: str, start: int, cap: int) -> str | None:
-    """The argument of the box command at start, or None if it is malformed or longer than cap
-    characters. Reads at most cap characters of spaces after the command and cap + 2 after
-    them."""
-    pos = start + next(len(c) for c in _BOX_COMMANDS if text.startswith(c, start))
-    j = _SPACES_RE.match(text, pos, pos + cap).end()
-    end = j + cap + 2  # "{", at most cap characters, "}"
-    if text.startswith("{", j):
-        depth = 0
-        for m in _BRACE_RE.finditer(text, j, end):
-            tok = m.group()
-            if tok == "{":
-                depth += 1
-            elif tok == "}":
-                depth -= 1
-                if depth == 0:
-                    return text[j + 1 : m.start()]
-        return None  # unbalanced (e.g. a truncated response) or longer than cap
-    if j > pos:  # "\boxed 5": one token after the space
-        m = _TOKEN_RE.match(text, j, end)
-        return m.group() if m else None
-    return None  # "\boxedx" or "\boxed" at the very end
-
-
-def _plain_answer(tail: str, cap: int) -> str | None:
-    """An unboxed final answer from the end of a response (see extract_answer); an answer is
-    cut to a few characters past cap before it is looked at further."""
-    matches = list(_ANSWER_RE.finditer(tail))
-    if matches:
-        rest = tail[matches[-1].end() :].split("\n", 1)[0].strip(" \t*:")
-        # An answer of at most cap characters ends within cap + 4 ("$$", cap, "$$").
-        ans = _first_statement(rest[: cap + 4])
-        if ans:
-            return ans
-    lines = [ln for ln in tail.strip().split("\n") if ln.strip()]
-    if lines and "=" in lines[-1]:
-        after = lines[-1][lines[-1].rfind("=") + 1 :].strip()
-        if len(after) > cap:
-            return None
-        if clean_answer(after):
-            return after
-    numbers = _NUMBER_RE.findall(tail)
-    return numbers[-1] if numbers else None
-
-
-def _first_statement(s: str) -> str:
-    """The answer part of "X. More text": a $...$ span if it starts with one, else up to the
-    first period followed by whitespace."""
-    if s.startswith("$"):
-        end = s.find("$", 1)
-        if s.startswith("$$"):
-            end = s.find("$$", 2)
-            return s[2:end] if end > 0 else s
-        return s[1:end] if end > 0 else s
-    m = re.search(r"\.(?=\s)", s)
-    return s[: m.start()] if m else s
-
-
-def clean_answer(s: str) -> str:
-    """Light cleanup of an extracted answer: $ signs, \\text{}-style wrappers, a trailing period,
-    thousands separators ("1,000" -> "1000")."""
-    s = s.strip().replace("\\$", "").replace("$", "")
-    for _ in range(_MAX_DEPTH):  # bounded: each pass unwraps one level
-        new = _WRAPPER_RE.sub(r"\1", s)
-        if new == s:
-            break
-        s = new
-    s = s.strip().rstrip(".").strip()
-    s = s.replace("{,}", ",")
-    if _THOUSANDS_RE.fullmatch(s):
-        s = s.replace(",", "")
-    return s
-
-
-# ---------------------------------------------------------------------------------------------
-# Normalization and comparison
-# ---------------------------------------------------------------------------------------------
-
-_REMOVE = ("\\!", "\\,", "\\;", "\\:", "\\ ", "~", "\\quad", "\\qquad", "\\displaystyle")
-_DEGREES_RE = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|°")
-_LEFT_RIGHT_RE = re.compile(r"\\(?:left|right)(?![a-zA-Z])")
-_ASSIGN_RE = re.compile(r"[a-zA-Z]=")
-
-
-def _has_bad_chars(s: str) -> bool:
-    """Control or format characters (null bytes, direction overrides): never in a real answer."""
-    return any(unicodedata.category(c) in ("Cc", "Cf") and c not in "\t\n\r" for c in s)
-
-
-def _nesting_depth(s: str) -> int:
-    """Deepest bracket nesting of any kind."""
-    depth = best = 0
-    for c in s:
-        if c in "({[":
-            depth += 1
-            best = max(best, depth)
-        elif c in ")}]":
-            depth -= 1
-    return best
-
-
-def normalize(s: str) -> str:
-    """Canonical text of an answer for comparison: cleaned, LaTeX spacing/sizing removed,
-    \\dfrac/\\tfrac -> \\frac, \\cdot/\\times -> *, degree and percent signs dropped, no
-    whitespace."""
-    s = clean_answer(s).replace("\u2212", "-")
-    for token in _REMOVE:
-        s = s.replace(token, " ")
-    s = _LEFT_RIGHT_RE.sub("", s)
-    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
-    s = s.replace("\\cdot", "*").replace("\\times", "*")
-    s = _DEGREES_RE.sub("", s)
-    s = s.replace("\\%", "").replace("%", "")
-    s = "".join(s.split())
-    s = re.sub(r"\^\{(\w)\}", r"^\1", s)  # x^{2} -> x^2
-    return clean_answer(s)
-
-
-def answers_equivalent(predicted: str, reference: str) -> bool:
-    """Whether two answers mean the same: exact numbers (integers, decimals, fractions,
-    \\frac, powers with bounded integer exponents), tuples/intervals elementwise, else normalized
-    text. Refuses (False) oversized, deeply nested or control-character input. Never raises."""
+def grade(
+    response: str, reference: str, max_answer_chars: int, grader: Grader = "math_verify"
+) -> tuple[bool, str]:
+    """(correct, how): verify()'s verdict and what gave it: "fast" (refused by a bound, or
+    fast_verdict), "builtin" or "math_verify"."""
+    if not isinstance(response, str) or not isinstance(reference, str):
+        return False, "fast"
     try:
-        for s in (predicted, reference):
-            if not isinstance(s, str) or len(s) > _HARD_MAX_CHARS or _has_bad_chars(s):
-                return False
-            if _nesting_depth(s) > _MAX_DEPTH:
-                return False
-        pred, ref = normalize(predicted), normalize(reference)
-        if not pred or not ref:
-            return False
-        return _equivalent(pred, ref, 0)
-    except (_Refused, RecursionError, ValueError, OverflowError, MemoryError):
-        return False
+        window = answer_window(response, max_answer_chars)
+        if window is None:
+            return False, "fast"
+        verdict = fast_verdict(window, reference, max_answer_chars)
+        if verdict is not None:
+            return verdict, "fast"
+        if grader == "builtin":
+            return builtin_verify(window, reference, max_answer_chars), "builtin"
+        return math_verify_engine(window, reference), "math_verify"
+    except Exception:  # untrusted input: a bug here must not crash training
+        return False, grader
 
 
-def _equivalent(pred: str, ref: str, depth: int) -> bool:
-    """Compare two normalized answers (see answers_equivalent)."""
-    if depth > _MAX_DEPTH:
-        raise _Refused("too deep")
-    if pred == ref:
+def fast_verdict(response: str, reference: str, max_answer_chars: int) -> bool | None:
+    """True or False where math-verify's verdict is certain, else None.
+
+    The response must hold exactly one \\boxed{...} (no \\fbox, which math-verify does not
+    read) and no "final answer" phrase (which math-verify may read instead of the box); the
+    reference is a bare answer or one \\boxed{} answer. Then: the same normalized text is True;
+    plain numbers ("12", "-0.5", "1,000") are True when equal, and False when both are unequal
+    integers (math-verify compares integers exactly, but decimals after rounding).
+    """
+    answer = _single_boxed_answer(response, max_answer_chars)
+    if answer is None:
+        return None
+    if any(command in reference for command in BOX_COMMANDS):
+        target = _single_boxed_answer(reference, RESPONSE_WINDOW_CHARS)
+    elif len(reference) <= RESPONSE_WINDOW_CHARS:
+        target = clean_answer(reference)
+    else:
+        target = None
+    if not target or has_control_chars(answer) or has_control_chars(target):
+        return None
+    if normalize(answer) == normalize(target):
         return True
-    if "=" not in ref and _ASSIGN_RE.match(pred) and pred.count("=") == 1:
-        return _equivalent(pred[2:], ref, depth + 1)
-    if "=" not in pred and _ASSIGN_RE.match(ref) and ref.count("=") == 1:
-        return _equivalent(pred, ref[2:], depth + 1)
-    seq_p, seq_r = _as_sequence(pred), _as_sequence(ref)
-    if seq_p is not None or seq_r is not None:
-        if seq_p is None or seq_r is None:
-            return False
-        (open_p, items_p, close_p), (open_r, items_r, close_r) = seq_p, seq_r
-        if (open_p, close_p) != (open_r, close_r) or len(items_p) != len(items_r):
-            return False
-        return all(_equivalent(a, b, depth + 1) for a, b in zip(items_p, items_r, strict=True))
-    value_p, value_r = parse_number(pred), parse_number(ref)
-    if value_p is not None and value_r is not None:
-        return value_p == value_r
-    if pred.isalpha() and ref.isalpha() and len(pred) > 1:
-        return pred.casefold() == ref.casefold()  # words: "Yes" == "yes"
-    return False
-
-
-def _split_top_level(s: str) -> list[str]:
-    """Split at commas that are not inside brackets."""
-    parts, depth, last = [], 0, 0
-    for i, c in enumerate(s):
-        if c in "({[":
-            depth += 1
-        elif c in ")}]":
-            depth -= 1
-        elif c == "," and depth == 0:
-            parts.append(s[last:i])
-            last = i + 1
-    parts.append(s[last:])
-    return parts
-
-
-def _as_sequence(s: str) -> tuple[str, list[str], str] | None:
-    """(opening bracket, items, closing bracket) of a tuple/interval "(1,2]" or a bare list
-    "1,2"; None if s has no top-level comma."""
-    if len(s) >= 2 and s[0] in "([" and s[-1] in ")]":
-        inner = _split_top_level(s[1:-1])
-        if len(inner) > 1 and all(inner):
-            return s[0], inner, s[-1]
-    items = _split_top_level(s)
-    if len(items) > 1:
-        return "", items, ""
+    value, expected = _plain_number(answer), _plain_number(target)
+    if value is None or expected is None:
+        return None
+    if value == expected:
+        return True
+    if value.denominator == expected.denominator == 1 and "." not in answer + target:
+        return False
     return None
 
 
-# ---------------------------------------------------------------------------------------------
-# Exact arithmetic on a small grammar
-# ---------------------------------------------------------------------------------------------
-
-_LITERAL_RE = re.compile(r"([0-9]*)(?:\.([0-9]*))?(?:[eE]([+-]?[0-9]+))?")
-
-
-def _check_size(x: Fraction) -> Fraction:
-    """Refuse results too large to be a sensible answer (bounds time and memory)."""
-    if x.numerator.bit_length() > _MAX_BITS or x.denominator.bit_length() > _MAX_BITS:
-        raise _Refused("number too large")
-    return x
-
-
-class _Parser:
-    """Recursive-descent evaluator of numbers, + - * /, ^ (integer exponents), parentheses,
-    braces and \\frac{a}{b} / \\frac12, over a normalized answer (no whitespace).
-
-        expr  := term (("+" | "-") term)*
-        term  := unary (("*" | "/") unary)*
-        unary := ("+" | "-")* power
-        power := atom ("^" unary)?          -- right associative, -2^2 == -(2^2)
-        atom  := number | "(" expr ")" | "{" expr "}" | "\\frac" arg arg
-    """
-
-    def __init__(self, text: str):
-        self.s = text
-        self.i = 0
-        self.depth = 0
-
-    def parse(self) -> Fraction | None:
-        value = self.expr()
-        return value if value is not None and self.i == len(self.s) else None
-
-    def peek(self) -> str:
-        return self.s[self.i] if self.i < len(self.s) else ""
-
-    def enter(self) -> None:
-        self.depth += 1
-        if self.depth > 3 * _MAX_DEPTH:
-            raise _Refused("expression too deep")
-
-    def expr(self) -> Fraction | None:
-        self.enter()
-        value = self.term()
-        while value is not None and self.peek() in ("+", "-"):
-            op = self.s[self.i]
-            self.i += 1
-            rhs = self.term()
-            if rhs is None:
-                return None
-            value = _check_size(value + rhs if op == "+" else value - rhs)
-        self.depth -= 1
-        return value
-
-    def term(self) -> Fraction | None:
-        value = self.unary()
-        while value is not None and self.peek() in ("*", "/"):
-            op = self.s[self.i]
-            self.i += 1
-            rhs = self.unary()
-            if rhs is None or (op == "/" and rhs == 0):
-                return None
-            value = _check_size(value * rhs if op == "*" else value / rhs)
-        return value
-
-    def unary(self) -> Fraction | None:
-        sign = 1
-        while self.peek() in ("+", "-"):  # iterative: "------5" costs no stack
-            sign = -sign if self.s[self.i] == "-" else sign
-            self.i += 1
-        value = self.power()
-        return None if value is None else sign * value
-
-    def power(self) -> Fraction | None:
-        base = self.atom()
-        if base is None or self.peek() != "^":
-            return base
-        self.i += 1
-        self.enter()
-        exponent = self.unary() if self.peek() != "{" else self.atom()
-        self.depth -= 1
-        if exponent is None or exponent.denominator != 1:
-            return None
-        return _bounded_power(base, exponent.numerator)
-
-    def atom(self) -> Fraction | None:
-        c = self.peek()
-        if c in ("(", "{"):
-            self.i += 1
-            value = self.expr()
-            if value is None or self.peek() != (")" if c == "(" else "}"):
-                return None
-            self.i += 1
-            return value
-        if self.s.startswith("\\frac", self.i):
-            self.i += len("\\frac")
-            num = self.frac_arg()
-            den = self.frac_arg() if num is not None else None
-            if den is None or den == 0:
-                return None
-            return _check_size(num / den)
-        if c.isascii() and (c.isdigit() or c == "."):
-            return self.number()
+def _single_boxed_answer(text: str, max_chars: int) -> str | None:
+    """The cleaned content of text's only \\boxed{...}, or None (no box, several, an \\fbox, a
+    "final answer" phrase, malformed, or longer than max_chars)."""
+    if text.count("\\boxed") != 1 or "\\fbox" in text or "final answer" in text.lower():
         return None
-
-    def frac_arg(self) -> Fraction | None:
-        """A braced expression or, as in "\\frac12", a single digit."""
-        c = self.peek()
-        if c == "{":
-            return self.atom()
-        if c.isascii() and c.isdigit():
-            self.i += 1
-            return Fraction(int(c))
-        return None
-
-    def number(self) -> Fraction | None:
-        m = _LITERAL_RE.match(self.s, self.i)
-        whole, frac, exp = m.group(1), m.group(2) or "", m.group(3)
-        if not whole and not frac:
-            return None
-        if len(whole) + len(frac) > _MAX_DIGITS:
-            raise _Refused("literal too long")
-        self.i = m.end()
-        value = Fraction(int(whole or "0") * 10 ** len(frac) + int(frac or "0"), 10 ** len(frac))
-        if exp is not None:
-            if len(exp) > 6 or abs(int(exp)) * 4 > _MAX_BITS:
-                raise _Refused("scientific exponent too large")
-            value *= Fraction(10) ** int(exp)
-        return _check_size(value)
+    start = text.find("\\boxed")
+    if not text.startswith("{", start + len("\\boxed")):
+        return None  # "\boxed 5": math-verify reads only the braced form
+    content = boxed_answer(text, start, max_chars)
+    return None if content is None else clean_answer(content)
 
 
-def _bounded_power(base: Fraction, exponent: int) -> Fraction | None:
-    """base ** exponent, refused when the result would exceed _MAX_BITS."""
-    if base == 0:
-        return None if exponent < 0 else Fraction(0 if exponent else 1)
-    if abs(base.numerator) == 1 and base.denominator == 1:
-        return base if exponent % 2 else Fraction(1)
-    size = max(base.numerator.bit_length(), base.denominator.bit_length())
-    if abs(exponent) > _MAX_BITS or size * abs(exponent) > _MAX_BITS:
-        raise _Refused("power too large")
-    return _check_size(base**exponent)
+def _plain_number(answer: str) -> Fraction | None:
+    """The exact value of a plain decimal numeral (thousands separators already dropped)."""
+    text = answer.strip()
+    return Fraction(text) if _PLAIN_NUMBER_RE.fullmatch(text) else None
 
 
-def parse_number(s: str) -> Fraction | None:
-    """The exact value of a normalized numeric answer, or None if it is not one. Raises _Refused
-    when a bound is hit."""
-    if not s or len(s) > _HARD_MAX_CHARS:
-        return None
-    return _Parser(s).parse()
+def math_verify_engine(window: str, reference: str) -> bool:
+    """math-verify's verdict on a response's answer_window."""
+    # Imported here: the driver imports this module for its names; only grader workers grade.
+    from math_verify import parse
+    from math_verify import verify as math_verify_verify
 
-
-# ---------------------------------------------------------------------------------------------
-# Entry point
-# ---------------------------------------------------------------------------------------------
-
-
-def verify(response: str, reference: str, max_answer_chars: int) -> bool:
-    """Whether the final answer of a model response equals the reference answer. Answers longer
-    than max_answer_chars are wrong. Never raises: any internal error counts as wrong."""
-    try:
-        answer = extract_answer(response, max_chars=max_answer_chars)
-        if answer is None:
-            return False
-        ref = extract_answer(reference) if "\\boxed" in reference else reference
-        return ref is not None and answers_equivalent(answer, ref)
-    except Exception:  # untrusted input: a bug here must not crash training
+    gold = _reference_window(reference)
+    if gold is None:
         return False
+    gold_parsed = parse(gold, parsing_timeout=None)
+    predicted = parse(window, parsing_timeout=None)
+    return bool(math_verify_verify(gold_parsed, predicted, timeout_seconds=None))
+
+
+def answer_window(text: str, max_answer_chars: int) -> str | None:
+    """The part of a response math-verify reads, or None when it must count as wrong: its last
+    \\boxed{} answer is longer than max_answer_chars, or the part has control characters or
+    brackets nested deeper than MAX_NESTING."""
+    box_at = _last_box(text)
+    if box_at >= 0 and boxed_answer_too_long(text, box_at, max_answer_chars):
+        return None
+    window = response_window(text)
+    if has_control_chars(window) or nesting_depth(window) > MAX_NESTING:
+        return None
+    return window
+
+
+def response_window(text: str) -> str:
+    """text's last RESPONSE_WINDOW_CHARS characters, or as many from its last \\boxed{} when
+    that lies earlier: the part a grader reads."""
+    if len(text) <= RESPONSE_WINDOW_CHARS:
+        return text
+    start = len(text) - RESPONSE_WINDOW_CHARS
+    box_at = _last_box(text)
+    if 0 <= box_at < start:
+        start = box_at
+    return text[start : start + RESPONSE_WINDOW_CHARS]
+
+
+def _last_box(text: str) -> int:
+    """Where text's last box command starts, or -1."""
+    return max(text.rfind(command) for command in BOX_COMMANDS)
+
+
+def _reference_window(reference: str) -> str | None:
+    """The reference as math-verify should read it: a solution or LaTeX text as it is, a bare
+    number as it is (math-verify reads "1,22" as 1.22), any other bare answer inside $...$."""
+    window = answer_window(reference, RESPONSE_WINDOW_CHARS)
+    if window is None or any(mark in window for mark in _LATEX_MARKS):
+        return window
+    if _BARE_NUMBER_RE.fullmatch(window):
+        return window
+    return f"${window.strip()}$"
+
+
+def warm_up(grader: Grader) -> None:
+    """Load the engine's parser once (math-verify's grammar takes ~0.1 s on first use)."""
+    grade("\\boxed{\\frac{x}{2}}", "$\\frac{x}{2}+0$", 100, grader)

@@ -1,231 +1,212 @@
-"""Answer extraction, equivalence, and refusal of hostile model output."""
+"""The math environment's entry point, verify(): agreement with math-verify's own test suite, the
+fast path, reference forms, the engines, and the bounds applied before math-verify parses.
 
-import time
+The cases below are a sample of huggingface/Math-Verify's test suite (answer pairs with the
+verdict its tests expect), one group per kind of answer; the file and test each comes from is
+named. benchmarks/bench_grader.py measures the whole suite (docs/generation.md has the figure).
+"""
 
 import pytest
 
-from nemo_opd.environments import answers_equivalent, extract_answer, verify
+from nemo_opd.environments.math_verify import (
+    MAX_NESTING,
+    RESPONSE_WINDOW_CHARS,
+    answer_window,
+    fast_verdict,
+    grade,
+    response_window,
+    verify,
+)
 
-EQUIVALENT = [
-    ("5", "5"),
-    ("0.50", "1/2"),
-    ("0.5", "\\frac{1}{2}"),
-    ("\\dfrac12", "0.5"),
-    ("\\tfrac{1}{2}", ".5"),
-    (".5", "1/2"),
-    ("-3", "-3.0"),
-    ("-\\frac{3}{4}", "-0.75"),
-    ("\\frac{-3}{4}", "-3/4"),
-    ("6/8", "3/4"),
-    ("007", "7"),
-    ("1,000", "1000"),
-    ("1{,}000", "1000"),
-    ("1\\,000", "1000"),
-    ("2^{10}", "1024"),
-    ("2^-1", "0.5"),
-    ("-2^2", "-4"),
-    ("2\\cdot 3", "6"),
-    ("3\\times 4", "12"),
-    ("1e3", "1000"),
-    ("\\frac{\\frac{1}{2}}{2}", "0.25"),
-    ("\\left(\\frac{1}{2}\\right)", "0.5"),
-    ("(1, 2)", "(1,2)"),
-    ("\\left( 1, \\frac{1}{2} \\right)", "(1, 0.5)"),
-    ("[0, \\frac12)", "[0,0.5)"),
-    ("x + 1", "x+1"),
-    ("x^{2}", "x^2"),
-    ("50\\%", "50"),
-    ("30^\\circ", "30"),
-    ("x = 5", "5"),
-    ("$12$", "12"),
-    ("\\text{Yes}", "yes"),
-    ("\\mathrm{B}", "B"),
-    ("\\$5", "5"),
-    ("3.", "3"),
-    ("\u22125", "-5"),
-]
-
-NOT_EQUIVALENT = [
-    ("3", "4"),
-    ("-3", "3"),
-    ("0.333", "1/3"),
-    ("1/2", "2"),
-    ("(1,2]", "(1,2)"),
-    ("(1,2)", "(2,1)"),
-    ("(1,2)", "(1,2,3)"),
-    ("(1,2)", "1,2"),
-    ("x+1", "x+2"),
-    ("x^2", "x^3"),
-    ("2^{10}", "1000"),
-    ("1/0", "1"),
-    ("", "5"),
-    ("5", ""),
-    ("A", "a"),
-    ("50\\%", "0.5"),
-]
-
-
-@pytest.mark.parametrize(("predicted", "reference"), EQUIVALENT)
-def test_equivalent(predicted, reference):
-    assert answers_equivalent(predicted, reference)
-    assert answers_equivalent(reference, predicted)
-
-
-@pytest.mark.parametrize(("predicted", "reference"), NOT_EQUIVALENT)
-def test_not_equivalent(predicted, reference):
-    assert not answers_equivalent(predicted, reference)
-    assert not answers_equivalent(reference, predicted)
-
-
-EXTRACTION = [
-    ("so $\\boxed{42}$.", "42"),
-    ("\\boxed{\\frac{1}{\\sqrt{2}}}", "\\frac{1}{\\sqrt{2}}"),
-    ("first \\boxed{3} then \\boxed{\\{1, 2\\}}", "\\{1, 2\\}"),
-    ("try \\boxed{1}, no wait: \\boxed{2}.", "2"),
-    ("\\boxed {7}", "7"),
-    ("hence \\boxed 7$.", "7"),
-    ("\\fbox{9}", "9"),
-    ("\\boxed{\\text{(B)}}", "(B)"),
-    ("\\boxed{1,000}", "1000"),
-    ("The answer is $\\frac{1}{2}$. Done.", "\\frac{1}{2}"),
-    ("So the answer is 17.\nThanks.", "17"),
-    ("**Final Answer:** 3.5", "3.5"),
-    ("answer: -4", "-4"),
-    ("We add them: 2 + 3 = 5", "5"),
-    ("so $x = \\frac{3}{4}$.", "\\frac{3}{4}"),
-    ("I count 12 apples and 7 pears", "7"),
-    ("the total is 1,234,567 dollars", "1234567"),
-    ("nothing numeric here", None),
-    ("", None),
-    ("truncated \\boxed{12", None),
-    ("empty \\boxed{}", None),
-    ("\\boxed", None),
-]
-
-
-@pytest.mark.parametrize(("text", "expected"), EXTRACTION)
-def test_extract_answer(text, expected):
-    assert extract_answer(text) == expected
-
-
-def test_verify_end_to_end():
-    assert verify("... so the result is \\boxed{\\dfrac{1}{2}}.", "0.5", 100)
-    assert verify("The answer is 12.", "12", 100)
-    assert not verify("\\boxed{13}", "12", 100)
-    assert verify("\\boxed{12}", "\\boxed{12}", 100)  # boxed references are unwrapped
-    assert not verify("\\boxed{" + "1" * 50 + "}", "1" * 50, 20)  # over max_answer_chars
-    assert verify("\\boxed{" + "1" * 50 + "}", "1" * 50, 100)
-    assert not verify(None, "1", 100)  # type: ignore[arg-type]
-
-
-HOSTILE = {
-    "megabyte boxed": "\\boxed{" + "1" * 1_000_000 + "}",
-    "megabyte plain": "7 " * 500_000,
-    "megabyte of boxes": "\\boxed{" * 200_000,
-    "10k nested braces": "\\boxed{" + "{" * 10_000 + "5" + "}" * 10_000 + "}",
-    "deep parentheses": "\\boxed{" + "(" * 500 + "5" + ")" * 500 + "}",
-    "power tower": "\\boxed{9^9^9^9}",
-    "braced tower": "\\boxed{10^{10^{10}}}",
-    "huge power": "\\boxed{10^100000000}",
-    "huge power of 1": "\\boxed{1^{10^{10}}}+4",
-    "huge scientific": "\\boxed{1e999999999}",
-    "huge digit string": "\\boxed{" + "9" * 900 + "}",
-    "power chain": "\\boxed{" + "2^" * 400 + "2}",
-    "product of powers": "\\boxed{" + "*".join(["2^{9999}"] * 80) + "}",
-    "unbalanced close": "\\boxed{}}}}}5}",
-    "unbalanced open": "\\boxed{{{{5}",
-    "null byte": "\\boxed{5\x00}",
-    "direction override": "\\boxed{\u202e5}",
-    "fullwidth digit": "\\boxed{\uff15}",
-    "emoji and combining": "\\boxed{5\u0301\U0001f600}",
-    "lone surrogate": "\\boxed{5\ud800}",
-    "division by zero": "\\boxed{5/0}",
-    "many fractions": "\\boxed{" + "\\frac{1}{" * 15 + "5" + "}" * 15 + "}",
+# (gold, prediction, expected): huggingface/Math-Verify tests/test_all.py
+ALL = "tests/test_all.py"
+NUMINA = "tests/test_numina_cases.py::test_numina_cases"
+OPEN_THOUGHTS = "tests/test_open_thoughts.py::test_open_thoughts"
+YUJIANLL = "tests/test_yujianll.py::test_string_extraction"
+SUITE_SAMPLE = {
+    "sets, unordered lists, several boxes": [
+        (OPEN_THOUGHTS, r"$$\boxed{2}, \boxed{3}, \boxed{5}, \boxed{7}, \boxed{13}$$", r"$${2, 3, 5, 7, 13}$$", 1),
+        (NUMINA, r"$-12;-11;-10;-8;-7;-6$", r"$\boxed{\{-12, -11, -10, -8, -7, -6\}}$", 1),
+        (NUMINA, r"$(11,7)or(7,11)$", r"$\boxed{(7,11),\ (11,7)}$", 1),
+        (OPEN_THOUGHTS, r"$${1,2,3}$$", r"\boxed{1} and \boxed{2} and \boxed{3}", 1),
+        (OPEN_THOUGHTS, r"\boxed{1} no no no no no \boxed{2}", r"$\boxed{1,2}$", 0),
+        (f"{ALL}::test_sets_handling", r"$[0,9)$", r"$[0,1)$", 0),
+    ],
+    "and / or, plus-minus": [
+        (NUMINA, r"\(\boxed{1}\) and \(\boxed{-2}\).", r"$\boxed{-2,1}$.", 1),
+        (NUMINA, r"\(\boxed{6 \text{ and } 8}\)", r"$\boxed{6,8}$", 1),
+        (YUJIANLL, r"$19, 46, and 82$", r"$19, 46, \text{ and } 82$", 1),
+        (YUJIANLL, r"$19, 46, and 82$", r"$21, 36, and 82$", 0),
+        (YUJIANLL, r"$\pm 2021$", r"${-2021, 2021}$", 1),
+        (YUJIANLL, r"$\pm 2021$", r"$2021$", 0),
+    ],
+    "relations and intervals": [
+        (OPEN_THOUGHTS, r"$$-793 < a < 10$$", r"$$(-793, 10)$$", 1),
+        (f"{ALL}::test_relations_math", r"$x \leq 5$", r"$5 \geq x$", 1),
+        (f"{ALL}::test_relations_math", r"$x < 1$", r"$-x > -1$", 1),
+        (f"{ALL}::test_relations_math", r"$x \geq 5$", r"The solution is $x \leq 5$", 0),
+        (NUMINA, r"$1\leq|z|\leq \frac{3}{2}$", r"$z \in \left[-\frac{3}{2}, -1\right] \cup \left[1, \frac{3}{2}\right]$", 1),
+    ],
+    "labelled answers": [
+        (NUMINA, r"$(p,q)=(3,2)$", r"$(3,2)$", 1),
+        (NUMINA, r"$AB=4,CD=5$", r"$\boxed{4, 5}$", 1),
+        (OPEN_THOUGHTS, r"$$f(x)=1$$", r"$$1$$", 1),
+        (OPEN_THOUGHTS, r"$$a_3 = 2, a_{37} = 19$$", r"$$\boxed{a_{37} = 19, \quad a_3 = 2}$$", 1),
+        (f"{ALL}::test_relations_math", r"$a^2 + b = 0$", r"$0$", 0),
+    ],
+    "symbolic equivalence": [
+        (f"{ALL}::test_complex_math_expressions", r"$\frac{x+2}{7}$", r"$\frac{x}{7}+\frac{2}{7}$", 1),
+        (f"{ALL}::test_complex_math_expressions", r"$\tan^2(y)+1$", r"$\sec^2(y)$", 1),
+        (f"{ALL}::test_relations_math", r"$2x+4y-3=0$", r"$y=-\frac{1}{2}x+\frac{3}{4}$", 1),
+        (f"{ALL}::test_math_extraction_edge_cases", r"$4$", r"$4\sqrt{2}$", 0),
+    ],
+    "chained = and approx, rounded decimals": [
+        (f"{ALL}::test_relations_math", r"$x = 11$", r"$x = 5+5+1 = 7 =11$", 1),
+        (f"{ALL}::test_relations_math", r"$11$", r"$x\approx11$", 1),
+        (f"{ALL}::test_complex_math_expressions", r"$\frac{1}{12}$", r"$0.0833333333333333$", 1),
+    ],
+    "units, percent words, text, decimal commas": [
+        (f"{ALL}::test_number_extraction", "1,22", "1.22", 1),
+        (f"{ALL}::test_number_extraction", "7425000", "7,425,000", 1),
+        (f"{ALL}::test_number_extraction", "1000.99", "so the number is 10 which is 1,000.99m²", 1),
+        (f"{ALL}::test_number_extraction", "2", "AZYUK2A", 0),
+        (f"{ALL}::test_percent_notation", r"$28\%$", "28 percent", 1),
+        (f"{ALL}::test_percent_notation", r"$28\%$", r"$\boxed{28 pct}", 1),
+        (f"{ALL}::test_latex_notation_math", r"$125$ miles", r"The distance is $\boxed{125\textnormal{ miles}}.$", 1),
+        (OPEN_THOUGHTS, r"$$0.06 \text{ yuan}$$", r"$$\boxed{0.06 \text{ yuan}}$$", 1),
+    ],
+    "LaTeX shorthand": [
+        (f"{ALL}::test_latex_notation", r"$\sqrt{3}$", r"$\sqrt3 $", 1),
+        (f"{ALL}::test_latex_notation", r"$1/3$", r"$\cfrac{1}{3} $", 1),
+        (f"{ALL}::test_latex_notation", r"$1$", r"$\frac3{3} $", 1),
+        (f"{ALL}::test_latex_notation", r"$1/3$", r"$k = \frac{1}{3}$", 1),
+    ],
 }
+CASES = [
+    pytest.param(gold, pred, expected, id=f"{kind}: {source.split('::')[-1]} {i}")
+    for kind, rows in SUITE_SAMPLE.items()
+    for i, (source, gold, pred, expected) in enumerate(rows)
+]
 
 
-@pytest.mark.parametrize("name", list(HOSTILE))
-def test_hostile_answers_are_refused_quickly(name):
-    response = HOSTILE[name]
-    start = time.perf_counter()
-    result = verify(response, "5", 1000)
-    elapsed = time.perf_counter() - start
-    assert result is False
-    assert elapsed < 1.0, f"{name}: {elapsed:.2f} s"  # a correctness bound, not a benchmark
+@pytest.mark.parametrize(("gold", "pred", "expected"), CASES)
+def test_math_verify_suite_sample(gold, pred, expected):
+    assert verify(pred, gold, 1000) is bool(expected)
 
 
-@pytest.mark.parametrize("name", list(HOSTILE))
-def test_hostile_references_do_not_raise(name):
-    """A hostile string on either side of answers_equivalent is handled without raising."""
-    start = time.perf_counter()
-    assert answers_equivalent("5", HOSTILE[name]) in (True, False)
-    assert time.perf_counter() - start < 1.0
+def test_a_list_is_not_a_thousands_separator():
+    """The built-in grader used to accept it; math-verify reads a set of two numbers."""
+    assert not verify(r"\boxed{32, 349}", "32349", 1000)
+    assert not verify(r"\boxed{32, 349}", "32349", 1000, grader="builtin")
+    assert verify(r"\boxed{32,349}", "32349", 1000)
 
 
-def test_refused_bounds_are_not_computed():
-    """Over-bound answers are wrong against an equal value written differently (computing it
-    would be needed), but identical text is cheap to compare and counts as equal."""
-    for answer, same_value in [
-        ("10^100000000", "10^{100000000}"),
-        ("1e999999999", "1E999999999"),
-        ("9" * 1200, "0" + "9" * 1200),
-        ("2^{30000}", "2^{30000}*1"),
-    ]:
-        assert not answers_equivalent(answer, same_value)
-        assert answers_equivalent(answer, answer)
-    assert answers_equivalent("2^{100}", str(2**100))  # within bounds it is computed
+@pytest.mark.parametrize(
+    "reference",
+    [
+        "\\frac{1}{2}",  # a bare LaTeX answer (MATH's answer column)
+        "$\\frac{1}{2}$",
+        "0.5",
+        # a whole solution (MATH's solution column)
+        "Half of the cake is left, so the fraction is $\\boxed{\\frac{1}{2}}$.",
+    ],
+)
+def test_references_as_datasets_give_them(reference):
+    assert verify("So the answer is $\\boxed{\\dfrac12}$.", reference, 1000)
+    assert not verify("So the answer is $\\boxed{\\frac13}$.", reference, 1000)
 
 
-CAP = 1000
-HUGE = "1" * 10_000_000
-FILLER = "so we go on. " * 800_000  # 10 MB of text with no box and no digit
-CAPPED_FORMS = {
-    "boxed braces": lambda answer: FILLER + "\\boxed{" + answer + "}",
-    "boxed space": lambda answer: FILLER + "\\boxed " + answer,
-    "fbox": lambda answer: FILLER + "\\fbox{" + answer + "}",
-    "answer is": lambda answer: FILLER + "The answer is " + answer + ". Done.",
-    "equals": lambda answer: FILLER + "so x = " + answer,
-    "last number": lambda answer: FILLER + "I count " + answer + " apples",
-}
+def test_bare_references_are_read_as_latex():
+    assert verify(r"\boxed{\sqrt{2}/2}", r"\frac{\sqrt{2}}{2}", 1000)
+    assert verify(r"\boxed{(3, \frac{\pi}{2})}", r"\left( 3, \frac{\pi}{2} \right)", 1000)
+    assert verify(r"\boxed{[-2, 7]}", "[-2,7]", 1000)
+    assert not verify(r"\boxed{(-2, 7)}", "[-2,7]", 1000)
 
 
-@pytest.fixture
-def cleaned_lengths(monkeypatch):
-    """The length of every string math_verify cleans (the first step after extraction)."""
-    import nemo_opd.environments.math_verify as math_verify
+FAST = [
+    (r"3 + 9 = 12. \boxed{12}", "12", True),
+    (r"\boxed{012}", "12", True),
+    (r"\boxed{1,000}", "1000", True),
+    (r"\boxed{2.50}", "2.5", True),
+    (r"\boxed{\frac{1}{2}}", "\\frac{1}{2}", True),  # the same normalized text
+    (r"\boxed{13}", "12", False),
+    (r"\boxed{-12}", "12", False),
+    (r"\boxed{x}", "\\boxed{x}", True),
+]
+NOT_FAST = [
+    (r"\boxed{3.3333333}", r"\frac{10}{3}", "not a plain number"),
+    (r"\boxed{3.333}", "3.334", "decimals compare after rounding in math-verify"),
+    (r"\boxed{12} and \boxed{13}", "12", "several boxes"),
+    (r"\fbox{12}", "12", "an fbox"),
+    (r"\boxed 12", "12", "the space form"),
+    (r"\boxed{12}. The final answer is $13$", "12", "a final-answer phrase"),
+    (r"The answer is 12", "12", "no box"),
+    (r"\boxed{2^{10}}", "1024", "not a plain number"),
+]
 
-    lengths, clean = [], math_verify.clean_answer
-    monkeypatch.setattr(math_verify, "clean_answer", lambda s: lengths.append(len(s)) or clean(s))
-    return lengths
+
+@pytest.mark.parametrize(("response", "reference", "expected"), FAST)
+def test_fast_path_settles_certain_answers(response, reference, expected):
+    assert fast_verdict(response, reference, 1000) is expected
+    assert grade(response, reference, 1000) == (expected, "fast")
 
 
-@pytest.mark.parametrize("form", list(CAPPED_FORMS))
-def test_every_form_is_capped_at_max_answer_chars(form, cleaned_lengths):
-    """An answer of max_answer_chars counts; one character more is refused, and so is a 10 MB
-    answer, in every form: nothing longer than the cap reaches cleaning or parsing."""
-    build = CAPPED_FORMS[form]
-    assert extract_answer(build("1" * CAP), max_chars=CAP) == "1" * CAP
-    assert verify(build("1" * CAP), "1" * CAP, CAP)
-    assert extract_answer(build("1" * (CAP + 1)), max_chars=CAP) is None
-    assert not verify(build("1" * (CAP + 1)), "1" * (CAP + 1), CAP)
-    assert extract_answer(build(HUGE), max_chars=CAP) is None
-    assert not verify(build(HUGE), "1", CAP)
-    assert max(cleaned_lengths) <= CAP
+@pytest.mark.parametrize(("response", "reference", "why"), NOT_FAST)
+def test_fast_path_leaves_the_rest_to_the_engine(response, reference, why):
+    assert fast_verdict(response, reference, 1000) is None, why
+    assert grade(response, reference, 1000)[1] == "math_verify"
+
+
+def test_fast_path_agrees_with_math_verify():
+    """Every verdict the fast path gives is math-verify's own."""
+    from math_verify import parse
+    from math_verify import verify as library_verify
+
+    for response, reference, expected in FAST:
+        gold = parse(f"${reference}$" if "\\boxed" not in reference else reference)
+        assert library_verify(gold, parse(response)) is expected, response
+
+
+def test_engines():
+    assert verify(r"\boxed{x+1}", "1+x", 1000)
+    assert not verify(r"\boxed{x+1}", "1+x", 1000, grader="builtin")
+    assert grade(r"\boxed{x+1}", "1+x", 1000, "builtin") == (False, "builtin")
+
+
+def test_max_answer_chars():
+    long = "1" * 50
+    assert verify(f"\\boxed{{{long}}}", long, 50)
+    assert not verify(f"\\boxed{{{long}1}}", f"{long}1", 50)
+    # an over-long box is wrong even where its text goes on, but a short truncated one is read
+    assert answer_window("\\boxed{" + "9" * 10**6 + "}", 1000) is None
+    assert answer_window("3 + 9 = 12. \\boxed{12", 1000) is not None
+
+
+def test_windows_are_bounded():
+    text = "x" * (3 * RESPONSE_WINDOW_CHARS) + "\\boxed{5}"
+    assert response_window(text) == text[-RESPONSE_WINDOW_CHARS:]
+    early = "\\boxed{5}" + "y" * (3 * RESPONSE_WINDOW_CHARS)
+    assert response_window(early).startswith("\\boxed{5}")
+    assert len(response_window(early)) == RESPONSE_WINDOW_CHARS
+    assert verify(early, "5", 1000)
+    assert verify(text, "5", 1000)
 
 
 @pytest.mark.parametrize(
     "response",
     [
-        "\\boxed " + HUGE,
-        "\\boxed" + " " * 10_000_000 + "5",
-        "\\boxed{" + HUGE + "}",
-        "\\fbox{" + "{" * 10_000_000,
-        "The answer is " + HUGE,
-        "x = " + HUGE,
+        "\\boxed{5\x00}",
+        "\\boxed{5}\udcff",  # invalid UTF-8 decoded with surrogateescape
+        "\\boxed{\u202e5}",
+        "\\boxed{" + "(" * (MAX_NESTING + 1) + "5" + ")" * (MAX_NESTING + 1) + "}",
     ],
-    ids=["boxed space", "boxed after spaces", "boxed braces", "fbox", "answer is", "equals"],
+    ids=["NUL", "lone surrogate", "direction override", "deep nesting"],
 )
-def test_ten_megabyte_answers_are_not_read(response, cleaned_lengths):
-    assert extract_answer(response, max_chars=CAP) is None
-    assert not verify(response, "5", CAP)
-    assert all(length <= CAP for length in cleaned_lengths)
+def test_refused_without_parsing(response):
+    assert grade(response, "5", 1000) == (False, "fast")
+
+
+def test_never_raises():
+    assert not verify(None, "1", 100)  # type: ignore[arg-type]
+    assert not verify("\\boxed{1}", None, 100)  # type: ignore[arg-type]
+    assert not verify("", "", 100)
