@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import signal
 import time
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -947,6 +948,7 @@ def _train_metrics(history: dict, batch: TensorBatch, rollout: RolloutResult) ->
     metrics["train/reward"] = float(rollout.rewards.mean())
     metrics["train/num_tokens"] = float(batch["input_lengths"].sum())
     metrics.update({f"rollout/{name}": value for name, value in rollout.metrics.items()})
+    metrics.update(rollout.env_metrics)
     return metrics
 
 
@@ -995,12 +997,15 @@ def _validate_greedy(state: DistillationRun, timers: Timers) -> dict:
     loop = state.cfg.distillation
     samples = state.val_prompts.samples
     rewards, routes, lengths, divergence = [], [], [], DivergenceSums()
+    env_metrics: dict[str, float] = defaultdict(float)
     for start in range(0, len(samples), loop.val_batch_size):
         chunk = samples[start : start + loop.val_batch_size]
         logs, metadata = repeat_samples(chunk, 1)
         with timers.time("generation"):
             rollout = _rollout(state, logs, metadata, greedy=True, seed=None)
         rewards.append(rollout.rewards)
+        for name, value in rollout.env_metrics.items():
+            env_metrics[f"validation/{name}"] += value
         lengths.append(rollout.metrics["mean_generated_tokens"] * len(chunk))
         chunk_routes = _routes(state, rollout)
         routes += chunk_routes or []
@@ -1019,6 +1024,7 @@ def _validate_greedy(state: DistillationRun, timers: Timers) -> dict:
         "validation/accuracy": float(rewards.mean()),
         "validation/avg_length": sum(lengths) / len(samples),
         **divergence.means("validation/"),
+        **env_metrics,
     }
     for name, rows in route_rows(routes).items():
         metrics[f"validation/teacher/{name}/accuracy"] = float(rewards[rows].mean())

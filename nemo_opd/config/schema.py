@@ -740,14 +740,25 @@ class DataConfig(Section):
 class MathEnvConfig(Section):
     """The math environment: verifies the final answer of each rollout."""
 
+    grader: Literal["math_verify", "builtin"] = "math_verify"
+    """The grading engine: math_verify (Hugging Face's math-verify, the field's standard: sets,
+    intervals, relations, symbolic equivalence) or builtin (exact numbers and normalized text,
+    no sympy). Either way a fast path settles certain answers first (docs/generation.md)."""
+
     num_workers: int = Field(8, gt=0, le=MAX_RANKS)
-    """Parallel answer-verification workers."""
+    """Grader worker processes (each grades one answer at a time, ~60 MB resident)."""
 
     timeout_s: float = Field(10.0, gt=0, le=MAX_SECONDS)
-    """Seconds allowed to verify one answer before it counts as wrong."""
+    """Seconds allowed to grade one answer; past it the answer counts as wrong and its worker
+    process is killed and replaced (env/math/grader_timeouts counts them)."""
 
     max_answer_chars: int = Field(1000, gt=0, le=MAX_TOKENS)
-    """Extracted answers longer than this count as wrong without being parsed."""
+    """A \\boxed{} answer (builtin: any extracted answer) longer than this counts as wrong
+    without being parsed."""
+
+    worker_memory_mb: int = Field(2048, ge=256, le=1 << 20)
+    """Address-space cap of each grader worker process (MiB): a runaway computation fails and
+    counts as wrong instead of exhausting the machine's memory."""
 
     retry_on_wrong: bool = False
     """After a wrong answer, ask the model to try again (a new user turn) until

@@ -1,10 +1,13 @@
 """The environment interface: grade a batch of conversations, say which are done, and
 optionally reply with a new user message (for example a request to try again)."""
 
-from dataclasses import dataclass
-from typing import Protocol
+from __future__ import annotations
 
-from nemo_opd.data.message_log import Message
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:  # the message log module imports torch; grader workers import this package
+    from nemo_opd.data.message_log import Message
 
 
 @dataclass
@@ -15,12 +18,15 @@ class EnvironmentStep:
     done[i]: the episode is over (no further turn is wanted).
     next_messages[i]: a message to append before the next assistant turn (role "user"), or None.
     metadata[i]: the conversation's metadata after the step (passed back on the next step).
+    metrics: counts over this step's batch (for math: answers graded, answered by the fast path,
+        grader time-outs and crashes), summed over steps and logged as env/<task>/<name>.
     """
 
     rewards: list[float]
     done: list[bool]
     next_messages: list[Message | None]
     metadata: list[dict]
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 class Environment(Protocol):

@@ -32,6 +32,7 @@ class RolloutResult:
     truncated: [B] bool, the sequence hit max_seq_len.
     metadata[i]: the environment's metadata after the last step.
     metrics: rollout statistics (see rollout_metrics).
+    env_metrics: the environments' step metrics summed over turns, as env/<task>/<name>.
     """
 
     message_logs: list[list[Message]]
@@ -39,6 +40,7 @@ class RolloutResult:
     truncated: torch.Tensor
     metadata: list[dict]
     metrics: dict[str, float] = field(default_factory=dict)
+    env_metrics: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -86,6 +88,7 @@ def run_multi_turn_rollout(
     logs = [list(log) for log in message_logs]
     metadata = [dict(m) for m in metadata]
     states = [RolloutState() for _ in logs]
+    env_metrics: dict[str, float] = defaultdict(float)
     for turn in range(max_rollout_turns):
         active = [i for i, s in enumerate(states) if s.active]
         active = _stop_full(active, logs, states, max_seq_len)
@@ -95,7 +98,9 @@ def run_multi_turn_rollout(
         budget = (max_new_tokens, max_seq_len)
         sampling = {"greedy": greedy, "seed": turn_seed, "temperature": temperature}
         _generate_turn(generation, formatter, logs, states, active, budget, sampling)
-        steps = grade(task_to_env, logs, metadata, active)
+        steps, step_metrics = grade(task_to_env, logs, metadata, active)
+        for name, value in step_metrics.items():
+            env_metrics[name] += value
         last_turn = turn == max_rollout_turns - 1
         for i, (reward, done, reply, meta) in steps.items():
             state = states[i]
@@ -104,11 +109,14 @@ def run_multi_turn_rollout(
                 state.active = False
                 continue
             logs[i] = formatter.extend(logs[i], [reply])
-    return finished_rollout(logs, states, metadata)
+    return finished_rollout(logs, states, metadata, dict(env_metrics))
 
 
 def finished_rollout(
-    logs: list[list[Message]], states: list[RolloutState], metadata: list[dict]
+    logs: list[list[Message]],
+    states: list[RolloutState],
+    metadata: list[dict],
+    env_metrics: dict[str, float],
 ) -> RolloutResult:
     """The RolloutResult of finished conversations and their bookkeeping."""
     return RolloutResult(
@@ -117,6 +125,7 @@ def finished_rollout(
         truncated=torch.tensor([s.truncated for s in states]),
         metadata=metadata,
         metrics=rollout_metrics(states),
+        env_metrics=env_metrics,
     )
 
 
@@ -165,20 +174,23 @@ def _generate_turn(
         )
 
 
-def grade(task_to_env: dict, logs: list, metadata: list, active: list[int]) -> dict:
-    """{sample: (reward, done, reply, metadata)} from each sample's environment, one batched
-    call per task."""
+def grade(
+    task_to_env: dict, logs: list, metadata: list, active: list[int]
+) -> tuple[dict, dict[str, float]]:
+    """({sample: (reward, done, reply, metadata)}, {"env/<task>/<name>": value}) from each
+    sample's environment, one batched call per task."""
     by_task = defaultdict(list)
     for i in active:
         by_task[metadata[i].get("task", DEFAULT_TASK)].append(i)
-    results = {}
+    results, metrics = {}, {}
     for task, rows in by_task.items():
         if task not in task_to_env:
             raise KeyError(f"no environment for task {task!r}; have {sorted(task_to_env)}")
         step = task_to_env[task].step([logs[i] for i in rows], [metadata[i] for i in rows])
         for j, i in enumerate(rows):
             results[i] = (step.rewards[j], step.done[j], step.next_messages[j], step.metadata[j])
-    return results
+        metrics.update({f"env/{task}/{name}": value for name, value in step.metrics.items()})
+    return results, metrics
 
 
 def rollout_metrics(states: list[RolloutState]) -> dict[str, float]:

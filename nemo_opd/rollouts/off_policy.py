@@ -38,10 +38,10 @@ def reference_rollout(
     logs = formatter.response_logs(message_logs, [meta["response"] for meta in metadata])
     states = [_cut_to_fit(log, max_seq_len) for log in logs]
     metadata = [dict(meta) for meta in metadata]
-    graded = grade(task_to_env, logs, metadata, list(range(len(logs))))
+    graded, env_metrics = grade(task_to_env, logs, metadata, list(range(len(logs))))
     for i, (reward, _done, _reply, meta) in graded.items():
         states[i].reward, metadata[i] = reward, meta
-    return finished_rollout(logs, states, metadata)
+    return finished_rollout(logs, states, metadata, env_metrics)
 
 
 def _cut_to_fit(log: list[Message], max_seq_len: int) -> RolloutState:

@@ -1,0 +1,78 @@
+"""A grader worker process: grades one answer at a time for grader_pool.GraderPool.
+
+    python -m nemo_opd.environments.grader_worker --grader math_verify --max-answer-chars 1000 \\
+        --memory-mb 2048 --parent PID
+
+Protocol, one JSON line each way on stdin / stdout: it writes "ready" once its engine is loaded,
+then reads {"response": str, "reference": str} and answers [correct, how] (math_verify.grade).
+Anything else the libraries print goes to stderr, so it cannot corrupt a reply.
+
+Guards: its address space is capped at --memory-mb (a runaway sympy computation fails with
+MemoryError, which counts as wrong, instead of swapping the machine); it dies with its parent
+(Linux: PR_SET_PDEATHSIG), so a killed driver leaves no grader behind; it runs in a session of its
+own, so a Ctrl-C in the driver's terminal reaches the driver only, which then shuts it down.
+"""
+
+import argparse
+import ctypes
+import json
+import logging
+import os
+import resource
+import signal
+import sys
+
+from nemo_opd.environments.math_verify import GRADERS, grade, warm_up
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent: int) -> None:
+    """Ask the kernel to kill this process when its parent dies (Linux); exit at once if the
+    parent is already gone."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:
+        sys.exit(0)
+
+
+def _limit_memory(megabytes: int) -> None:
+    """Cap the address space (RLIMIT_AS) at megabytes."""
+    limit = megabytes * 2**20
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+
+
+def _protocol_stream():
+    """A private binary stream on the original stdout; fd 1 then points at stderr, so stray prints
+    of the libraries land there."""
+    stream = os.fdopen(os.dup(1), "wb", buffering=0)
+    os.dup2(2, 1)
+    return stream
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--grader", choices=GRADERS, required=True)
+    parser.add_argument("--max-answer-chars", type=int, required=True)
+    parser.add_argument("--memory-mb", type=int, required=True)
+    parser.add_argument("--parent", type=int, required=True)
+    args = parser.parse_args(argv)
+    _die_with_parent(args.parent)
+    _limit_memory(args.memory_mb)
+    logging.getLogger("math_verify").setLevel(logging.CRITICAL)  # parse failures are routine
+    out = _protocol_stream()
+    warm_up(args.grader)
+    out.write(b'"ready"\n')
+    for line in sys.stdin.buffer:
+        request = json.loads(line)
+        response, reference = request["response"], request["reference"]
+        verdict = grade(response, reference, args.max_answer_chars, args.grader)
+        out.write(json.dumps(verdict).encode() + b"\n")
+
+
+if __name__ == "__main__":
+    main()
