@@ -3,22 +3,27 @@ student is trained to match the teacher on the states it visited.
 
     run(cfg)  =  setup(cfg)  ->  distillation_train(run)  ->  export the final student
 
-One step of distillation_train, in order:
+setup (algorithms/setup.py) builds the run; this module is the loop. One step of
+distillation_train, in order:
     1. refit     push the student's weights into vLLM, only when they changed
     2. rollout   run_multi_turn_rollout over the math environment; or, on an off-policy step
                  (distillation.lmbda < 1, objective.loss sft), the dataset's responses
                  (reference_rollout) or the teacher's samples (distillation.seq_kd), without
                  refit
     3. flatten   message logs -> input_ids, input_lengths, token_mask, sample_mask
-    4. teacher   what the objective uses: top-k log-probs and ids of every position, and/or
-                 the log-prob of every sampled token (no teacher at all for reward-only RL);
-                 with several teachers, each row is scored by its prompt's (RoutedTeachers)
+    4. teacher   what the objective uses (teachers.base.Teacher.score): top-k log-probs and ids
+                 of every position, and/or the log-prob of every sampled token (no teacher at
+                 all for reward-only RL), whatever kind of teacher it is
     5. advantage (objective.loss policy_gradient) the student's log-probs before the update,
                  vLLM's sampling log-probs, and the advantages (nemo_opd.algorithms.advantages)
     6. train     student.train with the objective's loss (DistillationLossFn or
                  PolicyGradientLossFn; one optimizer step per global batch)
     7. validate  every val_period steps: greedy accuracy, avg@k, average length, validation KL
     8. save/log  checkpoint every save_period steps; metrics to console, JSONL, TensorBoard
+
+The run ends after distillation.max_num_steps steps or when the loader would start epoch
+distillation.max_num_epochs, whichever comes first; that step validates (val_at_end) and saves
+like the last one.
 
 Resuming is automatic: when checkpointing.checkpoint_dir holds a checkpoint, the student,
 optimizer, data position and step are restored, and sampling seeds depend only on (seed, step),
@@ -30,135 +35,43 @@ rollouts.
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import ray
 import torch
-from ray.util.placement_group import PlacementGroup
-from transformers import PreTrainedTokenizerBase
 
 from nemo_opd.algorithms.advantages import compute_advantages, group_ids_for
-from nemo_opd.algorithms.data_mix import is_on_policy_step, on_policy_share
-from nemo_opd.algorithms.model_checks import (
-    check_megatron_training_precision,
-    check_tensor_parallel,
-    check_vocab_sizes,
-    load_model_config,
+from nemo_opd.algorithms.data_mix import is_on_policy_step
+from nemo_opd.algorithms.prompts import repeat_samples
+from nemo_opd.algorithms.setup import (
+    DistillationRun,
+    rollouts_per_step,
+    sampling_temperature,
+    setup,
+    teacher_temperature,
 )
-from nemo_opd.algorithms.prompts import (
-    PromptSet,
-    check_fills_one_batch,
-    encode_prompts,
-    repeat_samples,
-)
-from nemo_opd.algorithms.tokenizers import check_same_vocabulary, load_tokenizer
-from nemo_opd.config import DistillationConfig, PolicyConfig
-from nemo_opd.config.checks import template_fields
+from nemo_opd.config import DistillationConfig
 from nemo_opd.data.batching import TensorBatch
-from nemo_opd.data.chat import ChatFormatter, read_text_file
-from nemo_opd.data.datasets import load_prompt_records
 from nemo_opd.data.message_log import flatten_generation_logprobs, flatten_message_logs
-from nemo_opd.data.prompt_loader import PromptLoader
-from nemo_opd.distributed.cluster import (
-    WorkerResources,
-    build_placement_group,
-    resolve_device_type,
-)
-from nemo_opd.distributed.nodes import choose_nodes, format_placement, placement_record
-from nemo_opd.distributed.placement import (
-    WorkerSplit,
-    bundle_node_slots,
-    generation_bundles,
-    worker_split,
-)
-from nemo_opd.distributed.ray_runtime import init_ray
-from nemo_opd.distributed.shared_paths import check_shared_paths, paths_workers_use
-from nemo_opd.environments import MathEnvironment
-from nemo_opd.errors import RunError, ServiceError, SetupError
+from nemo_opd.errors import RunError, ServiceError
 from nemo_opd.generation import VllmGeneration, logprob_mismatch
-from nemo_opd.losses import (
-    DistillationLossFn,
-    NLLLossFn,
-    PolicyGradientLossFn,
-    build_loss_mask,
-)
+from nemo_opd.losses import build_loss_mask
 from nemo_opd.policy.engines.base import metric_reduction
-from nemo_opd.policy.policy import Policy
 from nemo_opd.rollouts import RolloutResult, run_multi_turn_rollout
 from nemo_opd.rollouts.off_policy import reference_rollout
-from nemo_opd.teachers.privileged import PrivilegedContext
-from nemo_opd.teachers.routed import RoutedTeachers, route_rows
-from nemo_opd.teachers.served import ServedTeacher
-from nemo_opd.teachers.served_checks import check_served_teacher
-from nemo_opd.tiny.assets import recorded_heldout_accuracy, resolve_pretrained
-from nemo_opd.utils.checkpoint_manager import CheckpointManager
-from nemo_opd.utils.logger import Logger
+from nemo_opd.teachers.base import Rollouts, TeacherNeed
+from nemo_opd.tiny.assets import recorded_heldout_accuracy
 from nemo_opd.utils.plot import ROLLOUTS_KEY, plot_metrics
-from nemo_opd.utils.run_dirs import RunLock, check_writable, with_absolute_paths
-from nemo_opd.utils.startup import StartupMarks, format_startup_report, startup_metrics
+from nemo_opd.utils.startup import startup_metrics
 from nemo_opd.utils.stop_signal import StopSignal
 from nemo_opd.utils.timers import Timers
 
 FINAL_MODEL_DIR = "final_model"
 ELAPSED_KEY = "progress/elapsed_s"
-PLACEMENT_FILE = "placement.json"
-"""Where Ray placed the run's workers (nodes.placement_record), in logger.log_dir."""
 STOPPED_EXIT_STATUS = 128 + signal.SIGTERM
 """Exit status of a run that SIGTERM stopped at a clean point (the shell's convention)."""
-SHARE = 1 / 3
-"""Fraction of each training bundle (CPUs, GPU) taken by the student, the teacher and colocated
-generation: they run one after another within a step, so they share the devices."""
-
-
-@dataclass
-class DistillationRun:
-    """Everything setup() builds; distillation_train() drives it."""
-
-    cfg: DistillationConfig
-    formatter: ChatFormatter
-    train_prompts: PromptSet
-    val_prompts: PromptSet
-    loader: PromptLoader
-    environments: dict
-    student: Policy
-    teacher: Policy | RoutedTeachers | ServedTeacher | None
-    generation: VllmGeneration
-    loss_fn: DistillationLossFn | PolicyGradientLossFn | NLLLossFn
-    val_loss_fn: DistillationLossFn | None
-    logger: Logger
-    checkpoints: CheckpointManager
-    placement: PlacementGroup
-    lock: RunLock
-    privileged: PrivilegedContext | None = None
-    """The teacher's own prompt (teacher.prompt_template), when it has one."""
-    teacher_sampler: VllmGeneration | None = None
-    """vLLM holding the teacher, sampling the off-policy steps' responses (seq_kd)."""
-    step: int = 0
-    generation_version: int = 0
-    last_metrics: dict = field(default_factory=dict)
-    startup: dict = field(default_factory=dict)
-    """{process: {mark: time.time()}} of the driver and every worker (nemo_opd.utils.startup);
-    logged as timing/startup/* with the first metrics, then cleared."""
-    started_at: float = field(default_factory=time.time)
-    """time.time() when the driver process started (progress/elapsed_s counts from it)."""
-
-    def shutdown(self) -> None:
-        """Stop every worker (generation first: it holds the most memory)."""
-        teachers = _teacher_workers(self.teacher).values()
-        for part in (self.generation, self.teacher_sampler, self.student, *teachers):
-            if part is not None:
-                part.shutdown()
-        for env in self.environments.values():
-            env.shutdown()
-        ray.util.remove_placement_group(self.placement)
-        if self.logger is not None:
-            self.logger.close()
-        self.lock.release()
 
 
 def run(cfg: DistillationConfig) -> int:
@@ -173,459 +86,6 @@ def run(cfg: DistillationConfig) -> int:
     finally:
         state.shutdown()
     return 0
-
-
-# ------------------------------------------------------------------------------------------ setup
-
-
-def setup(cfg: DistillationConfig) -> DistillationRun:
-    """Claim the output directories, then build everything (_build_run); the directories are
-    released again if building fails."""
-    marks = StartupMarks()
-    cfg = with_absolute_paths(cfg)  # the workers' working directory is not the driver's
-    lock = _claim_directories(cfg)
-    try:
-        return _build_run(cfg, lock, marks)
-    except BaseException:
-        lock.release()
-        raise
-
-
-def _claim_directories(cfg: DistillationConfig) -> RunLock:
-    """This run alone uses checkpointing.checkpoint_dir (a lock held until shutdown), and it
-    and logger.log_dir can be written: checked before anything starts."""
-    lock = RunLock(cfg.checkpointing.checkpoint_dir)
-    note = lock.acquire()
-    if note:
-        print(f"checkpoints: {note}")
-    try:
-        check_writable(cfg.checkpointing.checkpoint_dir, "checkpointing.checkpoint_dir")
-        check_writable(cfg.logger.log_dir, "logger.log_dir")
-    except SetupError:
-        lock.release()
-        raise
-    return lock
-
-
-def _build_run(cfg: DistillationConfig, lock: RunLock, marks: StartupMarks) -> DistillationRun:
-    """Build tokenizer, data, environments, student, teacher, generation, loss and logging, and
-    restore the newest checkpoint that verifies, if there is one. `marks` gets the driver's
-    start-up times.
-
-    Order (docs/benchmarks.md has the start-up profile): the tokenizers and model configs are
-    checked; vLLM, whose start-up is the longest, is launched; the data are loaded while it
-    loads; then student and teacher start, and the environments while they all load. When
-    anything fails, the parts already started are shut down."""
-    # Models: "tiny:*" names build (or reuse) the embedded assets here, once, on the driver.
-    cfg = _resolve_model_paths(cfg)
-    tokenizer = _check_models(cfg)
-    served = _served_teacher(cfg, tokenizer) if _is_served(cfg) else None
-    init_ray(cfg.cluster)  # the command line has started it already
-    marks.note("ray")
-    split = worker_split(cfg.cluster, cfg.policy.generation)
-    device = resolve_device_type(cfg.cluster)
-    check_megatron_training_precision(cfg.policy, device)
-    placement = _reserve_workers(cfg, device)
-    started = []
-    try:
-        generation = _build_generation(cfg, device, split, placement)
-        started.append(generation)
-        teacher_sampler = _build_teacher_sampler(cfg, device, split, placement)
-        if teacher_sampler is not None:
-            started.append(teacher_sampler)
-        marks.note("vllm_launched")
-        formatter, train, val = _load_prompts(cfg, tokenizer)
-        marks.note("data")
-        student = Policy(
-            cfg.policy,
-            cfg.cluster,
-            num_workers=split.training,
-            name="policy",
-            total_steps=cfg.distillation.max_num_steps * _optimizer_steps_per_step(cfg),
-            placement=placement,
-            share=SHARE,
-            wait=False,
-        )
-        started.append(student)
-        teacher = served
-        if served is None and cfg.named_teachers:
-            teacher = _start_teachers(cfg, split.training, placement)
-            started.append(teacher)
-        marks.note("workers_launched")
-        environments = {"math": MathEnvironment(cfg.env.math)}
-        _wait_for_workers(marks, student, _teacher_workers(teacher), generation, teacher_sampler)
-    except BaseException:
-        for part in started:
-            part.shutdown()
-        ray.util.remove_placement_group(placement)
-        raise
-    _print_temperatures(cfg)
-
-    run_state = DistillationRun(
-        cfg=cfg,
-        formatter=formatter,
-        train_prompts=train,
-        val_prompts=val,
-        loader=PromptLoader(
-            train.samples,
-            cfg.distillation.num_prompts_per_step,
-            cfg.data.shuffle,
-            cfg.distillation.seed,
-        ),
-        environments=environments,
-        student=student,
-        teacher=teacher,
-        generation=generation,
-        loss_fn=_build_loss(cfg),
-        val_loss_fn=DistillationLossFn.from_config(cfg.loss_fn) if teacher else None,
-        logger=None,
-        checkpoints=CheckpointManager(cfg.checkpointing),
-        placement=placement,
-        lock=lock,
-        privileged=_privileged_context(cfg, formatter),
-        teacher_sampler=teacher_sampler,
-    )
-    _restore_latest(run_state)
-    marks.note("setup_done")
-    run_state.startup = _collect_startup(
-        marks, student, _teacher_workers(teacher), generation, teacher_sampler
-    )
-    run_state.started_at = marks.as_dict()["process"]
-    print(format_startup_report(marks.as_dict()["process"], run_state.startup))
-    _report_placement(cfg, student, _teacher_workers(teacher), generation, teacher_sampler)
-    run_state.logger = Logger(
-        cfg.logger,
-        run_config=cfg.model_dump(mode="json"),
-        resume_step=run_state.step,
-        total_steps=cfg.distillation.max_num_steps,
-    )
-    return run_state
-
-
-def _check_models(cfg: DistillationConfig) -> PreTrainedTokenizerBase:
-    """The student's tokenizer, after checking it against every teacher's, and the model configs
-    against each other (vocabularies, tensor-parallel sizes, top-k); SetupError on a mismatch."""
-    tokenizer = load_tokenizer(cfg.policy.tokenizer, "policy")
-    local_teachers = {} if _is_served(cfg) else cfg.teacher_sections  # else: checked served
-    for section, teacher in local_teachers.items():
-        check_same_vocabulary(tokenizer, load_tokenizer(teacher.tokenizer, section))
-    student_config = load_model_config(cfg.policy, "policy")
-    check_tensor_parallel(cfg.policy, student_config, "policy")
-    for section, teacher in local_teachers.items():
-        teacher_config = load_model_config(teacher, section)
-        check_vocab_sizes(student_config, teacher_config, len(tokenizer), section)
-        check_tensor_parallel(teacher, teacher_config, section)
-    if cfg.named_teachers and cfg.distillation.topk_logits_k > student_config.vocab_size:
-        raise SetupError(
-            f"distillation.topk_logits_k ({cfg.distillation.topk_logits_k}) exceeds the "
-            f"vocabulary size ({student_config.vocab_size})"
-        )
-    return tokenizer
-
-
-def _privileged_template(cfg: DistillationConfig) -> str | None:
-    """teacher.prompt_template (the teacher's own prompt), if there is a teacher with one."""
-    return cfg.teacher.prompt_template if cfg.teacher is not None else None
-
-
-def _privileged_context(
-    cfg: DistillationConfig, formatter: ChatFormatter
-) -> PrivilegedContext | None:
-    template = _privileged_template(cfg)
-    return None if template is None else PrivilegedContext(formatter, template)
-
-
-def _is_served(cfg: DistillationConfig) -> bool:
-    return cfg.teacher is not None and cfg.teacher.server.enabled
-
-
-def _start_teachers(
-    cfg: DistillationConfig, workers: int, placement: PlacementGroup
-) -> Policy | RoutedTeachers:
-    """The in-process teacher's workers, or with several teachers one Policy each behind
-    RoutedTeachers; the teachers split one teacher's share of every training bundle."""
-    named = cfg.named_teachers
-    policies = {
-        name: Policy(
-            teacher,
-            cfg.cluster,
-            optimizer=False,
-            num_workers=workers,
-            name="teacher" if cfg.teachers is None else f"teacher.{name}",
-            placement=placement,
-            share=SHARE / len(named),
-            wait=False,
-        )
-        for name, teacher in named.items()
-    }
-    return policies["teacher"] if cfg.teachers is None else RoutedTeachers(policies)
-
-
-def _served_teacher(cfg: DistillationConfig, tokenizer: PreTrainedTokenizerBase) -> ServedTeacher:
-    """The teacher behind teacher.server, checked against the live server (SetupError)."""
-    server = cfg.teacher.server
-    teacher = ServedTeacher(
-        server.base_url,
-        server.model_name or cfg.teacher.model_name,
-        timeout_s=server.timeout_s,
-        max_concurrency=server.max_concurrency,
-        max_retries=server.max_retries,
-        backoff_s=server.retry_backoff_s,
-        rows_per_request=server.rows_per_request,
-    )
-    check_served_teacher(
-        teacher,
-        topk=cfg.distillation.topk_logits_k,
-        max_sequence_length=cfg.policy.max_total_sequence_length,
-        tokenizer=tokenizer,
-    )
-    print(f"teacher: served by {server.base_url} (model {teacher.model!r})")
-    return teacher
-
-
-def _teacher_workers(
-    teacher: Policy | RoutedTeachers | ServedTeacher | None,
-) -> dict[str, Policy]:
-    """{part name: Policy} of the teacher's Ray workers: {"teacher": ...}, one
-    "teacher.<name>" per routed teacher, or {} (a served teacher has none to start or stop)."""
-    if isinstance(teacher, RoutedTeachers):
-        return {f"teacher.{name}": policy for name, policy in teacher.items()}
-    return {"teacher": teacher} if isinstance(teacher, Policy) else {}
-
-
-def _load_prompts(
-    cfg: DistillationConfig, tokenizer: PreTrainedTokenizerBase
-) -> tuple[ChatFormatter, PromptSet, PromptSet]:
-    """The chat formatter and the train and validation prompts, rendered with the chat template
-    and tokenized (too-long prompts skipped and counted); SetupError on bad data."""
-    formatter = ChatFormatter(
-        tokenizer,
-        read_text_file(cfg.data.prompt_file, "data.prompt_file"),
-        read_text_file(cfg.data.system_prompt_file, "data.system_prompt_file"),
-    )
-    max_prompt = cfg.data.max_input_seq_length or cfg.policy.max_total_sequence_length - 1
-    template = _privileged_template(cfg)
-    privileged = template is not None and "response" in template_fields(template)
-    # The dataset's responses: the off-policy steps' data (unless the teacher samples it).
-    off_policy = on_policy_share(cfg) < 1.0 and not cfg.distillation.seq_kd
-    # Several teachers: each record's teacher, by data.teacher_key.
-    teachers = list(cfg.teachers) if cfg.teachers is not None else None
-    records = load_prompt_records(
-        cfg.data, "train", responses=off_policy or privileged, teachers=teachers
-    )
-    train = encode_prompts(records, formatter, max_prompt, "train")
-    val_records = load_prompt_records(
-        cfg.data, "validation", responses=privileged, teachers=teachers
-    )
-    val = encode_prompts(val_records, formatter, max_prompt, "validation")
-    if cfg.distillation.max_val_samples is not None:
-        val.samples = val.samples[: cfg.distillation.max_val_samples]
-    print(
-        f"data: {len(train.samples)} train prompts ({train.skipped} skipped as longer than "
-        f"{max_prompt} tokens), {len(val.samples)} validation prompts ({val.skipped} skipped)"
-    )
-    check_fills_one_batch(train, cfg.distillation.num_prompts_per_step, max_prompt)
-    return formatter, train, val
-
-
-def _named_parts(
-    student: Policy,
-    teachers: dict[str, Policy],
-    generation: VllmGeneration | None,
-    teacher_sampler: VllmGeneration | None,
-) -> list[tuple[str, object]]:
-    """(name, part) of what a run starts, in the order student, teachers (_teacher_workers'
-    names), vLLM, the teacher's vLLM (seq_kd); the parts it did not start (None) left out."""
-    parts = [("policy", student), *teachers.items()]
-    parts += [("vllm", generation), ("teacher_vllm", teacher_sampler)]
-    return [(name, part) for name, part in parts if part is not None]
-
-
-def _wait_for_workers(marks: StartupMarks, *parts) -> None:
-    """Block until every part (_named_parts' arguments) has started, marking each."""
-    for name, part in _named_parts(*parts):
-        part.wait_until_ready()
-        marks.note(f"{name}_ready")
-
-
-def _collect_startup(marks: StartupMarks, *parts) -> dict[str, dict[str, float]]:
-    """{"driver": ..., "policy.<rank>": ..., "teacher.<rank>": ..., "vllm.<engine>": ...,
-    "teacher_vllm.<engine>": ...} for _named_parts' arguments."""
-    processes = {"driver": marks.as_dict()}
-    for name, part in _named_parts(*parts):
-        for index, worker in enumerate(part.startup_marks()):
-            processes[f"{name}.{index}"] = worker
-    return processes
-
-
-def _build_teacher_sampler(
-    cfg: DistillationConfig, device: str, split: WorkerSplit, placement: PlacementGroup
-) -> VllmGeneration | None:
-    """With distillation.seq_kd, vLLM holding the teacher (like the student's engines, with its
-    generation settings); SetupError for colocated generation on CUDA (no room for it yet)."""
-    if not cfg.distillation.seq_kd:
-        return None
-    if device == "cuda" and cfg.policy.generation.colocated.enabled:
-        raise SetupError(
-            "distillation.seq_kd needs a second vLLM engine (the teacher's), which colocated "
-            "generation on GPUs has no room for yet; set "
-            "policy.generation.colocated.enabled=false"
-        )
-    return _build_generation(cfg, device, split, placement, cfg.teacher)
-
-
-def _resolve_model_paths(cfg: DistillationConfig) -> DistillationConfig:
-    """The config with "tiny:*" model and tokenizer names replaced by local directories (not a
-    served teacher's: its name is the one the server knows, and nothing of it is loaded here)."""
-    update = {"policy": cfg.policy.with_names(resolve_pretrained)}
-    if cfg.teacher is not None and not _is_served(cfg):
-        update["teacher"] = cfg.teacher.with_names(resolve_pretrained)
-    if cfg.teachers is not None:
-        update["teachers"] = {
-            name: teacher.with_names(resolve_pretrained) for name, teacher in cfg.teachers.items()
-        }
-    return cfg.model_copy(update=update)
-
-
-def _rollouts_per_step(cfg: DistillationConfig) -> int:
-    return cfg.distillation.num_prompts_per_step * cfg.distillation.num_generations_per_prompt
-
-
-def _optimizer_steps_per_step(cfg: DistillationConfig) -> int:
-    return _rollouts_per_step(cfg) // cfg.policy.train_global_batch_size
-
-
-def _build_generation(
-    cfg: DistillationConfig,
-    device: str,
-    split: WorkerSplit,
-    placement: PlacementGroup,
-    model: PolicyConfig | None = None,
-) -> VllmGeneration:
-    """vLLM engines holding the student's initial weights (or `model`'s: the teacher's, for
-    distillation.seq_kd; never refit), in the placement's generation bundles
-    (placement.generation_bundles). On CUDA: one per generation worker, a third of a training
-    bundle when colocated (next to student and teacher), a whole bundle of its own otherwise.
-    On CPU: one per node that generates, with no reservation, on as many threads as the
-    training workers of a node hold CPUs (it time-shares the cores with training, which waits
-    while it generates)."""
-    gen_cfg = cfg.policy.generation
-    colocated = device == "cuda" and gen_cfg.colocated.enabled
-    model = model or cfg.policy
-    bundles = generation_bundles(cfg.cluster, split, gen_cfg, device)
-    return VllmGeneration(
-        gen_cfg,
-        model.model_name,
-        model.tokenizer.name,
-        device_type=device,
-        num_engines=len(bundles),
-        seed=cfg.distillation.seed,
-        cpus_per_engine=cfg.cluster.cpus_per_worker * SHARE if colocated else None,
-        cpu_threads=cfg.cluster.cpus_per_worker * cfg.cluster.gpus_per_node,
-        gpus_per_engine=SHARE if colocated else None,
-        placement=placement,
-        bundles=bundles,
-        wait=False,
-    )
-
-
-def _reserve_workers(cfg: DistillationConfig, device: str) -> PlacementGroup:
-    """The placement group of the run: cluster.num_nodes nodes chosen (SetupError when the
-    cluster lacks them), checked to see the paths the workers use, and one bundle per worker
-    pinned to its node (placement.bundle_node_slots)."""
-    resources = WorkerResources(device, cfg.cluster.cpus_per_worker)
-    nodes = choose_nodes(cfg.cluster, resources)
-    check_shared_paths(paths_workers_use(cfg), nodes)
-    slots = bundle_node_slots(cfg.cluster)
-    return build_placement_group(len(slots), resources, nodes=[nodes[s].node_id for s in slots])
-
-
-def _report_placement(cfg: DistillationConfig, *parts: Policy | VllmGeneration | None) -> None:
-    """Print where Ray placed every worker (_named_parts' order) and write it to
-    logger.log_dir/placement.json."""
-    record = placement_record({name: part.nodes() for name, part in _named_parts(*parts)})
-    print(format_placement(record))
-    log_dir = Path(cfg.logger.log_dir)
-    log_dir.mkdir(parents=True, exist_ok=True)
-    (log_dir / PLACEMENT_FILE).write_text(json.dumps(record, indent=2) + "\n")
-
-
-def _build_loss(cfg: DistillationConfig) -> DistillationLossFn | PolicyGradientLossFn | NLLLossFn:
-    """The objective's training loss: the top-k divergence, the supervised NLL, or the
-    policy-gradient loss at the sampling temperature (its ratios compare with vLLM's sampling
-    log-probs)."""
-    if cfg.objective.loss == "topk_kl":
-        return DistillationLossFn.from_config(cfg.loss_fn)
-    if cfg.objective.loss == "sft":
-        return NLLLossFn()
-    return PolicyGradientLossFn.from_config(
-        cfg.objective, cfg.loss_fn, temperature=_sampling_temperature(cfg)
-    )
-
-
-def _sampling_temperature(cfg: DistillationConfig) -> float:
-    return cfg.policy.generation.temperature or 1.0
-
-
-def _teacher_temperature(cfg: DistillationConfig) -> float:
-    return cfg.distillation.teacher_temperature or cfg.loss_fn.temperature
-
-
-def _print_temperatures(cfg: DistillationConfig) -> None:
-    objective = cfg.objective
-    student = cfg.loss_fn.temperature
-    if objective.loss == "policy_gradient":
-        student = _sampling_temperature(cfg)
-    teacher = f", teacher {_teacher_temperature(cfg)}" if objective.uses_teacher else ""
-    print(
-        f"objective: {_describe_objective(cfg)}\n"
-        f"temperatures: sampling {cfg.policy.generation.temperature}, student in the loss "
-        f"{student}{teacher}"
-    )
-
-
-def _describe_objective(cfg: DistillationConfig) -> str:
-    """One line naming the loss, its enabled terms and the share of on-policy steps."""
-    objective = cfg.objective
-    if objective.loss == "sft":
-        return "supervised NLL of the dataset's responses (no teacher)"
-    if objective.loss == "topk_kl":
-        topk = f"top-k {cfg.loss_fn.kl_type} divergence (k={cfg.distillation.topk_logits_k})"
-        share = on_policy_share(cfg)
-        if share < 1.0:
-            topk += f", on-policy share {share:g} (lmbda; the rest the dataset's responses)"
-        return topk
-    terms = []
-    if objective.opd_coef > 0:
-        terms.append(
-            f"{objective.opd_coef} x sampled reverse KL (discount {objective.opd_discount})"
-        )
-    if objective.uses_reward:
-        terms.append(f"{objective.reward_coef} x reward ({objective.reward_estimator})")
-    loss = f"policy gradient over advantages {' + '.join(terms)}"
-    if objective.topk_kl_coef > 0:
-        loss += f", plus {objective.topk_kl_coef} x top-k {cfg.loss_fn.kl_type} divergence"
-    return loss
-
-
-def _restore_latest(state: DistillationRun) -> None:
-    """Load the newest checkpoint of checkpointing.checkpoint_dir that verifies, if any; newer
-    ones that do not are set aside under unreadable/ and reported."""
-    if not state.cfg.checkpointing.enabled:
-        return
-    point = state.checkpoints.resume_point()
-    for moved, reason in point.set_aside:
-        print(f"checkpoint not resumable, set aside as {moved}: {reason}")
-    if point.path is None:
-        return
-    path = point.path
-    saved = state.checkpoints.load_state(path)
-    state.student.load(str(path / "policy"))
-    state.loader.load_state_dict(saved["state"]["loader"])
-    state.step = int(saved["step"])
-    state.generation_version = -1  # vLLM holds the initial weights: refit before sampling
-    state.last_metrics = dict(saved.get("metrics", {}))
-    print(f"resumed from {path} (step {state.step})")
 
 
 # --------------------------------------------------------------------------------------- training
@@ -668,7 +128,7 @@ def _step_and_validate(state: DistillationRun, samples: list, step: int, timers:
     with timers.time("train"):
         metrics = _train_step(state, samples, step, timers)
     state.step = step
-    metrics[ROLLOUTS_KEY] = step * _rollouts_per_step(state.cfg)
+    metrics[ROLLOUTS_KEY] = step * rollouts_per_step(state.cfg)
     last = step == loop.max_num_steps
     if (loop.val_period and step % loop.val_period == 0) or (last and loop.val_at_end):
         metrics.update(validate(state, timers))
@@ -731,9 +191,9 @@ def _train_step(state: DistillationRun, samples: list, step: int, timers: Timers
     with timers.time("policy_training"):
         history = state.student.train(batch, state.loss_fn)
     metrics.update(_train_metrics(history, batch, rollout))
-    metrics.update(_route_metrics(_routes(state, rollout), rollout.rewards))
-    if isinstance(state.teacher, ServedTeacher):
-        metrics["teacher/server_retries"] = state.teacher.retries
+    if state.teacher is not None:
+        metrics.update(_route_metrics(state.teacher.groups(rollout.metadata), rollout.rewards))
+        metrics.update(state.teacher.take_metrics())
     state.logger.log_rollouts(_rollout_records(rollout), step=step)
     return metrics
 
@@ -751,7 +211,7 @@ def _step_rollout(
     if on_policy:
         rollout = _rollout(state, logs, metadata, greedy=False, seed=seed)
     elif sampler is not None:
-        temperature = _teacher_temperature(cfg)
+        temperature = teacher_temperature(cfg)
         rollout = _rollout(
             state, logs, metadata, greedy=False, seed=seed, temperature=temperature, engine=sampler
         )
@@ -771,49 +231,29 @@ def _scored_batch(
     (teacher_topk_logprobs, teacher_topk_indices [B, S, k]) and its log-prob of every sampled
     token (teacher_logprobs [B, S], position t scoring token t + 1)."""
     cfg = state.cfg
-    pad = state.formatter.tokenizer.pad_token_id
-    batch = flatten_message_logs(rollout.message_logs, pad)
-    temperature = _teacher_temperature(cfg)
-    # A privileged teacher scores its own rows (its prompt, the same conversation after it);
-    # its outputs come back in the student's positions.
-    rows = None
-    if state.privileged is not None and (topk or sampled):
-        rows = state.privileged.teacher_rows(rollout.message_logs, rollout.metadata, pad)
-    scored = batch if rows is None else rows.batch
-    width = batch["input_ids"].shape[1]
-
-    def as_student(values: torch.Tensor) -> torch.Tensor:
-        return values if rows is None else rows.to_student(values, width)
-
-    # Several teachers: each row is scored by the teacher its prompt's record names.
-    routes = _routes(state, rollout)
-    routing = {} if routes is None else {"routes": routes}
+    batch = flatten_message_logs(rollout.message_logs, state.formatter.tokenizer.pad_token_id)
+    rollouts = Rollouts(batch, rollout.message_logs, rollout.metadata)
+    temperature = teacher_temperature(cfg)
     if topk:
+        need = TeacherNeed(topk=cfg.distillation.topk_logits_k, temperature=temperature)
         with timers.time("teacher_topk"):
-            values, indices = state.teacher.get_topk_logits(
-                scored, cfg.distillation.topk_logits_k, temperature=temperature, **routing
-            )
-        batch["teacher_topk_logprobs"] = as_student(values)
-        batch["teacher_topk_indices"] = as_student(indices)
+            scores = state.teacher.score(rollouts, need)
+        batch["teacher_topk_logprobs"] = scores.topk_logprobs
+        batch["teacher_topk_indices"] = scores.topk_indices
     if sampled:
         with timers.time("teacher_logprobs"):
-            logprobs = state.teacher.get_logprobs(scored, temperature=temperature, **routing)
-        batch["teacher_logprobs"] = as_student(logprobs)
+            scores = state.teacher.score(
+                rollouts, TeacherNeed(sampled=True, temperature=temperature)
+            )
+        batch["teacher_logprobs"] = scores.logprobs
     return batch
 
 
-def _routes(state: DistillationRun, rollout: RolloutResult) -> list[str] | None:
-    """The teacher of every row of a rollout (its prompt record's), with several teachers."""
-    if not isinstance(state.teacher, RoutedTeachers):
-        return None
-    return [meta["teacher"] for meta in rollout.metadata]
-
-
-def _route_metrics(routes: list[str] | None, rewards: torch.Tensor) -> dict:
+def _route_metrics(groups: dict[str, torch.Tensor], rewards: torch.Tensor) -> dict:
     """teacher/<name>/samples (rows routed to it) and teacher/<name>/reward (their mean reward),
     with several teachers."""
     metrics = {}
-    for name, rows in route_rows(routes or []).items():
+    for name, rows in groups.items():
         metrics[f"teacher/{name}/samples"] = float(len(rows))
         metrics[f"teacher/{name}/reward"] = float(rewards[rows].mean())
     return metrics
@@ -831,7 +271,7 @@ def _policy_gradient_inputs(
     t + 1) to the batch; returns the advantages' metrics as train/*."""
     cfg, objective = state.cfg, state.cfg.objective
     with timers.time("old_logprobs"):
-        old = state.student.get_logprobs(batch, temperature=_sampling_temperature(cfg))
+        old = state.student.get_logprobs(batch, temperature=sampling_temperature(cfg))
     batch["old_logprobs"] = old
     batch["sampler_logprobs"] = _sampler_logprobs(rollout, old)
     with timers.time("advantages"):
@@ -930,7 +370,7 @@ def _logprob_mismatch(state: DistillationRun, batch: TensorBatch, rollout: Rollo
     if "old_logprobs" in checked:
         student = checked["old_logprobs"]
     else:
-        student = state.student.get_logprobs(checked, temperature=_sampling_temperature(state.cfg))
+        student = state.student.get_logprobs(checked, temperature=sampling_temperature(state.cfg))
     generated, mask = flatten_generation_logprobs(
         rollout.message_logs[:rows], checked["input_ids"].shape[1]
     )
@@ -996,7 +436,7 @@ def _validate_greedy(state: DistillationRun, timers: Timers) -> dict:
     teachers, each teacher's own as validation/teacher/<name>/* (its prompts' rollouts)."""
     loop = state.cfg.distillation
     samples = state.val_prompts.samples
-    rewards, routes, lengths, divergence = [], [], [], DivergenceSums()
+    rewards, graded, lengths, divergence = [], [], [], DivergenceSums()
     env_metrics: dict[str, float] = defaultdict(float)
     for start in range(0, len(samples), loop.val_batch_size):
         chunk = samples[start : start + loop.val_batch_size]
@@ -1007,15 +447,14 @@ def _validate_greedy(state: DistillationRun, timers: Timers) -> dict:
         for name, value in rollout.env_metrics.items():
             env_metrics[f"validation/{name}"] += value
         lengths.append(rollout.metrics["mean_generated_tokens"] * len(chunk))
-        chunk_routes = _routes(state, rollout)
-        routes += chunk_routes or []
-        if state.val_loss_fn is None:
+        graded += rollout.metadata
+        if state.teacher is None:
             continue
         batch = _scored_batch(state, rollout, timers, topk=True, sampled=False)
         with timers.time("student_eval"):
             # With several teachers, each teacher's rows apart: the overall values are the
             # token-weighted means of theirs.
-            groups = route_rows(chunk_routes) if chunk_routes else {"": None}
+            groups = state.teacher.groups(rollout.metadata) or {"": None}
             for name, rows in groups.items():
                 part = batch if rows is None else TensorBatch(batch).select(rows)
                 divergence.add(state.student.evaluate(part, state.val_loss_fn), name)
@@ -1026,7 +465,8 @@ def _validate_greedy(state: DistillationRun, timers: Timers) -> dict:
         **divergence.means("validation/"),
         **env_metrics,
     }
-    for name, rows in route_rows(routes).items():
+    groups = state.teacher.groups(graded) if state.teacher is not None else {}
+    for name, rows in groups.items():
         metrics[f"validation/teacher/{name}/accuracy"] = float(rewards[rows].mean())
     return metrics
 

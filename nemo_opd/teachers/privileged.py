@@ -10,6 +10,8 @@ is on-policy self-distillation: the model with the answer in view grades the mod
     values, indices = teacher.get_topk_logits(rows.batch, k)      # the teacher's positions
     values = rows.to_student(values, width)                       # the student's positions
 
+PrivilegedTeacher does this around any teacher, behind the Teacher interface.
+
 The opening of a conversation is every message before its first assistant message (system and
 user prompt, ending with the assistant header); everything after it (the assistant turns and
 any environment replies, multi-turn included) keeps its exact token ids. A row whose student
@@ -21,6 +23,7 @@ student's positions before p - 1 (inside its prompt, never trained) are 0, as pa
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -29,6 +32,10 @@ from nemo_opd.config.checks import template_fields
 from nemo_opd.data.batching import TensorBatch
 from nemo_opd.data.chat import ChatFormatter
 from nemo_opd.data.message_log import Message, flatten_message_logs, log_length
+from nemo_opd.teachers.base import Rollouts, Teacher, TeacherNeed, TeacherScores
+
+if TYPE_CHECKING:
+    from nemo_opd.policy.policy import Policy
 
 
 @dataclass
@@ -37,6 +44,8 @@ class TeacherRows:
 
     batch: TensorBatch
     """input_ids [B, S_t], input_lengths [B] (token_mask, sample_mask as flattened)."""
+    logs: list[list[Message]]
+    """The teacher's conversations (its opening, then the student's turns)."""
     student_opening: torch.Tensor
     """[B] int64: tokens of each student row's opening (p)."""
     teacher_opening: torch.Tensor
@@ -87,12 +96,44 @@ class PrivilegedContext:
         ]
         return TeacherRows(
             batch=flatten_message_logs(teacher_logs, pad_token_id),
+            logs=teacher_logs,
             student_opening=torch.tensor(
                 [log_length(log[:n]) for log, n in zip(logs, cut, strict=True)]
             ),
             teacher_opening=torch.tensor([log_length(opening) for opening in openings]),
             student_lengths=torch.tensor([log_length(log) for log in logs]),
         )
+
+
+class PrivilegedTeacher:
+    """Any teacher, given its own prompt: it scores the teacher's rows (PrivilegedContext) and
+    answers in the student's positions (the Teacher interface)."""
+
+    def __init__(self, inner: Teacher, context: PrivilegedContext, pad_token_id: int) -> None:
+        self.inner = inner
+        self.context = context
+        self.pad_token_id = pad_token_id
+
+    def score(self, rollouts: Rollouts, need: TeacherNeed) -> TeacherScores:
+        rows = self.context.teacher_rows(
+            rollouts.message_logs, rollouts.metadata, self.pad_token_id
+        )
+        scores = self.inner.score(Rollouts(rows.batch, rows.logs, rollouts.metadata), need)
+        width = rollouts.batch["input_ids"].shape[1]
+        moved = {name: rows.to_student(v, width) for name, v in scores.tensors().items()}
+        return TeacherScores(**moved)
+
+    def workers(self) -> dict[str, Policy]:
+        return self.inner.workers()
+
+    def groups(self, metadata: list[dict]) -> dict[str, torch.Tensor]:
+        return self.inner.groups(metadata)
+
+    def take_metrics(self) -> dict[str, float]:
+        return self.inner.take_metrics()
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
 
 
 def _opening_size(log: list[Message]) -> int:

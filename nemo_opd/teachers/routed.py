@@ -4,22 +4,27 @@ Each prompt's record names its teacher (data.teacher_key, through data.teacher_r
 rollout of the prompt carries that name in its metadata as "teacher". A batch is split by
 route, each teacher scores its own rows, and the outputs go back into the batch's row order:
 
-    teachers = RoutedTeachers({"math": math_policy, "code": code_policy})
-    routes = [meta["teacher"] for meta in rollout.metadata]           # one name per row
-    values, indices = teachers.get_topk_logits(batch, k, routes=routes)
+    teachers = RoutedTeachers({"math": math_teacher, "code": code_teacher})
+    scores = teachers.score(rollouts, TeacherNeed(topk=k))   # routes from rollouts.metadata
 
-Row i then holds exactly what routes[i]'s teacher computes for row i alone. The teachers score
-one after another: they share the workers' devices (each takes a share of every bundle).
+Row i then holds exactly what its teacher computes for row i alone. The teachers score one
+after another: they share the workers' devices (each takes a share of every bundle).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
-from nemo_opd.data.batching import TensorBatch
-from nemo_opd.policy import Policy
+from nemo_opd.teachers.base import Rollouts, Teacher, TeacherNeed, TeacherScores
+
+if TYPE_CHECKING:
+    from nemo_opd.policy.policy import Policy
+
+ROUTE_KEY = "teacher"
+"""The metadata field that names a row's teacher."""
 
 
 def route_rows(routes: Sequence[str]) -> dict[str, torch.Tensor]:
@@ -31,66 +36,45 @@ def route_rows(routes: Sequence[str]) -> dict[str, torch.Tensor]:
 
 
 class RoutedTeachers:
-    """Teachers by name behind one scoring interface; each call takes the route of every row."""
+    """Teachers by name behind the Teacher interface; each row's metadata names its teacher."""
 
-    def __init__(self, teachers: Mapping[str, Policy]):
+    def __init__(self, teachers: Mapping[str, Teacher]):
         if not teachers:
             raise ValueError("RoutedTeachers needs at least one teacher")
         self.teachers = dict(teachers)
 
-    def get_topk_logits(
-        self, data: Mapping, k: int, temperature: float = 1.0, *, routes: Sequence[str]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each row's teacher's top-k log-probs [B, S, k] fp32 and ids [B, S, k] int32 (as
-        Policy.get_topk_logits), for data with B rows and routes[i] the teacher of row i."""
-        values, indices = self._scatter(
-            data,
-            routes,
-            lambda teacher, rows: teacher.get_topk_logits(rows, k, temperature=temperature),
-        )
-        return values, indices
+    def score(self, rollouts: Rollouts, need: TeacherNeed) -> TeacherScores:
+        """Each row's teacher's scores (its rows alone), written back in the batch's order."""
+        merged: dict[str, torch.Tensor] = {}
+        size = rollouts.batch.size
+        for name, rows in self.groups(rollouts.metadata).items():
+            scores = self.teachers[name].score(rollouts.select(rows), need)
+            for field, values in scores.tensors().items():
+                if field not in merged:
+                    merged[field] = values.new_zeros((size, *values.shape[1:]))
+                merged[field][rows] = values
+        return TeacherScores(**merged)
 
-    def get_logprobs(
-        self, data: Mapping, temperature: float = 1.0, *, routes: Sequence[str]
-    ) -> torch.Tensor:
-        """Each row's teacher's log-prob of every next token [B, S] fp32 (as
-        Policy.get_logprobs)."""
-        (logprobs,) = self._scatter(
-            data,
-            routes,
-            lambda teacher, rows: (teacher.get_logprobs(rows, temperature=temperature),),
-        )
-        return logprobs
-
-    def _scatter(
-        self,
-        data: Mapping,
-        routes: Sequence[str],
-        score: Callable[[Policy, TensorBatch], tuple[torch.Tensor, ...]],
-    ) -> tuple[torch.Tensor, ...]:
-        """score(teacher, its rows) for every routed teacher; each output [n, ...] is written
-        into a [B, ...] tensor at its rows' indices."""
-        batch = TensorBatch(data)
-        if len(routes) != batch.size:
-            raise ValueError(f"{len(routes)} routes for a batch of {batch.size} rows")
-        unknown = sorted(set(routes) - set(self.teachers))
+    def groups(self, metadata: list[dict]) -> dict[str, torch.Tensor]:
+        """{teacher: its rows}; ValueError for a row without a route or routed to no teacher."""
+        routes = [meta.get(ROUTE_KEY) for meta in metadata]
+        unknown = sorted({str(route) for route in routes} - set(self.teachers))
         if unknown:
             raise ValueError(f"rows routed to {unknown}, which are not among {sorted(self)}")
-        merged: list[torch.Tensor] = []
-        for name, rows in route_rows(routes).items():
-            outputs = score(self.teachers[name], batch.select(rows))
-            if not merged:
-                merged = [out.new_zeros((batch.size, *out.shape[1:])) for out in outputs]
-            for target, out in zip(merged, outputs, strict=True):
-                target[rows] = out
-        return tuple(merged)
+        return route_rows(routes)
+
+    def workers(self) -> dict[str, Policy]:
+        return {
+            part: p for teacher in self.teachers.values() for part, p in teacher.workers().items()
+        }
+
+    def take_metrics(self) -> dict[str, float]:
+        return {
+            k: v for teacher in self.teachers.values() for k, v in teacher.take_metrics().items()
+        }
 
     def __iter__(self):
         return iter(self.teachers)
-
-    def items(self):
-        """(name, Policy) of every teacher."""
-        return self.teachers.items()
 
     def shutdown(self) -> None:
         for teacher in self.teachers.values():

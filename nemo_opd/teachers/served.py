@@ -27,6 +27,7 @@ message.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -34,6 +35,7 @@ import httpx
 import torch
 
 from nemo_opd.errors import ServiceError
+from nemo_opd.teachers.base import Rollouts, TeacherNeed, TeacherScores, score_with
 
 
 class ServedTeacherError(ServiceError):
@@ -83,6 +85,26 @@ class ServedTeacher:
         self.rows_per_request = rows_per_request
         self.retries = 0
         """Requests retried so far (connection errors, timeouts, 5xx)."""
+        self._retries_reported = 0
+
+    # ---------------------------------------------------------------- the Teacher interface
+
+    def score(self, rollouts: Rollouts, need: TeacherNeed) -> TeacherScores:
+        return score_with(self.get_topk_logits, self.get_logprobs, rollouts, need)
+
+    def workers(self) -> dict:
+        return {}  # the server runs on its own
+
+    def groups(self, metadata: list[dict]) -> dict[str, torch.Tensor]:
+        return {}
+
+    def take_metrics(self) -> dict[str, float]:
+        """teacher/server_retries: requests retried since the last call."""
+        retried, self._retries_reported = self.retries - self._retries_reported, self.retries
+        return {"teacher/server_retries": float(retried)}
+
+    def shutdown(self) -> None:
+        pass  # nothing of the server's is this run's to stop
 
     # ---------------------------------------------------------------- scoring
 
@@ -99,14 +121,16 @@ class ServedTeacher:
         values = torch.zeros((*input_ids.shape, k), dtype=torch.float32)
         indices = torch.zeros((*input_ids.shape, k), dtype=torch.int32)
         for row, choice in self._score_rows(input_ids, lengths, k):
-            length = int(lengths[row])
-            for t, entries in enumerate(choice["prompt_logprobs"][1:length]):
-                top = _top_entries(entries, k, row, t)
-                values[row, t] = torch.tensor([logprob for _, logprob in top])
-                indices[row, t] = torch.tensor([token for token, _ in top], dtype=torch.int32)
-            last = _last_position_top(choice, k, row)
-            values[row, length - 1] = torch.tensor([logprob for _, logprob in last])
-            indices[row, length - 1] = torch.tensor([token for token, _ in last], dtype=torch.int32)
+            with self._reading(row):
+                length = int(lengths[row])
+                for t, entries in enumerate(choice["prompt_logprobs"][1:length]):
+                    top = _top_entries(entries, k, row, t)
+                    values[row, t] = torch.tensor([logprob for _, logprob in top])
+                    indices[row, t] = torch.tensor([token for token, _ in top], dtype=torch.int32)
+                last = _last_position_top(choice, k, row)
+                values[row, length - 1] = torch.tensor([logprob for _, logprob in last])
+                ids = [token for token, _ in last]
+                indices[row, length - 1] = torch.tensor(ids, dtype=torch.int32)
         return values, indices
 
     def get_logprobs(self, data: Mapping, temperature: float = 1.0) -> torch.Tensor:
@@ -116,17 +140,29 @@ class ServedTeacher:
         input_ids, lengths = data["input_ids"], data["input_lengths"]
         out = torch.zeros(input_ids.shape, dtype=torch.float32)
         for row, choice in self._score_rows(input_ids, lengths, 0):
-            length = int(lengths[row])
-            tokens = input_ids[row, :length].tolist()
-            for t, entries in enumerate(choice["prompt_logprobs"][1:length]):
-                entry = (entries or {}).get(str(tokens[t + 1]))
-                if entry is None:
-                    raise ServedTeacherError(
-                        f"{self.base_url}: no log-prob for token {tokens[t + 1]} at position "
-                        f"{t + 1} of row {row}"
-                    )
-                out[row, t] = entry["logprob"]
+            with self._reading(row):
+                length = int(lengths[row])
+                tokens = input_ids[row, :length].tolist()
+                for t, entries in enumerate(choice["prompt_logprobs"][1:length]):
+                    entry = (entries or {}).get(str(tokens[t + 1]))
+                    if entry is None:
+                        raise ServedTeacherError(
+                            f"{self.base_url}: no log-prob for token {tokens[t + 1]} at "
+                            f"position {t + 1} of row {row}"
+                        )
+                    out[row, t] = entry["logprob"]
         return out
+
+    @contextlib.contextmanager
+    def _reading(self, row: int):
+        """Turn a reply of the wrong shape (missing fields, wrong types) into ServedTeacherError."""
+        try:
+            yield
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as error:
+            raise ServedTeacherError(
+                f"{self.base_url} sent a malformed reply for row {row} "
+                f"({type(error).__name__}: {error}); is it vLLM's OpenAI-compatible server?"
+            ) from error
 
     # ---------------------------------------------------------------- requests
 
@@ -170,7 +206,7 @@ class ServedTeacher:
                 failure = f"{type(error).__name__}: {error}"
             else:
                 if response.status_code < 400:
-                    return _choices_in_order(response.json(), request.rows, url)
+                    return _choices_in_order(_json_body(response, url), request.rows, url)
                 if response.status_code < 500:
                     raise ServedTeacherError(
                         f"{url} refused the request ({response.status_code}): "
@@ -196,9 +232,28 @@ def _check_temperature(temperature: float) -> None:
         )
 
 
+def _json_body(response: httpx.Response, url: str) -> dict:
+    """The JSON object of a successful reply; ServedTeacherError for anything else."""
+    try:
+        payload = response.json()
+    except ValueError as error:  # JSONDecodeError, and bodies that are not UTF-8
+        raise ServedTeacherError(
+            f"{url} answered {response.status_code} with a body that is not JSON ({error}): "
+            f"{response.text[:200]!r}"
+        ) from error
+    if not isinstance(payload, dict):
+        raise ServedTeacherError(f"{url} answered JSON that is not an object: {str(payload)[:200]}")
+    return payload
+
+
 def _choices_in_order(payload: dict, rows: Sequence[int], url: str) -> list:
     """[(row, choice)] in the request's row order (the server may answer in any order)."""
-    choices = sorted(payload.get("choices", []), key=lambda choice: choice["index"])
+    choices = payload.get("choices")
+    if not isinstance(choices, list) or not all(
+        isinstance(c, dict) and isinstance(c.get("index"), int) for c in choices
+    ):
+        raise ServedTeacherError(f"{url} answered without a list of indexed choices")
+    choices = sorted(choices, key=lambda choice: choice["index"])
     if len(choices) != len(rows):
         raise ServedTeacherError(f"{url} answered {len(choices)} choices for {len(rows)} prompts")
     return list(zip(rows, choices, strict=True))

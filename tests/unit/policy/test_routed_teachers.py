@@ -6,8 +6,11 @@ import pytest
 import torch
 from conftest import cpu_cluster, make_batch, policy_config
 
+from nemo_opd.data.batching import TensorBatch
 from nemo_opd.distributed.cluster import WorkerResources, build_placement_group
 from nemo_opd.policy.policy import Policy
+from nemo_opd.teachers.base import Rollouts, TeacherNeed
+from nemo_opd.teachers.in_process import InProcessTeacher
 from nemo_opd.teachers.routed import RoutedTeachers, route_rows
 
 RAY_CPUS = 2
@@ -59,6 +62,12 @@ def references(model_dirs, ray_session):
         release()
 
 
+def routed_rollouts(routes):
+    """make_batch rows, each routed by its metadata's "teacher"."""
+    batch = TensorBatch(make_batch(len(routes), teacher=False))
+    return Rollouts(batch, [[] for _ in routes], [{"teacher": name} for name in routes])
+
+
 def test_route_rows_keeps_batch_order():
     groups = route_rows(ROUTES)
     assert list(groups) == ["b", "a"]
@@ -70,11 +79,18 @@ def test_each_row_is_scored_by_its_routed_teacher(model_dirs, ray_session, refer
     a, b = references["a"], references["b"]
     assert not torch.allclose(a[0], b[0], atol=1e-3)  # the teachers differ: routing shows
     teachers, release = start_teachers(model_dirs, workers, tp)
-    routed = RoutedTeachers(teachers)
-    batch = make_batch(len(ROUTES), teacher=False)
+    routed = RoutedTeachers({name: InProcessTeacher(p, name) for name, p in teachers.items()})
+    rollouts = routed_rollouts(ROUTES)
     try:
-        values, ids = routed.get_topk_logits(batch, K, routes=ROUTES)
-        logprobs = routed.get_logprobs(batch, routes=ROUTES)
+        topk = routed.score(rollouts, TeacherNeed(topk=K))
+        values, ids = topk.topk_logprobs, topk.topk_indices
+        assert topk.logprobs is None  # only what was asked for
+        logprobs = routed.score(rollouts, TeacherNeed(sampled=True)).logprobs
+        assert sorted(routed.workers()) == ["a", "b"]
+        assert {n: r.tolist() for n, r in routed.groups(rollouts.metadata).items()} == {
+            "b": [0, 3, 4, 6],
+            "a": [1, 2, 5],
+        }
     finally:
         routed.shutdown()
         release()
@@ -88,8 +104,9 @@ def test_each_row_is_scored_by_its_routed_teacher(model_dirs, ray_session, refer
 
 def test_a_row_routed_to_no_teacher_is_an_error():
     routed = RoutedTeachers({"a": object()})
-    batch = make_batch(2, teacher=False)
     with pytest.raises(ValueError, match=r"rows routed to \['c'\], which are not among \['a'\]"):
-        routed.get_logprobs(batch, routes=["a", "c"])
-    with pytest.raises(ValueError, match="2 routes for a batch of 3 rows"):
-        routed.get_logprobs(make_batch(3, teacher=False), routes=["a", "a"])
+        routed.score(routed_rollouts(["a", "c"]), TeacherNeed(sampled=True))
+    rollouts = routed_rollouts(["a", "a"])
+    rollouts.metadata[1] = {}
+    with pytest.raises(ValueError, match=r"rows routed to \['None'\]"):
+        routed.score(rollouts, TeacherNeed(sampled=True))
