@@ -34,6 +34,7 @@ from nemo_opd.algorithms.prompts import PromptSet, check_fills_one_batch, encode
 from nemo_opd.algorithms.tokenizers import check_same_vocabulary, load_tokenizer
 from nemo_opd.config import DistillationConfig, PolicyConfig
 from nemo_opd.config.checks import template_fields
+from nemo_opd.config.worker_split import WorkerSplit, worker_split
 from nemo_opd.data.chat import ChatFormatter, read_text_file
 from nemo_opd.data.datasets import load_prompt_records
 from nemo_opd.data.prompt_loader import PromptLoader
@@ -43,12 +44,7 @@ from nemo_opd.distributed.cluster import (
     resolve_device_type,
 )
 from nemo_opd.distributed.nodes import choose_nodes, format_placement, placement_record
-from nemo_opd.distributed.placement import (
-    WorkerSplit,
-    bundle_node_slots,
-    generation_bundles,
-    worker_split,
-)
+from nemo_opd.distributed.placement import bundle_node_slots, generation_bundles
 from nemo_opd.distributed.ray_runtime import init_ray
 from nemo_opd.distributed.shared_paths import check_shared_paths, paths_workers_use
 from nemo_opd.environments import MathEnvironment

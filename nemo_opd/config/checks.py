@@ -13,8 +13,8 @@ import string
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from nemo_opd.distributed.address import address_problem
-from nemo_opd.distributed.placement import worker_split
+from nemo_opd.config.address import address_problem
+from nemo_opd.config.worker_split import worker_split
 
 if TYPE_CHECKING:  # the schema runs these checks when it validates: no import back at run time
     from nemo_opd.config.schema import DistillationConfig, PolicyConfig, TeacherConfig

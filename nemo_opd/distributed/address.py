@@ -1,13 +1,6 @@
-"""The address of a Ray cluster to attach to: its form, and whether a Ray head answers there.
+"""Whether a Ray head answers at a cluster address (its form: nemo_opd.config.address).
 
-    address_problem("10.0.0.1:6379")   # None: a host:port
     probe_head("10.0.0.1:6379", 10.0)  # returns once the head's GCS answered; SetupError if not
-
-The address is the head node's GCS, host:port (`ray start --head --port=6379`; what Ray calls
-the cluster address and what `ray start --address` takes). Two other addresses look alike and
-are refused with a word on what they are: http://head:8265 is the dashboard, which `ray job
-submit` talks to; ray://head:10001 is Ray Client, which this loop does not use (placement groups
-and the object store traffic of refit want a driver inside the cluster).
 
 probe_head never blocks longer than its timeout. ray.init itself waits minutes before it gives
 up on an address where nothing answers, or where something other than a GCS does; the probe
@@ -18,43 +11,13 @@ web server, a closed or filtered port) is reported at once.
 
 import socket
 
+from nemo_opd.config.address import address_problem, split_address
 from nemo_opd.errors import SetupError
 
-DEFAULT_PORT = 6379
-"""The GCS port `ray start --head` uses unless given --port."""
 _H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 _EMPTY_SETTINGS = bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # length 0, type SETTINGS, stream 0
 _FRAME_HEADER = 9
 _SETTINGS_TYPE = 4
-
-
-def address_problem(address: str) -> str | None:
-    """Why `address` is not a GCS address host:port (with what to give instead), or None."""
-    if "://" in address:
-        scheme = address.split("://", 1)[0].lower()
-        if scheme in ("http", "https"):
-            return (
-                f"{address} is a dashboard address (what `ray job submit --address` takes); "
-                f"give the head's GCS address host:port instead (port {DEFAULT_PORT} unless "
-                "`ray start --head --port` said otherwise)"
-            )
-        if scheme == "ray":
-            return (
-                f"{address} is a Ray Client address, which this loop does not use; run the loop "
-                "on a node of the cluster (or submit it with `ray job submit`) and give the "
-                "head's GCS address host:port"
-            )
-        return f"{address} is not host:port"
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        return f"{address} is not host:port (for example 10.0.0.1:{DEFAULT_PORT})"
-    return None
-
-
-def split_address(address: str) -> tuple[str, int]:
-    """(host, port) of a valid address (see address_problem); IPv6 brackets removed."""
-    host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port)
 
 
 def probe_head(address: str, timeout_s: float, source: str = "cluster.address") -> None:

@@ -1,49 +1,14 @@
-"""How the cluster's workers are split between training and (non-colocated) generation.
+"""Which placement-group bundle holds which worker: training ranks, then generation engines.
 
-Pure arithmetic on the config (no Ray): the config's checks use it to validate a placement at
-load time, and setup uses it to place the workers.
+Pure arithmetic on the config (no Ray); the split of the workers between training and
+generation is the config's own (nemo_opd.config.worker_split), checked at load time.
 """
 
-from typing import TYPE_CHECKING, NamedTuple
-
-if TYPE_CHECKING:  # the config's checks import this module: no import back at run time
-    from nemo_opd.config import ClusterConfig, GenerationConfig
+from nemo_opd.config import ClusterConfig, GenerationConfig
+from nemo_opd.config.worker_split import WorkerSplit
 
 
-class WorkerSplit(NamedTuple):
-    """Worker processes that train (policy and teacher) and that generate."""
-
-    training: int
-    generation: int
-
-
-def worker_split(
-    cluster: "ClusterConfig", generation: "GenerationConfig | None"
-) -> WorkerSplit | None:
-    """Split the cluster's workers; None when the non-colocated resources do not fit the cluster.
-
-    Colocated generation shares every worker with training. Non-colocated generation takes
-    `resources.gpus_per_node` workers of the single node, or `resources.num_nodes` whole nodes
-    of a multi-node cluster; training gets the rest.
-    """
-    world = cluster.world_size
-    if generation is None or generation.colocated.enabled:
-        return WorkerSplit(training=world, generation=world)
-    resources = generation.colocated.resources
-    if resources.gpus_per_node is None or resources.num_nodes is None:
-        return None
-    reserved = resources.gpus_per_node * resources.num_nodes
-    if cluster.num_nodes == 1:
-        fits = resources.num_nodes == 1 and resources.gpus_per_node < cluster.gpus_per_node
-    else:
-        fits = (
-            resources.gpus_per_node == cluster.gpus_per_node
-            and resources.num_nodes < cluster.num_nodes
-        )
-    return WorkerSplit(training=world - reserved, generation=reserved) if fits else None
-
-
-def bundle_node_slots(cluster: "ClusterConfig") -> list[int]:
+def bundle_node_slots(cluster: ClusterConfig) -> list[int]:
     """Node slot (0 .. num_nodes - 1) of each bundle of a run's placement group.
 
     The group holds one bundle per worker of the cluster (cluster.world_size): the training
@@ -56,9 +21,9 @@ def bundle_node_slots(cluster: "ClusterConfig") -> list[int]:
 
 
 def generation_bundles(
-    cluster: "ClusterConfig",
+    cluster: ClusterConfig,
     split: WorkerSplit,
-    generation: "GenerationConfig | None",
+    generation: GenerationConfig | None,
     device_type: str,
 ) -> list[int]:
     """The placement-group bundles that hold a generation engine, one engine each.

@@ -5,7 +5,7 @@ from config_errors import problems
 
 from nemo_opd.config import ConfigError, validate_config
 from nemo_opd.config.checks import CHECKS
-from nemo_opd.distributed.placement import worker_split
+from nemo_opd.config.worker_split import worker_split
 
 
 def without_unsupported(found: list[str]) -> list[str]:

@@ -9,7 +9,8 @@ import time
 import pytest
 import ray
 
-from nemo_opd.distributed.address import address_problem, probe_head, split_address
+from nemo_opd.config.address import address_problem, split_address
+from nemo_opd.distributed.address import probe_head
 from nemo_opd.errors import SetupError
 
 

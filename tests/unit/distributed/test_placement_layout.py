@@ -4,7 +4,8 @@ then non-colocated generation), and which bundles hold a generation engine."""
 import pytest
 
 from nemo_opd.config import ClusterConfig, GenerationConfig
-from nemo_opd.distributed.placement import bundle_node_slots, generation_bundles, worker_split
+from nemo_opd.config.worker_split import worker_split
+from nemo_opd.distributed.placement import bundle_node_slots, generation_bundles
 
 
 def generation(colocated: bool, nodes: int | None = None, per_node: int | None = None):

@@ -25,7 +25,12 @@ OPEN_THOUGHTS = "tests/test_open_thoughts.py::test_open_thoughts"
 YUJIANLL = "tests/test_yujianll.py::test_string_extraction"
 SUITE_SAMPLE = {
     "sets, unordered lists, several boxes": [
-        (OPEN_THOUGHTS, r"$$\boxed{2}, \boxed{3}, \boxed{5}, \boxed{7}, \boxed{13}$$", r"$${2, 3, 5, 7, 13}$$", 1),
+        (
+            OPEN_THOUGHTS,
+            r"$$\boxed{2}, \boxed{3}, \boxed{5}, \boxed{7}, \boxed{13}$$",
+            r"$${2, 3, 5, 7, 13}$$",
+            1,
+        ),
         (NUMINA, r"$-12;-11;-10;-8;-7;-6$", r"$\boxed{\{-12, -11, -10, -8, -7, -6\}}$", 1),
         (NUMINA, r"$(11,7)or(7,11)$", r"$\boxed{(7,11),\ (11,7)}$", 1),
         (OPEN_THOUGHTS, r"$${1,2,3}$$", r"\boxed{1} and \boxed{2} and \boxed{3}", 1),
@@ -45,7 +50,12 @@ SUITE_SAMPLE = {
         (f"{ALL}::test_relations_math", r"$x \leq 5$", r"$5 \geq x$", 1),
         (f"{ALL}::test_relations_math", r"$x < 1$", r"$-x > -1$", 1),
         (f"{ALL}::test_relations_math", r"$x \geq 5$", r"The solution is $x \leq 5$", 0),
-        (NUMINA, r"$1\leq|z|\leq \frac{3}{2}$", r"$z \in \left[-\frac{3}{2}, -1\right] \cup \left[1, \frac{3}{2}\right]$", 1),
+        (
+            NUMINA,
+            r"$1\leq|z|\leq \frac{3}{2}$",
+            r"$z \in \left[-\frac{3}{2}, -1\right] \cup \left[1, \frac{3}{2}\right]$",
+            1,
+        ),
     ],
     "labelled answers": [
         (NUMINA, r"$(p,q)=(3,2)$", r"$(3,2)$", 1),
@@ -55,7 +65,12 @@ SUITE_SAMPLE = {
         (f"{ALL}::test_relations_math", r"$a^2 + b = 0$", r"$0$", 0),
     ],
     "symbolic equivalence": [
-        (f"{ALL}::test_complex_math_expressions", r"$\frac{x+2}{7}$", r"$\frac{x}{7}+\frac{2}{7}$", 1),
+        (
+            f"{ALL}::test_complex_math_expressions",
+            r"$\frac{x+2}{7}$",
+            r"$\frac{x}{7}+\frac{2}{7}$",
+            1,
+        ),
         (f"{ALL}::test_complex_math_expressions", r"$\tan^2(y)+1$", r"$\sec^2(y)$", 1),
         (f"{ALL}::test_relations_math", r"$2x+4y-3=0$", r"$y=-\frac{1}{2}x+\frac{3}{4}$", 1),
         (f"{ALL}::test_math_extraction_edge_cases", r"$4$", r"$4\sqrt{2}$", 0),
@@ -72,7 +87,12 @@ SUITE_SAMPLE = {
         (f"{ALL}::test_number_extraction", "2", "AZYUK2A", 0),
         (f"{ALL}::test_percent_notation", r"$28\%$", "28 percent", 1),
         (f"{ALL}::test_percent_notation", r"$28\%$", r"$\boxed{28 pct}", 1),
-        (f"{ALL}::test_latex_notation_math", r"$125$ miles", r"The distance is $\boxed{125\textnormal{ miles}}.$", 1),
+        (
+            f"{ALL}::test_latex_notation_math",
+            r"$125$ miles",
+            r"The distance is $\boxed{125\textnormal{ miles}}.$",
+            1,
+        ),
         (OPEN_THOUGHTS, r"$$0.06 \text{ yuan}$$", r"$$\boxed{0.06 \text{ yuan}}$$", 1),
     ],
     "LaTeX shorthand": [
