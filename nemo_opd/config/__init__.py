@@ -5,9 +5,12 @@ command-line overrides, and a strict pydantic schema with one model per section.
     policy = Policy(cfg.policy)          # each component receives only its own section
     print(to_yaml(cfg))                  # the fully resolved, validated config
 
-Modules: schema.py (every section), loader.py (reading, inheritance, overrides,
-interpolation, validation, dumping), checks.py (the cross-field rules), errors.py (ConfigError
-and its messages), reference.py (docs/config.md, generated from the schema).
+Modules: schema.py (the run's sections and DistillationConfig), model_schema.py (a model's
+sections: PolicyConfig, TeacherConfig), section.py (their base and the size bounds),
+key_paths.py (the schema by key path), loader.py (reading, inheritance, overrides,
+interpolation, validation, dumping), checks.py (the cross-field rules), worker_split.py and
+address.py (the arithmetic and syntax those rules use), errors.py (ConfigError and its
+messages), reference.py (docs/config.md, generated from the schema).
 
 Every problem is raised as ConfigError with a message naming the full key path.
 """

@@ -57,7 +57,8 @@ from omegaconf.errors import OmegaConfBaseException, UnsupportedInterpolationTyp
 from pydantic import BaseModel, ValidationError
 
 from nemo_opd.config.errors import ConfigError, closest, join_path, show, suggest
-from nemo_opd.config.schema import DistillationConfig, has_path, keys_at
+from nemo_opd.config.key_paths import has_path, keys_at
+from nemo_opd.config.schema import DistillationConfig
 
 # -------- the steps -------------------------------------------------------------------------------
 

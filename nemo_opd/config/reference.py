@@ -21,7 +21,8 @@ from typing import Any
 from pydantic.fields import FieldInfo
 
 from nemo_opd.config.checks import CHECKS
-from nemo_opd.config.schema import DistillationConfig, TeacherConfig, section_model
+from nemo_opd.config.key_paths import section_model
+from nemo_opd.config.schema import DistillationConfig, TeacherConfig
 
 INTRO = """\
 # Configuration reference

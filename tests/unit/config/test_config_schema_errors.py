@@ -5,7 +5,7 @@ from config_errors import error_of
 from pydantic import BaseModel
 
 from nemo_opd.config import ConfigError, DistillationConfig, PolicyConfig, validate_config
-from nemo_opd.config.schema import section_model
+from nemo_opd.config.key_paths import section_model
 
 
 def _section(config: dict, path) -> dict:
