@@ -35,7 +35,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         help="print the resolved, validated config as YAML and exit",
     )
     parser.add_argument(
-        "overrides", nargs="*", help="Hydra-style overrides, e.g. loss_fn.kl_type=jsd"
+        "overrides", nargs="*", help="overrides in Hydra's grammar, e.g. loss_fn.kl_type=jsd"
     )
     return parser
 

@@ -169,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--ready-timeout", type=float, default=600.0, help="seconds to wait for the server"
     )
-    parser.add_argument("overrides", nargs="*", help="Hydra-style overrides of the config")
+    parser.add_argument("overrides", nargs="*", help="overrides of the config, in Hydra's grammar")
     return parser
 
 

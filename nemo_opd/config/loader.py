@@ -3,14 +3,14 @@
 The steps, in order, each a part of this module:
 1. read the file strictly (duplicate keys are errors, syntax errors carry file:line) and
    everything it inherits through `defaults:`, deep-merged;
-2. apply the Hydra-style command-line overrides to that merged dict;
+2. apply the command-line overrides (overrides.py, Hydra's grammar) to that merged dict;
 3. resolve `${...}` interpolations (so an override changes every value that refers to it);
 4. validate against the schema, fields first, then the cross-field checks.
 Every failure along the way is a ConfigError with one message naming the key path. to_yaml
 turns a validated config back into YAML that load_config reads to an equal config.
 
-Loading is bounded whatever the input: a config file must be a regular file of at most
-MAX_FILE_BYTES; a parsed file, an override's value and the merged config may hold at most
+Loading is bounded whatever the input (bounds.py): a config file must be a regular file of at
+most MAX_FILE_BYTES; a parsed file, an override and the merged config may hold at most
 MAX_VALUES values once every YAML alias is expanded, nested at most MAX_DEPTH deep; `defaults:`
 loads at most MAX_DEFAULTS_LOADS files in all; and no interpolation may resolve to more than
 MAX_INTERPOLATED_CHARS characters. Each check costs at most its bound, so an alias bomb, a
@@ -26,13 +26,11 @@ deep-merged in order, then the including file is merged on top: later wins, mapp
 by key, anything else (lists included) is replaced whole. A file that includes itself,
 directly or not, is an error.
 
-Overrides:
+Overrides (overrides.py, Hydra's grammar read by hydra-core's parser):
     a.b=v      set a key; it must be set in the YAML or be a key of the schema
     +a.b=v     add a key that is not set yet
     ++a.b=v    set or add, whichever applies
     ~a.b       delete a key;  ~a.b=v deletes it only if its value is v
-Values are parsed as YAML: `3`, `1e-5`, `true`, `null`, `[1, 2]`, `{x: 1}`, `'quoted'`,
-`${policy.max_total_sequence_length}`. An empty value (`a.b=`) is the empty string.
 
 Interpolation: OmegaConf's `${a.b}` and `${..sibling}`, plus the arithmetic resolvers
 `${mul:a,b,...}`, `${add:a,b,...}`, `${max:a,b,...}` and `${div:a,b}`. Arguments are numbers or
@@ -41,23 +39,29 @@ both arguments are ints and the division is exact, a float otherwise. A value of
 key that must be set by a child file or an override.
 """
 
-import copy
 import math
 import re
 import stat
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from functools import reduce
 from pathlib import Path
-from typing import Any, Literal, NoReturn
+from typing import Any
 
 import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException, UnsupportedInterpolationType
 from pydantic import BaseModel, ValidationError
 
+from nemo_opd.config.bounds import (
+    MAX_DEFAULTS_LOADS,
+    MAX_DEPTH,
+    MAX_FILE_BYTES,
+    MAX_INTERPOLATED_CHARS,
+    check_size,
+)
 from nemo_opd.config.errors import ConfigError, closest, join_path, show, suggest
-from nemo_opd.config.key_paths import has_path, keys_at
+from nemo_opd.config.key_paths import keys_at
+from nemo_opd.config.overrides import apply_overrides
 from nemo_opd.config.schema import DistillationConfig
 
 # -------- the steps -------------------------------------------------------------------------------
@@ -82,23 +86,6 @@ def _merge_and_override(path: str | Path, overrides: Sequence[str]) -> dict[str,
     merged = apply_overrides(load_with_defaults(path), overrides)
     check_size(merged, "the merged config")
     return merged
-
-
-MAX_FILE_BYTES = 1 << 20
-"""Largest config file read (configs are a few kilobytes)."""
-
-MAX_VALUES = 100_000
-"""Most values (mappings, lists and scalars, each alias use counted again) in a parsed file, an
-override's value, or the merged config."""
-
-MAX_DEPTH = 64
-"""Deepest nesting of mappings and lists."""
-
-MAX_DEFAULTS_LOADS = 256
-"""Most files `defaults:` may load for one config, counting a file each time it is listed."""
-
-MAX_INTERPOLATED_CHARS = 1 << 20
-"""Longest text (or expanded section) an interpolation may resolve to."""
 
 
 # -------- 1. reading YAML -------------------------------------------------------------------------
@@ -182,27 +169,6 @@ def read_yaml_file(path: Path) -> Any:
 def _first_clause(error: Exception) -> str:
     """The error's message up to its first ';' (Python's advice to programmers follows it)."""
     return str(error).split(";")[0]
-
-
-def check_size(data: Any, source: str) -> None:
-    """ConfigError when `data`, with every shared (aliased) value counted at each use, holds
-    more than MAX_VALUES values or nests deeper than MAX_DEPTH. Stops at the first excess, so
-    its cost is bounded however large the expansion would be (a self-referencing alias too)."""
-    count, stack = 0, [(data, 0)]
-    while stack:
-        node, depth = stack.pop()
-        count += 1
-        if count > MAX_VALUES:
-            raise ConfigError(
-                f"{source}: more than {MAX_VALUES:,} values once YAML aliases are expanded; "
-                "a config this large is a mistake (an alias used too often, for one)"
-            )
-        if depth > MAX_DEPTH:
-            raise ConfigError(f"{source}: values nested more than {MAX_DEPTH} levels deep")
-        if isinstance(node, dict):
-            stack.extend((value, depth + 1) for value in node.values())
-        elif isinstance(node, list):
-            stack.extend((value, depth + 1) for value in node)
 
 
 def _describe_yaml_error(error: yaml.MarkedYAMLError, source: str) -> str:
@@ -291,157 +257,6 @@ def _parents(entry: Any, path: Path) -> list[Path]:
     return parents
 
 
-# -------- 2. overrides ----------------------------------------------------------------------------
-
-
-Operation = Literal["set", "add", "force", "delete"]
-
-_KEY = re.compile(r"^[A-Za-z_][\w-]*(\.[A-Za-z_][\w-]*)*$")
-_NO_VALUE = object()
-
-
-@dataclass(frozen=True)
-class Override:
-    """One parsed override: what to do, at which key path, with which value."""
-
-    operation: Operation
-    path: tuple[str, ...]
-    value: Any
-    text: str
-
-    @property
-    def key(self) -> str:
-        """The dotted key path."""
-        return ".".join(self.path)
-
-
-def parse_override(text: str) -> Override:
-    """Parse `a.b=v`, `+a.b=v`, `++a.b=v`, `~a.b` or `~a.b=v`."""
-    operation, rest = _split_prefix(text)
-    key, sep, raw_value = rest.partition("=")
-    key = key.strip()
-    if not sep and operation != "delete":
-        raise ConfigError(
-            f"override {text!r} has no '=': write key=value (or ~key to delete a key)"
-        )
-    if not key:
-        raise ConfigError(f"override {text!r} has an empty key: write key=value")
-    if not _KEY.match(key):
-        raise ConfigError(
-            f"override {text!r}: {key!r} is not a key path "
-            "(dotted names such as policy.optimizer.lr)"
-        )
-    value = _parse_value(raw_value, text) if sep else _NO_VALUE
-    return Override(operation, tuple(key.split(".")), value, text)
-
-
-def apply_overrides(
-    config: dict[str, Any],
-    overrides: Iterable[str],
-    schema: type[BaseModel] = DistillationConfig,
-) -> dict[str, Any]:
-    """Return a copy of `config` with the overrides applied in order."""
-    result = copy.deepcopy(config)
-    for text in overrides:
-        _apply(result, parse_override(text), schema)
-    return result
-
-
-def _split_prefix(text: str) -> tuple[Operation, str]:
-    """Separate the operation prefix (~, ++, +) from the rest of the override."""
-    if text.startswith("~"):
-        return "delete", text[1:]
-    if text.startswith("++"):
-        return "force", text[2:]
-    if text.startswith("+"):
-        return "add", text[1:]
-    return "set", text
-
-
-def _parse_value(raw: str, text: str) -> Any:
-    """Parse the value as YAML; the empty value is the empty string."""
-    if raw == "":
-        return ""
-    try:
-        value = yaml.load(raw, Loader=StrictLoader)
-    except yaml.YAMLError as error:
-        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
-        raise ConfigError(
-            f"override {text!r}: cannot parse the value {show(raw)} as YAML ({problem}); "
-            "quote strings, e.g. key='a: b'"
-        ) from None
-    except RecursionError:
-        raise ConfigError(f"override {show(text)}: nested more than {MAX_DEPTH} levels") from None
-    except ValueError as error:  # an integer of more digits than Python converts, for one
-        raise ConfigError(f"override {show(text)}: invalid value: {_first_clause(error)}") from None
-    check_size(value, f"override {show(text)}")
-    return value
-
-
-def _apply(config: dict[str, Any], override: Override, schema: type[BaseModel]) -> None:
-    """Apply one override to `config` in place."""
-    parent = _parent_section(config, override, schema)
-    key, path = override.path[-1], override.path
-    if override.operation == "set" and key not in parent and not has_path(schema, path):
-        _fail(override, f"unknown key {override.key}{_hint(key, parent, path[:-1], schema)}")
-    elif override.operation == "add" and key in parent:
-        _fail(
-            override,
-            f"{override.key} is already set (to {show(parent[key])}); use "
-            f"{override.key}=... to change it, or ++{override.key}=...",
-        )
-    elif override.operation == "delete":
-        _delete(parent, override, schema)
-        return
-    parent[key] = override.value
-
-
-def _parent_section(
-    config: dict[str, Any], override: Override, schema: type[BaseModel]
-) -> dict[str, Any]:
-    """The dict that holds the override's last key, creating missing sections where allowed."""
-    node = config
-    for depth, part in enumerate(override.path[:-1]):
-        here = override.path[: depth + 1]
-        child = node.get(part)
-        if child is None:
-            if override.operation == "delete":
-                hint = _hint(part, node, here[:-1], schema)
-                _fail(override, f"cannot delete {override.key}: {'.'.join(here)} is not set{hint}")
-            if override.operation == "set" and part not in node and not has_path(schema, here):
-                hint = _hint(part, node, here[:-1], schema)
-                _fail(override, f"unknown key {'.'.join(here)}{hint}")
-            child = node[part] = {}
-        if not isinstance(child, dict):
-            _fail(override, f"{'.'.join(here)} is {show(child)}, not a section with keys")
-        node = child
-    return node
-
-
-def _delete(parent: dict[str, Any], override: Override, schema: type[BaseModel]) -> None:
-    """Delete the override's key, if present and (when a value is given) equal to it."""
-    key = override.path[-1]
-    if key not in parent:
-        hint = _hint(key, parent, override.path[:-1], schema)
-        _fail(override, f"cannot delete {override.key}: it is not set{hint}")
-    if override.value is not _NO_VALUE and parent[key] != override.value:
-        _fail(
-            override,
-            f"not deleted: {override.key} is {show(parent[key])}, not {show(override.value)}",
-        )
-    del parent[key]
-
-
-def _hint(key: str, section: dict[str, Any], path: tuple[str, ...], schema: type[BaseModel]) -> str:
-    """'; did you mean ...?' from the keys set in `section` and those the schema allows."""
-    return suggest(key, [*section, *keys_at(schema, path)])
-
-
-def _fail(override: Override, message: str) -> NoReturn:
-    """Raise a ConfigError that quotes the override."""
-    raise ConfigError(f"override {override.text!r}: {message}")
-
-
 # -------- 3. interpolation ------------------------------------------------------------------------
 
 
@@ -484,10 +299,9 @@ RESOLVERS: dict[str, Callable[..., Any]] = {"mul": _mul, "add": _add, "div": _di
 
 def register_resolvers() -> None:
     """Register the resolvers with OmegaConf; calling it again is a no-op."""
-    register = getattr(OmegaConf, "register_resolver", None) or OmegaConf.register_new_resolver
     for name, function in RESOLVERS.items():
         if not OmegaConf.has_resolver(name):
-            register(name, function)
+            OmegaConf.register_new_resolver(name, function)
 
 
 def resolve_interpolations(config: dict[str, Any]) -> dict[str, Any]:

@@ -92,11 +92,16 @@ policy:
 | `++a.b=v` | set or add |
 | `~a.b` | delete a key; `~a.b=v` deletes it only if its value is `v` |
 
-Values are parsed as YAML: `3`, `1e-5`, `true`, `null`, `[1, 2]`, `{x: 1}`, `'quoted string'`,
-`${policy.max_total_sequence_length}`; `a.b=` sets the empty string. Overrides apply in order,
-after inheritance and before interpolation and validation. Deleting a key the schema has a
-default for restores that default. Quote overrides that contain spaces, brackets or `$` for
-the shell: `'policy.generation.stop_strings=["</answer>"]'`.
+Overrides are read by hydra-core's own parser, in Hydra's grammar, as in NeMo-RL: `3`, `1e-5`,
+`true`, `null`, `inf`, `[1, 2]`, `{x: 1}`, `'quoted string'`, plain strings (`tiny:student`,
+`runs/x`, `http://host:8000/v1`), `${policy.max_total_sequence_length}`; `a.b=` sets the empty
+string. Quote a value that holds `=`, `#`, `!`, `~`, `>`, a comma or non-ASCII letters, and an
+interpolation with resolver arguments: `a.b='x=y'`, `a.b='${mul:${a},2}'`. Hydra's multirun
+sweeps (`a=1,2`, `choice(...)`, `range(...)`), config groups (`a/b=c`) and packages (`a@p=c`)
+are refused with the reason: a run takes one value. Unlike YAML 1.1, `yes` and `1:2` stay
+strings. Overrides apply in order, after inheritance and before interpolation and validation.
+Deleting a key the schema has a default for restores that default. Quote overrides that contain
+spaces, brackets or `$` for the shell: `'policy.generation.stop_strings=["</answer>"]'`.
 
 ## Keys
 

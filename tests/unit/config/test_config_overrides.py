@@ -1,4 +1,4 @@
-"""Hydra-style overrides: every form, YAML values, and every error case."""
+"""Overrides in Hydra's grammar: every form, the values, and every error case."""
 
 import pytest
 
@@ -34,12 +34,17 @@ def apply(*overrides):
         ("policy.model_name=[1, 2]", [1, 2]),
         ("policy.model_name=[1,2]", [1, 2]),
         ("policy.model_name={x: 1, y: [a]}", {"x": 1, "y": ["a"]}),
-        ("policy.model_name=a=b", "a=b"),
+        ("policy.model_name='a=b'", "a=b"),
         ("policy.model_name=tiny:student", "tiny:student"),
-        ("policy.model_name=${mul:${n},2}", "${mul:${n},2}"),
+        ("policy.model_name=http://h:8000/v1", "http://h:8000/v1"),
+        ("policy.model_name=${n}", "${n}"),
+        ("policy.model_name='${mul:${n},2}'", "${mul:${n},2}"),
+        ("policy.model_name=yes", "yes"),  # a string, unlike YAML 1.1's true
+        ("policy.model_name=1:2", "1:2"),  # a string, unlike YAML 1.1's 62
+        ("policy.model_name=inf", float("inf")),
     ],
 )
-def test_set_parses_yaml_values(text, value):
+def test_set_parses_values(text, value):
     result = apply(text)["policy"]["model_name"]
     assert result == value
     assert type(result) is type(value)
@@ -149,9 +154,16 @@ def test_delete_errors(text, fragment):
         ("~", "has an empty key"),
         ("policy..lr=1", "'policy..lr' is not a key path"),
         ("policy.lr x=1", "'policy.lr x' is not a key path"),
-        ("policy.model_name=[1, 2", "cannot parse the value '[1, 2' as YAML"),
-        ("policy.model_name={a: 1", "cannot parse the value '{a: 1' as YAML"),
-        ("policy.model_name=a: b: c", "cannot parse the value 'a: b: c' as YAML"),
+        ("policy.model_name=[1, 2", "cannot read the value '[1, 2' (no viable alternative"),
+        ("policy.model_name={a: 1", "cannot read the value '{a: 1'"),
+        ("policy.model_name=a=b", "quote a value that holds ="),
+        ("policy.model_name=${mul:${n},2}", "key='${mul:${a},2}'"),
+        ("policy.model_name=é", "cannot read the value 'é'"),
+        ("policy.model_name=1,2", "'1,2' is a Hydra sweep (multirun)"),
+        ("policy.model_name=choice(1,2)", "is a Hydra sweep"),
+        ("policy.model_name=range(3)", "is a Hydra sweep"),
+        ("policy/model=x", "config groups (a/b=c) and packages (a@p=c) are Hydra's"),
+        ("policy.model_name@pkg=x", "config groups (a/b=c) and packages (a@p=c) are Hydra's"),
     ],
 )
 def test_malformed_overrides(text, fragment):

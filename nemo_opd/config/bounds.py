@@ -1,0 +1,45 @@
+"""The bounds on loading a config, whatever the input (see loader.py's docstring)."""
+
+from typing import Any
+
+from nemo_opd.config.errors import ConfigError
+
+MAX_FILE_BYTES = 1 << 20
+"""Largest config file read (configs are a few kilobytes)."""
+
+MAX_VALUES = 100_000
+"""Most values (mappings, lists and scalars, each alias use counted again) in a parsed file, an
+override's value, or the merged config."""
+
+MAX_DEPTH = 64
+"""Deepest nesting of mappings and lists."""
+
+MAX_DEFAULTS_LOADS = 256
+"""Most files `defaults:` may load for one config, counting a file each time it is listed."""
+
+MAX_INTERPOLATED_CHARS = 1 << 20
+"""Longest text (or expanded section) an interpolation may resolve to."""
+
+MAX_OVERRIDE_CHARS = 1 << 16
+"""Longest command-line override (key and value); checked before it is parsed."""
+
+
+def check_size(data: Any, source: str) -> None:
+    """ConfigError when `data`, with every shared (aliased) value counted at each use, holds
+    more than MAX_VALUES values or nests deeper than MAX_DEPTH. Stops at the first excess, so
+    its cost is bounded however large the expansion would be (a self-referencing alias too)."""
+    count, stack = 0, [(data, 0)]
+    while stack:
+        node, depth = stack.pop()
+        count += 1
+        if count > MAX_VALUES:
+            raise ConfigError(
+                f"{source}: more than {MAX_VALUES:,} values once YAML aliases are expanded; "
+                "a config this large is a mistake (an alias used too often, for one)"
+            )
+        if depth > MAX_DEPTH:
+            raise ConfigError(f"{source}: values nested more than {MAX_DEPTH} levels deep")
+        if isinstance(node, dict):
+            stack.extend((value, depth + 1) for value in node.values())
+        elif isinstance(node, list):
+            stack.extend((value, depth + 1) for value in node)
