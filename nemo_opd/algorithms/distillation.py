@@ -101,14 +101,16 @@ def distillation_train(state: DistillationRun) -> bool:
         state.logger.log({**metrics, **_progress_metrics(state)}, step=0)
     batches = iter(state.loader)
     with StopSignal() as stop:
-        while state.step < loop.max_num_steps and state.loader.epoch < loop.max_num_epochs:
+        while state.step < loop.max_num_steps and state.loader.next_epoch < loop.max_num_epochs:
             step = state.step + 1
             position = state.loader.state_dict()  # where this step's prompts start
+            samples = next(batches)
+            # The last step: max_num_steps, or the last batch of the last allowed epoch.
+            last = step == loop.max_num_steps or state.loader.next_epoch >= loop.max_num_epochs
             try:
-                metrics = _step_and_validate(state, next(batches), step, timers)
+                metrics = _step_and_validate(state, samples, step, last, timers)
             except ServiceError as error:
                 raise _end_on_service_error(state, error, step, position) from error
-            last = step == loop.max_num_steps
             metrics.update(_timing_metrics(timers, metrics["train/num_tokens"]))
             metrics.update(_progress_metrics(state))
             state.logger.log(metrics, step=step)
@@ -122,14 +124,16 @@ def distillation_train(state: DistillationRun) -> bool:
     return True
 
 
-def _step_and_validate(state: DistillationRun, samples: list, step: int, timers: Timers) -> dict:
-    """One training step (state.step becomes `step`), then validation when it is due."""
+def _step_and_validate(
+    state: DistillationRun, samples: list, step: int, last: bool, timers: Timers
+) -> dict:
+    """One training step (state.step becomes `step`), then validation when it is due (every
+    val_period steps, and after the last step with val_at_end)."""
     loop = state.cfg.distillation
     with timers.time("train"):
         metrics = _train_step(state, samples, step, timers)
     state.step = step
     metrics[ROLLOUTS_KEY] = step * rollouts_per_step(state.cfg)
-    last = step == loop.max_num_steps
     if (loop.val_period and step % loop.val_period == 0) or (last and loop.val_at_end):
         metrics.update(validate(state, timers))
     return metrics

@@ -53,6 +53,12 @@ class PromptLoader:
             random.Random(f"{self.seed}-{epoch}").shuffle(order)
         return order
 
+    @property
+    def next_epoch(self) -> int:
+        """The epoch the next batch comes from (`epoch` itself advances only when the next batch
+        is drawn)."""
+        return self.state_dict()["epoch"]
+
     def state_dict(self) -> dict:
         """The position: the next batch is batch `batch_index` of epoch `epoch`."""
         if self.batch_index >= self.batches_per_epoch:
