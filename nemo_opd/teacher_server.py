@@ -6,8 +6,9 @@
 
 (under `uv run --extra cpu` or `uv run --extra gpu`). From the config it takes the teacher's
 model ("tiny:teacher" resolves to the embedded teacher's directory) and precision, the largest
-top-k the run asks for (`distillation.topk_logits_k`, vLLM's --max-logprobs), the run's
-sequence length (`policy.max_total_sequence_length` + 1 for the one generated token) and
+top-k the run asks for (`distillation.topk_logits_k`, vLLM's --max-logprobs), the teacher's
+sequence length (`teacher.max_total_sequence_length`, at least the policy's and longer with a
+`teacher.prompt_template`, + 1 for the one generated token) and
 `policy.generation.vllm_cfg` (memory fraction or KV cache size, eager mode); flags override
 what a separate server wants differently (on GPUs: --tensor-parallel-size across them, and a larger
 --gpu-memory-utilization when it has them to itself). It prints the URL once the server
@@ -72,7 +73,7 @@ def settings_from_config(cfg: DistillationConfig, args: argparse.Namespace) -> S
         served_model_name=args.served_model_name or cfg.teacher.model_name,
         dtype=cfg.teacher.precision,
         max_logprobs=cfg.distillation.topk_logits_k,
-        max_model_len=cfg.policy.max_total_sequence_length + 1,
+        max_model_len=cfg.teacher.max_total_sequence_length + 1,
         host=args.host,
         port=args.port,
         tensor_parallel_size=args.tensor_parallel_size or 1,

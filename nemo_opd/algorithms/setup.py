@@ -171,6 +171,7 @@ def _build_run(cfg: DistillationConfig, lock: RunLock, marks: StartupMarks) -> D
             started.append(teacher_sampler)
         marks.note("vllm_launched")
         formatter, train, val = _load_prompts(cfg, tokenizer)
+        context = _privileged_context(cfg, formatter, [train, val])
         marks.note("data")
         student = Policy(
             cfg.policy,
@@ -187,7 +188,7 @@ def _build_run(cfg: DistillationConfig, lock: RunLock, marks: StartupMarks) -> D
         if served is None and cfg.named_teachers:
             teacher = _start_teachers(cfg, split.training, placement)
             started.append(teacher)
-        teacher = _with_privileged_context(cfg, teacher, formatter)
+        teacher = _with_privileged_context(teacher, context, formatter)
         marks.note("workers_launched")
         environments = {"math": MathEnvironment(cfg.env.math)}
         started.extend(environments.values())
@@ -263,14 +264,41 @@ def _privileged_template(cfg: DistillationConfig) -> str | None:
     return cfg.teacher.prompt_template if cfg.teacher is not None else None
 
 
-def _with_privileged_context(
-    cfg: DistillationConfig, teacher: Teacher | None, formatter: ChatFormatter
-) -> Teacher | None:
-    """The teacher, given its own prompt (teacher.prompt_template) when it has one."""
+def _privileged_context(
+    cfg: DistillationConfig, formatter: ChatFormatter, prompt_sets: list[PromptSet]
+) -> PrivilegedContext | None:
+    """The teacher's own prompt (teacher.prompt_template), when it has one. Its rows are
+    longer than the student's by what its opening adds; a served teacher's are checked to fit
+    teacher.max_total_sequence_length, its server's context (SetupError if not: the server
+    would refuse the longest rows mid-run). An in-process teacher scores them as they come."""
     template = _privileged_template(cfg)
-    if teacher is None or template is None:
-        return teacher
+    if template is None:
+        return None
     context = PrivilegedContext(formatter, template)
+    if not _is_served(cfg):
+        return context
+    samples = [sample for prompts in prompt_sets for sample in prompts.samples]
+    growth, index = context.longest_growth(samples)
+    longest = cfg.policy.max_total_sequence_length + max(0, growth)
+    if longest > cfg.teacher.max_total_sequence_length:
+        prompt = samples[index]["metadata"]["prompt"]
+        raise SetupError(
+            f"teacher.prompt_template makes the teacher's rows up to {longest} tokens "
+            f"(policy.max_total_sequence_length {cfg.policy.max_total_sequence_length} plus "
+            f"{growth} more in its opening of the prompt {prompt[:60]!r}), longer than "
+            f"teacher.max_total_sequence_length ({cfg.teacher.max_total_sequence_length}), the "
+            f"served teacher's context; set teacher.max_total_sequence_length={longest} and "
+            "restart its server with that config (python -m nemo_opd.teacher_server uses it)"
+        )
+    return context
+
+
+def _with_privileged_context(
+    teacher: Teacher | None, context: PrivilegedContext | None, formatter: ChatFormatter
+) -> Teacher | None:
+    """The teacher, given its own prompt when it has one."""
+    if teacher is None or context is None:
+        return teacher
     return PrivilegedTeacher(teacher, context, formatter.tokenizer.pad_token_id)
 
 
@@ -314,7 +342,7 @@ def _served_teacher(cfg: DistillationConfig, tokenizer: PreTrainedTokenizerBase)
     check_served_teacher(
         teacher,
         topk=cfg.distillation.topk_logits_k,
-        max_sequence_length=cfg.policy.max_total_sequence_length,
+        max_sequence_length=cfg.teacher.max_total_sequence_length,
         tokenizer=tokenizer,
     )
     print(f"teacher: served by {server.base_url} (model {teacher.model!r})")

@@ -83,13 +83,29 @@ class PrivilegedContext:
         self.formatter = ChatFormatter(formatter.tokenizer, None, formatter.system_prompt)
         self.template = template
 
+    def openings(self, metadata: list[dict]) -> list[list[Message]]:
+        """The teacher's opening of each record: its template rendered and tokenized."""
+        return self.formatter.prompt_logs([self.template.format(**_fields(m)) for m in metadata])
+
+    def longest_growth(self, samples: list[dict]) -> tuple[int, int]:
+        """(the most tokens the teacher's opening adds to the student's, at which sample) over
+        prompt samples ({"message_log": the student's prompt log, "metadata": the record's
+        fields}, as PromptSet holds them): a teacher row is at most that much longer than its
+        student row."""
+        openings = self.openings([sample["metadata"] for sample in samples])
+        growth = [
+            log_length(opening) - log_length(log[: _opening_size(log)])
+            for opening, log in zip(openings, (s["message_log"] for s in samples), strict=True)
+        ]
+        index = max(range(len(growth)), key=growth.__getitem__)
+        return growth[index], index
+
     def teacher_rows(
         self, logs: list[list[Message]], metadata: list[dict], pad_token_id: int
     ) -> TeacherRows:
         """The teacher's rows: each conversation with the teacher's opening in place of the
         student's. metadata[i] holds the fields the template names."""
-        texts = [self.template.format(**_fields(meta)) for meta in metadata]
-        openings = self.formatter.prompt_logs(texts)
+        openings = self.openings(metadata)
         cut = [_opening_size(log) for log in logs]
         teacher_logs = [
             opening + log[size:] for opening, log, size in zip(openings, logs, cut, strict=True)

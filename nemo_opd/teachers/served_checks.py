@@ -38,7 +38,7 @@ def check_served_teacher(
         raise SetupError(
             f"teacher.server: {teacher.base_url} serves {teacher.model!r} with a context of "
             f"{context} tokens, but the run scores sequences of up to {max_sequence_length} "
-            f"(policy.max_total_sequence_length) plus one; restart it with --max-model-len >= "
+            f"(teacher.max_total_sequence_length) plus one; restart it with --max-model-len >= "
             f"{max_sequence_length + 1} ({START_COMMAND} does)"
         )
     _check_tokenizer(teacher, tokenizer)

@@ -3,12 +3,18 @@ and their outputs back in the student's positions, against scoring each concaten
 directly with the tiny teacher's Hugging Face forward (fp32), for ragged prompts and a
 multi-turn conversation."""
 
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from nemo_opd.algorithms.prompts import encode_prompts
+from nemo_opd.algorithms.setup import _privileged_context
+from nemo_opd.config import load_config
 from nemo_opd.data.chat import ChatFormatter
 from nemo_opd.data.message_log import flatten_message_logs
+from nemo_opd.errors import SetupError
 from nemo_opd.teachers.privileged import PrivilegedContext
 from nemo_opd.tiny.assets import resolve_pretrained
 
@@ -104,3 +110,38 @@ def test_the_response_is_scored_after_the_teachers_prompt(tokenizer, teacher):
 def test_a_template_with_other_fields_is_refused(tokenizer):
     with pytest.raises(ValueError, match=r"names \['solution'\]"):
         PrivilegedContext(ChatFormatter(tokenizer), "{prompt} {solution}")
+
+
+def test_longest_growth_is_the_largest_shift_of_the_rows(tokenizer):
+    formatter = ChatFormatter(tokenizer)
+    context = PrivilegedContext(formatter, TEMPLATE)
+    samples = encode_prompts(
+        [{**record} for record in RECORDS], formatter, max_tokens=100, where="train"
+    ).samples
+    growth, index = context.longest_growth(samples)
+    rows = context.teacher_rows(conversations(tokenizer), RECORDS, tokenizer.pad_token_id)
+    shifts = (rows.teacher_opening - rows.student_opening).tolist()
+    assert (growth, index) == (max(shifts), shifts.index(max(shifts)))
+
+
+def test_a_served_teacher_with_its_own_prompt_must_fit_its_context(tokenizer):
+    """The served teacher's rows are longer than the student's by its opening; the run is
+    refused at setup when they would not fit teacher.max_total_sequence_length (its server's
+    context), rather than failing with the server's 400 mid-run."""
+    config = Path(__file__).resolve().parents[3] / "examples/configs/distillation_tiny.yaml"
+    served = [
+        "teacher.server.enabled=true",
+        "teacher.server.base_url=http://127.0.0.1:9/v1",
+        f"teacher.prompt_template='{TEMPLATE}'",
+    ]
+    formatter = ChatFormatter(tokenizer)
+    prompts = encode_prompts(RECORDS, formatter, max_tokens=100, where="train")
+    growth, _ = PrivilegedContext(formatter, TEMPLATE).longest_growth(prompts.samples)
+    cfg = load_config(config, served)
+    needed = cfg.policy.max_total_sequence_length + growth
+    with pytest.raises(SetupError, match=rf"set teacher.max_total_sequence_length={needed} and"):
+        _privileged_context(cfg, formatter, [prompts])
+    fits = load_config(config, [*served, f"teacher.max_total_sequence_length={needed}"])
+    assert _privileged_context(fits, formatter, [prompts]).template == TEMPLATE
+    in_process = load_config(config, [f"teacher.prompt_template='{TEMPLATE}'"])
+    assert _privileged_context(in_process, formatter, [prompts]) is not None  # not its limit

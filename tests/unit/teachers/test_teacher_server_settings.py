@@ -76,3 +76,10 @@ def test_a_config_without_one_teacher_has_nothing_to_serve():
         settings("distillation_tiny_routed.yaml")
     with pytest.raises(ConfigError, match="no teacher"):
         settings("grpo_tiny.yaml")
+
+
+def test_the_context_is_the_teachers_own_length():
+    """A teacher with its own prompt scores rows longer than the student's: the server's
+    context follows teacher.max_total_sequence_length, not the policy's."""
+    got = settings("distillation_tiny.yaml", overrides=["teacher.max_total_sequence_length=200"])
+    assert got.max_model_len == 201
