@@ -420,14 +420,18 @@ def _build_teacher_sampler(
     cfg: DistillationConfig, device: str, split: WorkerSplit, placement: PlacementGroup
 ) -> VllmGeneration | None:
     """With distillation.seq_kd, vLLM holding the teacher (like the student's engines, with its
-    generation settings); SetupError for colocated generation on CUDA (no room for it yet)."""
+    generation settings). SetupError on CUDA: colocated generation has no room for a second
+    engine beside training, and non-colocated generation's bundles hold one GPU engine each,
+    so the teacher's engine would wait for a device forever."""
     if not cfg.distillation.seq_kd:
         return None
-    if device == "cuda" and cfg.policy.generation.colocated.enabled:
+    if device == "cuda":
         raise SetupError(
-            "distillation.seq_kd needs a second vLLM engine (the teacher's), which colocated "
-            "generation on GPUs has no room for yet; set "
-            "policy.generation.colocated.enabled=false"
+            "distillation.seq_kd needs a second vLLM engine (the teacher's) beside the "
+            "student's, and on GPUs this version has no devices to place it on (colocated "
+            "generation has no room beside training; non-colocated generation's devices each "
+            "hold one of the student's engines); run seq_kd on CPU, or train on the dataset's "
+            "responses instead (distillation.lmbda < 1 with data.response_key)"
         )
     return _build_generation(cfg, device, split, placement, cfg.teacher)
 

@@ -19,6 +19,10 @@ import ray
 
 from nemo_opd.config import ClusterConfig
 from nemo_opd.distributed.cluster import ClusterResourceError, WorkerResources
+from nemo_opd.distributed.waits import get_within
+
+NODE_QUERY_TIMEOUT_S = 120.0
+"""How long actors may take to say which node they run on (they are up: a quick call)."""
 
 
 @dataclass(frozen=True)
@@ -84,7 +88,8 @@ def _node_of_this_actor(_actor: object) -> tuple[str, str]:
 
 def actor_nodes(actors: Sequence[ray.actor.ActorHandle]) -> list[tuple[str, str]]:
     """(node id, address) where Ray runs each actor, as each actor's runtime context says."""
-    return ray.get([actor.__ray_call__.remote(_node_of_this_actor) for actor in actors])
+    refs = [actor.__ray_call__.remote(_node_of_this_actor) for actor in actors]
+    return get_within(refs, NODE_QUERY_TIMEOUT_S, "actors reporting which node they run on")
 
 
 def placement_record(parts: Mapping[str, Sequence[tuple[str, str]]]) -> dict:

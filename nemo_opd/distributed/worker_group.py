@@ -86,7 +86,8 @@ class WorkerGroup:
         if not self._starting:
             return
         try:
-            self.get(self._starting, list(range(self.size)))
+            starting = "start (build the engine, join the process group)"
+            self.get(self._starting, list(range(self.size)), starting)
         except BaseException:
             self.shutdown()
             raise
@@ -109,9 +110,12 @@ class WorkerGroup:
         refs = [call(self.actors[rank], rank) for rank in ranks]
         return self.get(refs, ranks)
 
-    def get(self, refs: Sequence[ray.ObjectRef], ranks: Sequence[int]) -> list:
-        """Wait for every ref; the first failure (in completion order) raises WorkerError.
-        Each result is fetched (deserialized) once, as it completes."""
+    def get(
+        self, refs: Sequence[ray.ObjectRef], ranks: Sequence[int], what: str = "answer"
+    ) -> list:
+        """Wait for every ref; the first failure (in completion order) raises WorkerError, and
+        so does a rank that does not `what` within timeout_s. Each result is fetched
+        (deserialized) once, as it completes."""
         rank_of = {ref: rank for ref, rank in zip(refs, ranks, strict=True)}
         results = {}
         pending = list(refs)
@@ -119,9 +123,8 @@ class WorkerGroup:
             done, pending = ray.wait(pending, num_returns=1, timeout=self.timeout_s)
             if not done:
                 stuck = sorted(rank_of[ref] for ref in pending)
-                raise WorkerError(
-                    f"{self.name}: ranks {stuck} did not answer in {self.timeout_s} s"
-                )
+                message = f"ranks {stuck} did not {what} in {self.timeout_s} s"
+                raise WorkerError(f"{self.name}: {message}")
             results[done[0]] = self._result(done[0], rank_of[done[0]])
         return [results[ref] for ref in refs]
 

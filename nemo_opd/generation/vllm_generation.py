@@ -40,16 +40,22 @@ from collections.abc import Sequence
 
 import ray
 import torch
-from ray.exceptions import RayActorError
+from ray.exceptions import GetTimeoutError, RayActorError
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from nemo_opd.config import GenerationConfig
 from nemo_opd.distributed.nodes import actor_nodes
+from nemo_opd.distributed.waits import get_within
 from nemo_opd.distributed.worker_group import death_notice
 from nemo_opd.errors import RunError
 from nemo_opd.generation.interface import GenerationOutput
 from nemo_opd.generation.vllm_worker import ENGINE_ENV, VllmWorker
+
+READY_TIMEOUT_S = 1800.0
+"""How long the engines may take to start (a large model on a slow disk takes minutes)."""
+CALL_TIMEOUT_S = 600.0
+"""How long a bookkeeping call to the engines (start-up times) may take."""
 
 
 class VllmGeneration:
@@ -121,7 +127,15 @@ class VllmGeneration:
         that failed to start raises here, after all engines are shut down."""
         if self.start_time_s is None:
             try:
-                ray.get([engine.ready.remote() for engine in self.engines])
+                ray.get([engine.ready.remote() for engine in self.engines], timeout=READY_TIMEOUT_S)
+            except GetTimeoutError as error:
+                self.shutdown()
+                raise RunError(
+                    f"vLLM: {len(self.engines)} engine(s) did not start within "
+                    f"{READY_TIMEOUT_S:.0f} s: still loading the model, or never scheduled "
+                    "because the cluster lacks the CPUs or GPUs they ask for (`ray status` "
+                    "shows what is free)"
+                ) from error
             except RayActorError as error:
                 self.shutdown()
                 raise RunError(f"vLLM could not start: {_start_failure(error)}") from error
@@ -133,7 +147,8 @@ class VllmGeneration:
 
     def startup_marks(self) -> list[dict[str, float]]:
         """Each engine's start-up times (nemo_opd.utils.startup), in engine order."""
-        return ray.get([engine.startup_marks.remote() for engine in self.engines])
+        refs = [engine.startup_marks.remote() for engine in self.engines]
+        return get_within(refs, CALL_TIMEOUT_S, "vLLM engines reporting their start-up times")
 
     def nodes(self) -> list[tuple[str, str]]:
         """(node id, node address) of each engine, in engine order, as Ray placed them."""

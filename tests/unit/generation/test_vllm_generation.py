@@ -256,3 +256,19 @@ def test_an_engine_that_cannot_start_says_why_and_what_to_set(ray_session, model
     assert (
         "memory" in message and "kv_cache_memory_bytes gives the KV cache a fixed size" in message
     )
+
+
+def test_an_engine_that_is_never_scheduled_times_out_with_the_reason(
+    ray_session, model_dirs, monkeypatch
+):
+    """An engine that asks for more CPUs than the cluster has waits for them forever; the wait
+    ends at its time-out with a message saying what to look at."""
+    from nemo_opd.errors import RunError
+    from nemo_opd.generation import VllmGeneration
+    from nemo_opd.generation import vllm_generation as module
+
+    monkeypatch.setattr(module, "READY_TIMEOUT_S", 2.0)
+    with pytest.raises(RunError, match=r"did not start within 2 s: .* never scheduled"):
+        VllmGeneration(
+            generation_config(), model_dirs["a"], None, device_type="cpu", cpus_per_engine=64
+        )
