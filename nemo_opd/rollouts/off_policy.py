@@ -6,7 +6,8 @@ rendered with the chat template and cut after the EOS token as a generated turn 
 The result has the same shape as run_multi_turn_rollout's, so the rest of a step (flatten,
 teacher scoring, training, logging) is the same code: the environment grades the responses
 like rollouts (so the reward says how good the data is), and a response that does not fit in
-max_seq_len is cut there and marked truncated. Responses carry no generation log-probs.
+max_seq_len is cut there (its text too: what is graded is what is trained) and marked
+truncated. Responses carry no generation log-probs.
 """
 
 from nemo_opd.data.chat import ChatFormatter
@@ -36,7 +37,7 @@ def reference_rollout(
     if missing:
         raise ValueError(f"samples {missing[:5]} have no response (data.response_key)")
     logs = formatter.response_logs(message_logs, [meta["response"] for meta in metadata])
-    states = [_cut_to_fit(log, max_seq_len) for log in logs]
+    states = [_cut_to_fit(log, max_seq_len, formatter) for log in logs]
     metadata = [dict(meta) for meta in metadata]
     graded, env_metrics = grade(task_to_env, logs, metadata, list(range(len(logs))))
     for i, (reward, _done, _reply, meta) in graded.items():
@@ -44,13 +45,15 @@ def reference_rollout(
     return finished_rollout(logs, states, metadata, env_metrics)
 
 
-def _cut_to_fit(log: list[Message], max_seq_len: int) -> RolloutState:
+def _cut_to_fit(log: list[Message], max_seq_len: int, formatter: ChatFormatter) -> RolloutState:
     """Cut the log's last (assistant) message so the log holds at most max_seq_len tokens, in
-    place; the turn's bookkeeping as a rollout would keep it."""
+    place, its text with it (the environment grades what is trained, as a rollout cut by its
+    budget); the turn's bookkeeping as a rollout would keep it."""
     reply = log[-1]
     excess = max(0, log_length(log) - max_seq_len)
     if excess:
         reply["token_ids"] = reply["token_ids"][: len(reply["token_ids"]) - excess]
+        reply["content"] = formatter.tokenizer.decode(reply["token_ids"], skip_special_tokens=True)
     tokens = len(reply["token_ids"])
     return RolloutState(
         turns=1, generated=tokens, active=False, truncated=bool(excess), natural_stop=not excess

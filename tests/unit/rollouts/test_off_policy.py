@@ -70,6 +70,23 @@ def test_a_response_longer_than_the_sequence_is_cut_and_marked(chat_tokenizer):
     assert result.metrics["truncation_rate"] == 1.0
 
 
+def test_a_cut_response_is_graded_on_what_is_left(chat_tokenizer):
+    """The reward is the reward of what is trained: a right answer cut off before it is
+    stated is wrong, and the message's text is the cut tokens' text."""
+    formatter = ChatFormatter(chat_tokenizer)
+    prompt_tokens = sum(len(m["token_ids"]) for m in formatter.prompt_logs(PROMPTS[:1])[0])
+    full = chat_tokenizer(RESPONSES[0], add_special_tokens=False)["input_ids"]
+    n = max(n for n in range(len(full)) if "7" not in chat_tokenizer.decode(full[:n]))
+    kept = full[:n]  # up to "3 + 4 =", before the answer
+    _, result = rollout(chat_tokenizer, max_seq_len=prompt_tokens + len(kept))
+    reply = result.message_logs[0][-1]
+    assert reply["token_ids"] == kept
+    assert reply["content"] == chat_tokenizer.decode(kept, skip_special_tokens=True)
+    assert "7" not in reply["content"]
+    assert result.rewards.tolist() == [0.0, 0.0]  # the full first response is right
+    assert result.truncated.tolist()[0]
+
+
 def test_a_sample_without_a_response_is_refused(chat_tokenizer):
     formatter = ChatFormatter(chat_tokenizer)
     with pytest.raises(ValueError, match="have no response"):
