@@ -178,7 +178,7 @@ def _train_step(state: DistillationRun, samples: list, step: int, timers: Timers
             _refit_if_stale(state)
     # 2. rollout: the student's own samples, or off-policy responses
     with timers.time("generation"):
-        rollout = _step_rollout(state, samples, step, on_policy)
+        rollout, copies = _step_rollout(state, samples, step, on_policy)
     # 3. flatten and 4. teacher
     objective = cfg.objective
     batch = _scored_batch(
@@ -193,7 +193,12 @@ def _train_step(state: DistillationRun, samples: list, step: int, timers: Timers
             metrics["generation/logprob_mismatch"] = _logprob_mismatch(state, batch, rollout)
     # 6. train
     with timers.time("policy_training"):
-        history = state.student.train(batch, state.loss_fn)
+        rows = (
+            cfg.policy.train_global_batch_size
+            * copies
+            // cfg.distillation.num_generations_per_prompt
+        )
+        history = state.student.train(batch, state.loss_fn, global_batch_size=rows)
     metrics.update(_train_metrics(history, batch, rollout))
     if state.teacher is not None:
         metrics.update(_route_metrics(state.teacher.groups(rollout.metadata), rollout.rewards))
@@ -204,18 +209,23 @@ def _train_step(state: DistillationRun, samples: list, step: int, timers: Timers
 
 def _step_rollout(
     state: DistillationRun, samples: list, step: int, on_policy: bool
-) -> RolloutResult:
-    """Step 2: num_generations_per_prompt conversations of each prompt, sampled by the student
-    (on-policy), or off-policy: sampled by the teacher (seq_kd) or the dataset's responses.
-    rollout/on_policy and rollout/teacher_sampled say which."""
+) -> tuple[RolloutResult, int]:
+    """Step 2: (the rollouts, conversations per prompt). num_generations_per_prompt
+    conversations of each prompt, sampled by the student (on-policy) or by the teacher (seq_kd,
+    at the generation temperature, as TRL's GKD); or the dataset's responses, each once
+    (_reference_copies). rollout/on_policy and rollout/teacher_sampled say which."""
     cfg = state.cfg
-    logs, metadata = repeat_samples(samples, cfg.distillation.num_generations_per_prompt)
-    seed = _step_seed(cfg, step)
     sampler = state.teacher_sampler
+    samples_once = not on_policy and sampler is None
+    copies = (
+        _reference_copies(state) if samples_once else cfg.distillation.num_generations_per_prompt
+    )
+    logs, metadata = repeat_samples(samples, copies)
+    seed = _step_seed(cfg, step)
     if on_policy:
         rollout = _rollout(state, logs, metadata, greedy=False, seed=seed)
     elif sampler is not None:
-        temperature = teacher_temperature(cfg)
+        temperature = sampling_temperature(cfg)
         rollout = _rollout(
             state, logs, metadata, greedy=False, seed=seed, temperature=temperature, engine=sampler
         )
@@ -224,7 +234,18 @@ def _step_rollout(
         rollout = reference_rollout(logs, metadata, state.formatter, state.environments, max_len)
     rollout.metrics["on_policy"] = float(on_policy)
     rollout.metrics["teacher_sampled"] = float(not on_policy and sampler is not None)
-    return rollout
+    return rollout, copies
+
+
+def _reference_copies(state: DistillationRun) -> int:
+    """Rows per prompt on a step that trains on the dataset's responses: one, trained with a
+    global batch num_generations_per_prompt times smaller, so every optimizer step sees the
+    same prompts with the same weights as g identical copies would give it (the loss is
+    normalized by the step's tokens), at 1/g of the teacher's and the trainer's work. g copies
+    when the global batch does not divide so (by g, then by the data-parallel size)."""
+    g = state.cfg.distillation.num_generations_per_prompt
+    rows = state.cfg.policy.train_global_batch_size
+    return 1 if rows % g == 0 and (rows // g) % state.student.dims.dp == 0 else g
 
 
 def _scored_batch(

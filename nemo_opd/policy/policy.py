@@ -116,18 +116,22 @@ class Policy:
 
     # ---------------------------------------------------------------- training
 
-    def train(self, data: Mapping, loss_fn: Callable) -> dict[str, list[float]]:
-        """One optimizer step per train_global_batch_size rows of `data`.
+    def train(
+        self, data: Mapping, loss_fn: Callable, global_batch_size: int | None = None
+    ) -> dict[str, list[float]]:
+        """One optimizer step per global batch of `data`'s rows.
 
         Args:
             data: input_ids, input_lengths, token_mask, sample_mask, teacher_topk_logprobs,
-                teacher_topk_indices; B a multiple of train_global_batch_size.
+                teacher_topk_indices; B a multiple of the global batch.
             loss_fn: e.g. DistillationLossFn (see Engine.train for the call signature).
+            global_batch_size: rows per optimizer step (a multiple of the data-parallel size);
+                None: train_global_batch_size.
 
         Returns:
             {metric: [value per step]} (loss, forward_kl, ..., grad_norm, lr, ...).
         """
-        global_batch = self.cfg.train_global_batch_size
+        global_batch = global_batch_size or self.cfg.train_global_batch_size
         shards = shard_for_data_parallel(TensorBatch(data), self.dims.dp, global_batch)
         loss_ref = ray.put(loss_fn)
         results = self._run_on_replicas(

@@ -194,10 +194,11 @@ def grade(
 
 
 def rollout_metrics(states: list[RolloutState]) -> dict[str, float]:
-    """Means over samples: generated tokens (and the max), turns, natural termination (the last
-    turn ended on a stop), truncation, and reward."""
+    """The number of samples, and means over them: generated tokens (and the max), turns,
+    natural termination (the last turn ended on a stop), truncation, and reward."""
     count = max(1, len(states))
     return {
+        "samples": float(len(states)),
         "mean_generated_tokens": sum(s.generated for s in states) / count,
         "max_generated_tokens": float(max((s.generated for s in states), default=0)),
         "mean_turns": sum(s.turns for s in states) / count,
