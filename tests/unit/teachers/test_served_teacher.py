@@ -3,16 +3,19 @@
 
 References: the teacher's own Hugging Face forward in fp32, row by row (no padding)."""
 
+import http.server
 import signal
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from nemo_opd.errors import ServiceError
 from nemo_opd.teachers.served import ServedTeacher, ServedTeacherError
 from nemo_opd.tiny.assets import resolve_pretrained
 
@@ -129,6 +132,53 @@ def test_a_server_that_does_not_answer_is_retried_then_named():
     with pytest.raises(ServedTeacherError, match=r"did not answer after 2 retries .*ConnectError"):
         teacher.get_logprobs(ragged_batch([4]))
     assert teacher.retries == 2
+    # logged per step: the retries since the metrics were last taken
+    assert teacher.take_metrics() == {"teacher/server_retries": 2.0}
+    assert teacher.take_metrics() == {"teacher/server_retries": 0.0}
+
+
+class Answers(http.server.BaseHTTPRequestHandler):
+    """Answers every POST with status 200 and the class's body."""
+
+    body = b""
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"<html>a proxy's page</html>", "with a body that is not JSON"),
+        (b"[1, 2]", "JSON that is not an object"),
+        (b'{"object": "text_completion"}', "without a list of indexed choices"),
+        (b'{"choices": [{"index": 0, "text": "x"}]}', "malformed reply for row 0 .*KeyError"),
+        (b'{"choices": [{"index": 0, "prompt_logprobs": 5}]}', "malformed reply for row 0"),
+    ],
+    ids=["html", "a list", "no choices", "no log-probs", "wrong type"],
+)
+def test_a_malformed_reply_is_a_service_error(body, message):
+    """A 200 whose body is not what vLLM sends ends the run like a server that is down (a
+    ServiceError: the loop checkpoints the last completed step), not with a traceback."""
+    handler = type("Handler", (Answers,), {"body": body})
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) as httpd:
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        teacher = ServedTeacher(f"http://127.0.0.1:{httpd.server_port}/v1", "m", max_retries=0)
+        try:
+            with pytest.raises(ServiceError, match=message):
+                teacher.get_logprobs(ragged_batch([4]))
+            with pytest.raises(ServiceError, match=message):
+                teacher.get_topk_logits(ragged_batch([4]), K)
+        finally:
+            httpd.shutdown()
 
 
 def test_only_temperature_one_can_be_served():
