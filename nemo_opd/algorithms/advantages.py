@@ -191,9 +191,11 @@ def compute_advantages(
         (advantages [B, S] float32, 0 at unmasked positions; metrics, python floats):
         "advantage_mean", "advantage_std" (population), "advantage_min", "advantage_max" over
         the masked positions; with the OPD term "sampled_reverse_kl" (mean k_t over the masked
-        positions); with the reward term "reward_advantage_mean" and "reward_advantage_std"
-        (population) over the samples with at least one masked position. Statistics over
-        nothing are 0.0.
+        positions) and "opd_term_mean" (the term's mean over them); with the reward term
+        "reward_advantage_mean" and "reward_advantage_std" (population) over the samples with
+        at least one masked position, and "reward_term_mean" (the term's mean over the masked
+        positions; advantage_mean is the sum of the terms' means). Statistics over nothing
+        are 0.0.
 
     Raises:
         ValueError: no term enabled, an input an enabled term needs is missing, a shape
@@ -213,10 +215,12 @@ def compute_advantages(
     stats: dict[str, torch.Tensor] = {}
     if use_reward:
         per_sample = _reward_term(rewards, group_ids, valid, reward_estimator, normalize_std)
-        advantages += reward_coef * _broadcast64(per_sample, valid)
+        term = reward_coef * _broadcast64(per_sample, valid)
+        advantages += term
         counted = valid.any(dim=1)
         mean, std, _, _ = _masked_stats(per_sample, counted)
         stats["reward_advantage_mean"], stats["reward_advantage_std"] = mean, std
+        stats["reward_term_mean"] = _masked_stats(term, valid)[0]
     if use_opd:
         if student_logprobs is None or teacher_logprobs is None:
             raise ValueError(
@@ -224,8 +228,10 @@ def compute_advantages(
                 "of the sampled tokens)"
             )
         kl = _sampled_reverse_kl64(student_logprobs, teacher_logprobs, valid)
-        advantages -= opd_coef * _discounted_returns64(kl, valid, opd_discount)
+        term = -opd_coef * _discounted_returns64(kl, valid, opd_discount)
+        advantages += term
         stats["sampled_reverse_kl"] = _masked_stats(kl, valid)[0]
+        stats["opd_term_mean"] = _masked_stats(term, valid)[0]
     names = ("advantage_mean", "advantage_std", "advantage_min", "advantage_max")
     overall = dict(zip(names, _masked_stats(advantages, valid), strict=True))
     stats = overall | stats

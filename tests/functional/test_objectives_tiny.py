@@ -118,10 +118,16 @@ def test_grpo_runs_without_a_teacher(runs):
     metrics = read_metrics(dirs["grpo"])
     assert sorted(metrics) == list(range(1, STEPS + 1))
     for step in range(1, STEPS + 1):
+        row = metrics[step]
         for key in PG_METRICS:
-            assert key in metrics[step], f"step {step} lacks {key}"
-        assert not any(key.startswith("timing/train/teacher") for key in metrics[step])
-        assert "train/sampled_reverse_kl" not in metrics[step]
+            assert key in row, f"step {step} lacks {key}"
+        assert not any(key.startswith("timing/train/teacher") for key in row)
+        assert "train/sampled_reverse_kl" not in row and "train/opd_term_mean" not in row
+        # The reward alone makes the advantages; GRPO centres each prompt's group at 0.
+        assert row["train/advantage_mean"] == pytest.approx(row["train/reward_term_mean"])
+        assert abs(row["train/reward_advantage_mean"]) < 1e-6
+        assert (16 * row["train/reward"]).is_integer()  # 4 prompts x 4 samples, reward 0 or 1
+        assert row["train/loss"] == row["train/pg_loss"]  # no top-k term
     last = metrics[STEPS]
     assert "validation/accuracy" in last and "validation/reverse_kl" not in last
     assert 0 <= last["validation/accuracy_avg@2"] <= last["validation/pass@2"] <= 1
@@ -140,6 +146,16 @@ def test_grpo_plus_opd_uses_both_teacher_outputs(runs):
             assert key in row, f"step {step} lacks {key}"
         assert row["timing/train/teacher_topk"] > 0 and row["timing/train/teacher_logprobs"] > 0
         assert row["generation/logprob_mismatch"] < 1e-3
+        # The advantage is the sum of its terms: the reward's (GRPO, centred per prompt) and the
+        # OPD term, -opd_coef (1) x the sampled reverse KL (opd_discount 0).
+        terms = row["train/reward_term_mean"] + row["train/opd_term_mean"]
+        assert row["train/advantage_mean"] == pytest.approx(terms, rel=1e-6, abs=1e-9)
+        assert row["train/opd_term_mean"] == pytest.approx(-row["train/sampled_reverse_kl"])
+        assert row["train/sampled_reverse_kl"] != 0.0
+        assert abs(row["train/reward_advantage_mean"]) < 1e-6
+        # The loss is the policy gradient's plus 0.1 x the top-k divergence's.
+        expected = row["train/pg_loss"] + 0.1 * row["train/topk_loss"]
+        assert row["train/loss"] == pytest.approx(expected, rel=1e-5, abs=1e-8)
     assert "validation/reverse_kl" in metrics[STEPS]
 
 

@@ -363,9 +363,15 @@ def test_both_terms_are_the_sum_of_the_parts(estimator):
             "advantage_max": high,
             "reward_advantage_mean": reward_mean,
             "reward_advantage_std": reward_std,
+            "reward_term_mean": ref_stats(masked_values(reward_part, RAGGED_MASK))[0] * 2.0,
             "sampled_reverse_kl": sum(kl_values) / len(kl_values),
+            "opd_term_mean": -0.7 * ref_stats(masked_values(opd_part, RAGGED_MASK))[0],
         },
         abs=1e-9,
+    )
+    # the terms' means add up to the advantages' (what a run's log shows per step)
+    assert metrics["reward_term_mean"] + metrics["opd_term_mean"] == pytest.approx(
+        metrics["advantage_mean"], abs=1e-12
     )
     assert all(type(value) is float for value in metrics.values())
 
@@ -384,6 +390,7 @@ def test_each_term_alone_and_its_metrics():
         "advantage_min",
         "advantage_max",
         "sampled_reverse_kl",
+        "opd_term_mean",
     }
     reward_only, metrics = compute_advantages(
         mask,
@@ -411,7 +418,7 @@ def test_an_empty_mask_gives_zeros_and_zero_metrics(estimator):
         reward_coef=1.0,
     )
     assert advantages.dtype == torch.float32 and (advantages == 0).all()
-    assert len(metrics) == 7 and all(value == 0.0 for value in metrics.values())
+    assert len(metrics) == 9 and all(value == 0.0 for value in metrics.values())
 
 
 def test_advantages_are_fp32_constants_whatever_the_input_dtype():
