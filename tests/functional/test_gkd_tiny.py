@@ -66,8 +66,8 @@ def test_each_step_is_on_or_off_policy_by_the_rule(mixed):
         if not on:  # the reference solutions: correct, and ended by EOS
             assert metrics["train/reward"] == 1.0
             assert metrics["rollout/natural_termination_rate"] == 1.0
-        # 32 prompts: 2 samples each on-policy, each response once off-policy
-        assert metrics["rollout/samples"] == (64.0 if on else 32.0)
+        # 8 prompts: 2 samples each on-policy, each response once off-policy
+        assert metrics["rollout/samples"] == (16.0 if on else 8.0)
 
 
 def test_lmbda_0_is_the_mixed_runs_off_policy_steps(mixed, tmp_path):
