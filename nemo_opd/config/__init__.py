@@ -7,20 +7,20 @@ command-line overrides, and a strict pydantic schema with one model per section.
 
 Modules: schema.py (the run's sections and DistillationConfig), model_schema.py (a model's
 sections: PolicyConfig, TeacherConfig), section.py (their base and the size bounds),
-key_paths.py (the schema by key path), loader.py (reading, inheritance, interpolation,
-validation, dumping), overrides.py (the command line's overrides, in Hydra's grammar),
-bounds.py (loading's limits), checks.py (the cross-field rules), worker_split.py and address.py
-(the arithmetic and syntax those rules use), errors.py (ConfigError and its messages),
-reference.py (docs/config.md, generated from the schema).
+key_paths.py (the schema by key path), loader.py (reading, inheritance, validation, dumping),
+interpolation.py (`${...}`, bounded), overrides.py (the command line's overrides, in Hydra's
+grammar), bounds.py (loading's limits), checks.py (the cross-field rules), worker_split.py and
+address.py (the arithmetic and syntax those rules use), errors.py (ConfigError and its
+messages), reference.py (docs/config.md, generated from the schema).
 
 Every problem is raised as ConfigError with a message naming the full key path.
 """
 
 from nemo_opd.config.errors import ConfigError
+from nemo_opd.config.interpolation import register_resolvers
 from nemo_opd.config.loader import (
     compose_config,
     load_config,
-    register_resolvers,
     to_dict,
     to_yaml,
     validate_config,

@@ -20,6 +20,13 @@ MAX_DEFAULTS_LOADS = 256
 MAX_INTERPOLATED_CHARS = 1 << 20
 """Longest text (or expanded section) an interpolation may resolve to."""
 
+MAX_RESOLUTIONS = 20_000
+"""Most interpolations OmegaConf may resolve for one config (it resolves a key again every time
+another refers to it; the shipped configs need about a hundred)."""
+
+MAX_INTERPOLATION_NESTING = 16
+"""Deepest nesting of `${...}` within one value."""
+
 MAX_OVERRIDE_CHARS = 1 << 16
 """Longest command-line override (key and value); checked before it is parsed."""
 

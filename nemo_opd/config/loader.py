@@ -32,34 +32,27 @@ Overrides (overrides.py, Hydra's grammar read by hydra-core's parser):
     ++a.b=v    set or add, whichever applies
     ~a.b       delete a key;  ~a.b=v deletes it only if its value is v
 
-Interpolation: OmegaConf's `${a.b}` and `${..sibling}`, plus the arithmetic resolvers
-`${mul:a,b,...}`, `${add:a,b,...}`, `${max:a,b,...}` and `${div:a,b}`. Arguments are numbers or
-interpolations, e.g. `${mul:${policy.max_total_sequence_length},2}`. `div` returns an int when
-both arguments are ints and the division is exact, a float otherwise. A value of `???` marks a
-key that must be set by a child file or an override.
+Interpolation (interpolation.py): references `${a.b}`, `${..sibling}` and the arithmetic
+resolvers mul, add, max and div, bounded in size and in OmegaConf's work.
 """
 
-import math
 import re
 import stat
-from collections.abc import Callable, Mapping, Sequence
-from functools import reduce
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException, UnsupportedInterpolationType
 from pydantic import BaseModel, ValidationError
 
 from nemo_opd.config.bounds import (
     MAX_DEFAULTS_LOADS,
     MAX_DEPTH,
     MAX_FILE_BYTES,
-    MAX_INTERPOLATED_CHARS,
     check_size,
 )
 from nemo_opd.config.errors import ConfigError, closest, join_path, show, suggest
+from nemo_opd.config.interpolation import interpolated_keys, resolve_interpolations
 from nemo_opd.config.key_paths import keys_at
 from nemo_opd.config.overrides import apply_overrides
 from nemo_opd.config.schema import DistillationConfig
@@ -255,191 +248,6 @@ def _parents(entry: Any, path: Path) -> list[Path]:
         if not parent.is_file():
             raise ConfigError(f"{path}: `defaults:` entry {item!r} not found (looked for {parent})")
     return parents
-
-
-# -------- 3. interpolation ------------------------------------------------------------------------
-
-
-def _numbers(name: str, args: tuple[Any, ...], arity: int | None = None) -> tuple[Any, ...]:
-    """Check resolver arguments: at least one (or exactly `arity`), all int or float."""
-    if arity is not None and len(args) != arity:
-        raise ValueError(f"'{name}' takes {arity} arguments, got {len(args)}")
-    if not args:
-        raise ValueError(f"'{name}' needs at least one argument")
-    for arg in args:
-        if isinstance(arg, bool) or not isinstance(arg, int | float):
-            raise ValueError(f"'{name}' takes numbers, got {show(arg)}")
-    return args
-
-
-def _mul(*args: Any) -> Any:
-    return math.prod(_numbers("mul", args))
-
-
-def _add(*args: Any) -> Any:
-    return sum(_numbers("add", args))
-
-
-def _max(*args: Any) -> Any:
-    return reduce(max, _numbers("max", args))
-
-
-def _div(*args: Any) -> Any:
-    numerator, denominator = _numbers("div", args, arity=2)
-    if denominator == 0:
-        raise ValueError("'div' by zero")
-    both_ints = isinstance(numerator, int) and isinstance(denominator, int)
-    if both_ints and numerator % denominator == 0:
-        return numerator // denominator
-    return numerator / denominator
-
-
-RESOLVERS: dict[str, Callable[..., Any]] = {"mul": _mul, "add": _add, "div": _div, "max": _max}
-
-
-def register_resolvers() -> None:
-    """Register the resolvers with OmegaConf; calling it again is a no-op."""
-    for name, function in RESOLVERS.items():
-        if not OmegaConf.has_resolver(name):
-            OmegaConf.register_new_resolver(name, function)
-
-
-def resolve_interpolations(config: dict[str, Any]) -> dict[str, Any]:
-    """Return a plain dict with every `${...}` replaced by its value.
-
-    Raises ConfigError naming the key whose interpolation failed, the expression, and why.
-    """
-    register_resolvers()
-    check_interpolation_sizes(config)
-    try:
-        node = OmegaConf.create(config)
-        return OmegaConf.to_container(node, resolve=True, throw_on_missing=True)
-    except OmegaConfBaseException as error:
-        raise ConfigError(_describe_interpolation_error(error, config)) from None
-
-
-_INNERMOST = re.compile(r"\$\{([^${}]*)\}")
-_RESOLVER_RESULT_CHARS = 32  # a number from mul/add/max/div, as text
-
-
-def check_interpolation_sizes(config: dict[str, Any]) -> None:
-    """ConfigError when an interpolation would resolve to more than MAX_INTERPOLATED_CHARS
-    characters (or values of an interpolated section), before OmegaConf builds any of it.
-
-    Sizes are estimated bottom-up, once per key: a text's size is its literal part plus the
-    sizes of what it refers to, a section's the sum of its values'. So a chain of keys that
-    each refer to the previous one twice is refused at the first key over the limit, at the cost
-    of one pass over the config, instead of doubling until memory runs out.
-    """
-    sizes: dict[tuple, int] = {}
-
-    def size_of(path: tuple) -> int:
-        if path in sizes:
-            return sizes[path]
-        sizes[path] = 0  # a cycle counts as empty here; OmegaConf reports it by name
-        value = _node_at(config, path)
-        if isinstance(value, dict):
-            size = sum(size_of((*path, key)) for key in value)
-        elif isinstance(value, list):
-            size = sum(size_of((*path, index)) for index in range(len(value)))
-        elif isinstance(value, str) and "${" in value:
-            size = _interpolated_size(value, path, size_of)
-        else:
-            size = len(str(value))
-        if size > MAX_INTERPOLATED_CHARS:
-            raise ConfigError(
-                f"{join_path(path)}: its interpolations resolve to more than "
-                f"{MAX_INTERPOLATED_CHARS:,} characters; a config does not need this much"
-            )
-        sizes[path] = size
-        return size
-
-    try:
-        size_of(())
-    except RecursionError:
-        raise ConfigError("interpolations refer to one another too many levels deep") from None
-
-
-def _interpolated_size(text: str, path: tuple, size_of: Callable[[tuple], int]) -> int:
-    """The size of `text` at `path` once its `${...}` are resolved (innermost first)."""
-    total = 0
-    while match := _INNERMOST.search(text):
-        inner = match.group(1).strip()
-        if ":" in inner.split(".", 1)[0]:  # a resolver call, e.g. mul:8,2
-            total += _RESOLVER_RESULT_CHARS
-        else:
-            target = _reference_path(path, inner)
-            total += size_of(target) if target is not None else 0
-        text = text[: match.start()] + text[match.end() :]
-        if total > MAX_INTERPOLATED_CHARS:
-            break
-    return total + len(text)
-
-
-def _reference_path(path: tuple, reference: str) -> tuple | None:
-    """The key path `${reference}` names from the value at `path`: absolute (`a.b`) or
-    relative (`.sibling`, `..key_of_parent`), as OmegaConf reads it; None if malformed."""
-    dots = len(reference) - len(reference.lstrip("."))
-    rest = reference[dots:]
-    base = path[: len(path) - dots] if dots else ()
-    if dots > len(path):
-        return None
-    return (*base, *_key_parts(rest)) if rest else base
-
-
-def _node_at(config: Any, path: tuple) -> Any:
-    """The value at a key path, or None when there is none."""
-    node = config
-    for part in path:
-        in_dict = isinstance(node, dict) and part in node
-        in_list = isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node)
-        if not (in_dict or in_list):
-            return None
-        node = node[part]
-    return node
-
-
-def _describe_interpolation_error(error: OmegaConfBaseException, config: dict[str, Any]) -> str:
-    """A one-line message for an OmegaConf failure while resolving `config`."""
-    key = getattr(error, "full_key", None) or "<config>"
-    reason = str(getattr(error, "msg", None) or error).splitlines()[0]
-    reason = reason.removeprefix("ValueError raised while resolving interpolation: ")
-    if isinstance(error, UnsupportedInterpolationType):
-        name = reason.split()[-1]
-        reason = f"unknown resolver {name!r}{suggest(name, RESOLVERS)} (nemo_opd provides: "
-        reason += ", ".join(sorted(RESOLVERS)) + ")"
-    raw = _lookup(config, str(key))
-    if raw == "???":
-        return f"{key}: mandatory value '???' was never set; set it in a YAML file or as {key}=..."
-    expression = f" {show(raw, limit=120)}" if isinstance(raw, str) else ""
-    return f"{key}: cannot resolve interpolation{expression}: {reason}"
-
-
-def _lookup(config: Any, dotted: str) -> Any:
-    """The raw value at a dotted OmegaConf key such as `a.b[0].c`, or None if absent."""
-    return _node_at(config, _key_parts(dotted.replace("[", ".").replace("]", "")))
-
-
-def _key_parts(dotted: str) -> tuple:
-    """`a.b.0` -> ("a", "b", 0): digits index lists."""
-    return tuple(int(part) if part.isdigit() else part for part in dotted.split("."))
-
-
-def interpolated_keys(config: Any, path: tuple[str | int, ...] = ()) -> dict[str, str]:
-    """Map each key path whose raw value contains `${` to that raw value.
-
-    Used to say, when a validated value is wrong, which interpolation produced it.
-    """
-    if isinstance(config, dict):
-        items = config.items()
-    elif isinstance(config, list):
-        items = enumerate(config)
-    else:
-        return {join_path(path): config} if isinstance(config, str) and "${" in config else {}
-    found: dict[str, str] = {}
-    for key, value in items:
-        found.update(interpolated_keys(value, (*path, key)))
-    return found
 
 
 # -------- 4. validation ---------------------------------------------------------------------------

@@ -6,6 +6,7 @@ marks turn a regression into a failure instead of a stuck test run.
 """
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from nemo_opd.config.bounds import (
     MAX_FILE_BYTES,
     MAX_INTERPOLATED_CHARS,
     MAX_OVERRIDE_CHARS,
+    MAX_RESOLUTIONS,
     MAX_VALUES,
 )
 
@@ -130,8 +132,42 @@ def test_deep_nesting(write_yaml):
     ],
 )
 def test_interpolation_that_doubles(write_yaml, body):
+    # OmegaConf resolves a key again each time another refers to it: the work doubles with
+    # the size, and the work bound is met first
     message = refused(on_tiny(write_yaml, "double.yaml", body))
-    assert f"resolve to more than {MAX_INTERPOLATED_CHARS:,} characters" in message
+    assert f"would take more than {MAX_RESOLUTIONS:,} steps" in message
+
+
+def test_an_interpolation_that_resolves_to_too_much_text(write_yaml):
+    body = "big: " + "a" * 600_000 + "\ntwice: ${big}${big}\n"
+    message = refused(on_tiny(write_yaml, "big.yaml", body))
+    assert f"twice: its interpolations resolve to more than {MAX_INTERPOLATED_CHARS:,}" in message
+
+
+@pytest.mark.parametrize(
+    "resolver", ["oc.select", "oc.env", "oc.decode", "oc.create", "oc.dict.keys"]
+)
+def test_omegaconfs_own_resolvers_are_refused(write_yaml, resolver):
+    """oc.select re-evaluates at every level of a chain (16 levels of doubling ran past a
+    minute); oc.env would copy a secret into the printed and logged config."""
+    levels = "".join(
+        f"  x{i}: '${{{resolver}:b.x{i - 1}}}${{{resolver}:b.x{i - 1}}}'\n" for i in range(1, 17)
+    )
+    start = time.monotonic()
+    message = refused(on_tiny(write_yaml, "select.yaml", f"b:\n  x0: a\n{levels}"))
+    assert time.monotonic() - start < 5
+    assert f"the resolver {resolver!r} is not available" in message
+    assert "an environment variable never enters a config" in message
+
+
+def test_resolver_results_are_bounded(write_yaml):
+    product = "${mul:" + ",".join(["99999999999"] * 500) + "}"
+    message = refused(TINY, f"distillation.seed='{product}'")
+    assert "'mul' gives an integer of more than 64 bits" in message
+    nested = "1"
+    for _ in range(200):
+        nested = "${add:" + nested + ",1}"
+    assert "nested 200 deep, more than the" in refused(TINY, f"distillation.seed='{nested}'")
 
 
 @pytest.mark.parametrize(

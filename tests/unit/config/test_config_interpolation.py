@@ -4,7 +4,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from nemo_opd.config import ConfigError, load_config
-from nemo_opd.config.loader import (
+from nemo_opd.config.interpolation import (
     RESOLVERS,
     interpolated_keys,
     register_resolvers,
@@ -65,7 +65,7 @@ def test_registration_is_idempotent_and_complete():
     ("expression", "fragment"),
     [
         ("${nope.x}", "Interpolation key 'nope.x' not found"),
-        ("${mull:1,2}", "unknown resolver 'mull'; did you mean 'mul'?"),
+        ("${mull:1,2}", "the resolver 'mull' is not available; did you mean 'mul'?"),
         ("${mul:x,2}", "'mul' takes numbers, got 'x'"),
         ("${mul:true,2}", "'mul' takes numbers, got true"),
         ("${div:1,0}", "'div' by zero"),
