@@ -3,7 +3,8 @@
 Exit codes: 0 success; 2 a configuration error (the config file or an override) or a setup
 error (data, tokenizers, models); 1 a fault that ended the run (a worker died, a checkpoint
 could not be written); 143 a run stopped by SIGTERM at a clean point. Errors are printed to
-stderr as `error: ...` without a traceback.
+stderr as `error: ...` without a traceback. Nothing printed holds a secret: URL user-info and
+registered secrets are redacted (nemo_opd.config.secrets).
 """
 
 import argparse
@@ -12,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from nemo_opd.config import ConfigError, DistillationConfig, load_config, to_yaml
+from nemo_opd.config.secrets import redact_text
 from nemo_opd.errors import RunError, SetupError
 from nemo_opd.utils.import_ahead import ImportAhead
 
@@ -46,14 +48,14 @@ def main(argv: Sequence[str] | None = None, description: str | None = None) -> i
     try:
         cfg = load_config(args.config, args.overrides)
         if args.print_config:
-            sys.stdout.write(to_yaml(cfg))
+            sys.stdout.write(redact_text(to_yaml(cfg)))
             return 0
         return _train(cfg)
     except (ConfigError, SetupError) as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {redact_text(str(error))}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
     except RunError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {redact_text(str(error))}", file=sys.stderr)
         return EXIT_RUN_FAILED
 
 

@@ -19,6 +19,7 @@ by signal, 2 for a bad config.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import subprocess
 import sys
@@ -29,6 +30,9 @@ from dataclasses import dataclass
 import httpx
 
 from nemo_opd.config import ConfigError, DistillationConfig, load_config
+from nemo_opd.config.secrets import redact_text
+from nemo_opd.errors import SetupError
+from nemo_opd.teachers.served_checks import server_api_key
 
 EXIT_CONFIG_ERROR = 2
 READY_POLL_S = 0.5
@@ -117,16 +121,21 @@ def server_command(settings: ServerSettings) -> list[str]:
 
 
 def wait_until_serving(
-    base_url: str, process: subprocess.Popen, timeout_s: float, served_model_name: str
+    base_url: str,
+    process: subprocess.Popen,
+    timeout_s: float,
+    served_model_name: str,
+    api_key: str | None = None,
 ) -> float:
     """Poll GET {base_url}/models until the server lists the model; returns the seconds it
     took. RuntimeError if the process exits first or the time runs out."""
     started = time.monotonic()
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     while time.monotonic() - started < timeout_s:
         if process.poll() is not None:
             raise RuntimeError(f"the vLLM server exited with status {process.returncode}")
         try:
-            listed = httpx.get(f"{base_url}/models", timeout=2.0).json()
+            listed = httpx.get(f"{base_url}/models", timeout=2.0, headers=headers).json()
             if any(model.get("id") == served_model_name for model in listed.get("data", [])):
                 return time.monotonic() - started
         except (httpx.HTTPError, ValueError):
@@ -178,11 +187,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Start the server, print its URL when it answers, stop it on SIGINT / SIGTERM."""
     args = build_parser().parse_intermixed_args(argv)
     try:
-        settings = settings_from_config(load_config(args.config, args.overrides), args)
-    except ConfigError as error:
-        print(f"error: {error}", file=sys.stderr)
+        cfg = load_config(args.config, args.overrides)
+        settings = settings_from_config(cfg, args)
+        api_key = server_api_key(cfg.teacher.server)
+    except (ConfigError, SetupError) as error:
+        print(f"error: {redact_text(str(error))}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
-    process = subprocess.Popen(server_command(settings))
+    # vLLM requires the key when VLLM_API_KEY is set; in the environment, not on the command
+    # line, where any user of the machine could read it
+    env = {**os.environ, "VLLM_API_KEY": api_key} if api_key else None
+    process = subprocess.Popen(server_command(settings), env=env)
     stopping = []
 
     def on_signal(signum: int, frame: object) -> None:
@@ -192,7 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     try:
         took = wait_until_serving(
-            settings.base_url, process, args.ready_timeout, settings.served_model_name
+            settings.base_url, process, args.ready_timeout, settings.served_model_name, api_key
         )
         print(
             f"teacher server ready in {took:.1f} s: {settings.base_url} "
@@ -205,7 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except RuntimeError as error:
         stop(process)
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {redact_text(str(error))}", file=sys.stderr)
         return 1
     finally:
         stop(process)

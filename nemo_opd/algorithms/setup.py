@@ -57,7 +57,7 @@ from nemo_opd.teachers.in_process import InProcessTeacher
 from nemo_opd.teachers.privileged import PrivilegedContext, PrivilegedTeacher
 from nemo_opd.teachers.routed import RoutedTeachers
 from nemo_opd.teachers.served import ServedTeacher
-from nemo_opd.teachers.served_checks import check_served_teacher
+from nemo_opd.teachers.served_checks import check_served_teacher, server_api_key
 from nemo_opd.tiny.assets import resolve_pretrained
 from nemo_opd.utils.checkpoint_manager import CheckpointManager
 from nemo_opd.utils.logger import Logger
@@ -338,6 +338,7 @@ def _served_teacher(cfg: DistillationConfig, tokenizer: PreTrainedTokenizerBase)
         max_retries=server.max_retries,
         backoff_s=server.retry_backoff_s,
         rows_per_request=server.rows_per_request,
+        api_key=server_api_key(server),
     )
     check_served_teacher(
         teacher,
@@ -345,7 +346,7 @@ def _served_teacher(cfg: DistillationConfig, tokenizer: PreTrainedTokenizerBase)
         max_sequence_length=cfg.teacher.max_total_sequence_length,
         tokenizer=tokenizer,
     )
-    print(f"teacher: served by {server.base_url} (model {teacher.model!r})")
+    print(f"teacher: served by {teacher.shown_url} (model {teacher.model!r})")
     return teacher
 
 

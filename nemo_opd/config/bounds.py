@@ -31,6 +31,22 @@ MAX_OVERRIDE_CHARS = 1 << 16
 """Longest command-line override (key and value); checked before it is parsed."""
 
 
+def check_integers(data: Any, source: str, path: str = "") -> None:
+    """ConfigError naming the key of an integer that does not fit in 64 bits (no setting needs
+    one, and YAML, JSON and repr() of one with thousands of digits fail or crawl)."""
+    if isinstance(data, dict):
+        for key, value in data.items():
+            check_integers(value, source, f"{path}.{key}" if path else str(key))
+    elif isinstance(data, list):
+        for index, value in enumerate(data):
+            check_integers(value, source, f"{path}[{index}]")
+    elif isinstance(data, int) and not isinstance(data, bool) and data.bit_length() > 63:
+        where = path or source
+        raise ConfigError(
+            f"{where}: an integer of {data.bit_length()} bits; values must fit in 64 bits"
+        )
+
+
 def check_size(data: Any, source: str) -> None:
     """ConfigError when `data`, with every shared (aliased) value counted at each use, holds
     more than MAX_VALUES values or nests deeper than MAX_DEPTH. Stops at the first excess, so

@@ -21,11 +21,17 @@ def suggest(name: str, candidates: Iterable[str]) -> str:
 
 
 def show(value: object, limit: int = 80) -> str:
-    """Render a config value the way a user would write it in YAML, shortened to `limit` chars."""
+    """Render a config value the way a user would write it in YAML, shortened to `limit` chars
+    (a long string is cut before it is rendered, so a megabyte value costs no more than a short
+    one)."""
     if value is None:
         text = "null"
     elif isinstance(value, bool):
         text = "true" if value else "false"
+    elif isinstance(value, int) and value.bit_length() > 64:
+        text = f"an integer of {value.bit_length()} bits"  # repr() refuses over 4,300 digits
+    elif isinstance(value, str) and len(value) > limit:
+        text = repr(value[:limit])
     else:
         text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."

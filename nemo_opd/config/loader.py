@@ -49,6 +49,7 @@ from nemo_opd.config.bounds import (
     MAX_DEFAULTS_LOADS,
     MAX_DEPTH,
     MAX_FILE_BYTES,
+    check_integers,
     check_size,
 )
 from nemo_opd.config.errors import ConfigError, closest, join_path, show, suggest
@@ -69,6 +70,7 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> Distillation
     """Load, override, interpolate and validate a distillation config file."""
     overridden = _merge_and_override(path, overrides)
     resolved = resolve_interpolations(overridden)
+    check_integers(resolved, "the config")
     return validate_config(resolved, interpolations=interpolated_keys(overridden))
 
 

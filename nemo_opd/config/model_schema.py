@@ -10,13 +10,15 @@ server.
 
 from collections.abc import Callable
 from typing import Annotated, Literal, Self
+from urllib.parse import urlsplit
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from nemo_opd.config.section import (
     MAX_MICROBATCH_TOKENS,
     MAX_RANKS,
     MAX_ROWS,
+    MAX_SECONDS,
     MAX_SEED,
     MAX_STEPS,
     MAX_TOKENS,
@@ -278,13 +280,14 @@ class TeacherServerConfig(Section):
     enabled: bool = False
     """Score with the server at base_url; no teacher worker is started."""
 
-    base_url: str = Field("http://127.0.0.1:8000/v1", min_length=1)
-    """The server's OpenAI base URL."""
+    base_url: str = Field("http://127.0.0.1:8000/v1", min_length=1, max_length=2048)
+    """The server's OpenAI base URL: http or https, with a host. User-info in it
+    (user:password@) is sent, and redacted wherever the run prints or logs the URL."""
 
     model_name: str | None = None
     """The served model name (vLLM's --served-model-name); null: the teacher's model_name."""
 
-    timeout_s: float = Field(120.0, gt=0)
+    timeout_s: float = Field(120.0, gt=0, le=MAX_SECONDS)
     """Seconds one request may take."""
 
     max_concurrency: int = Field(8, ge=1, le=1024)
@@ -294,11 +297,28 @@ class TeacherServerConfig(Section):
     """Retries of one request after a connection error, a timeout or a 5xx (then the run
     ends with an error; the same command resumes from the last checkpoint)."""
 
-    retry_backoff_s: float = Field(0.5, ge=0)
-    """The first retry's wait; each further retry waits twice as long."""
+    retry_backoff_s: float = Field(0.5, ge=0, le=60)
+    """The first retry's wait; each further retry waits twice as long, at most 60 s."""
 
     rows_per_request: int = Field(8, ge=1, le=MAX_ROWS)
     """Rows sent in one request."""
+
+    api_key_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+    """The name of an environment variable holding the server's API key (e.g. VLLM_API_KEY),
+    sent as `Authorization: Bearer` as OpenAI-compatible clients do; null: none. The key
+    itself never enters the config; the run reads it at setup and redacts it from every
+    message (`python -m nemo_opd.teacher_server` gives it to the server it starts)."""
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, url: str) -> str:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(
+                "must be an http(s) URL with a host, e.g. http://127.0.0.1:8000/v1 (the "
+                "server's OpenAI base URL)"
+            )
+        return url
 
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

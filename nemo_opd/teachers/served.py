@@ -34,8 +34,17 @@ from dataclasses import dataclass
 import httpx
 import torch
 
+from nemo_opd.config.secrets import redact_text
 from nemo_opd.errors import ServiceError
 from nemo_opd.teachers.base import Rollouts, TeacherNeed, TeacherScores, score_with
+
+MAX_BACKOFF_S = 60.0
+"""The longest wait between two retries (the waits double from retry_backoff_s up to it)."""
+
+
+def backoff(first_s: float, attempt: int) -> float:
+    """Seconds before retry `attempt` + 1: first_s doubled per attempt, at most MAX_BACKOFF_S."""
+    return min(MAX_BACKOFF_S, first_s * 2 ** min(attempt, 64))
 
 
 class ServedTeacherError(ServiceError):
@@ -57,8 +66,10 @@ class ServedTeacher:
         timeout_s: seconds one request may take.
         max_concurrency: requests in flight at once.
         max_retries: retries of one request after a connection error, timeout or 5xx.
-        backoff_s: the first retry's wait; each further retry waits twice as long.
+        backoff_s: the first retry's wait; each further retry waits twice as long, at most
+            MAX_BACKOFF_S.
         rows_per_request: rows sent in one request (vLLM batches them).
+        api_key: sent as `Authorization: Bearer <api_key>` (vLLM's --api-key); None: none.
     """
 
     def __init__(
@@ -71,12 +82,16 @@ class ServedTeacher:
         max_retries: int = 5,
         backoff_s: float = 0.5,
         rows_per_request: int = 8,
+        api_key: str | None = None,
     ) -> None:
         if max_concurrency < 1 or rows_per_request < 1 or max_retries < 0:
             raise ValueError(
                 "max_concurrency and rows_per_request must be >= 1 and max_retries >= 0"
             )
         self.base_url = base_url.rstrip("/")
+        self.shown_url = redact_text(self.base_url)
+        """base_url as messages show it: without user-info (nemo_opd.config.secrets)."""
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.model = model
         self.timeout_s = timeout_s
         self.max_concurrency = max_concurrency
@@ -147,7 +162,7 @@ class ServedTeacher:
                     entry = (entries or {}).get(str(tokens[t + 1]))
                     if entry is None:
                         raise ServedTeacherError(
-                            f"{self.base_url}: no log-prob for token {tokens[t + 1]} at "
+                            f"{self.shown_url}: no log-prob for token {tokens[t + 1]} at "
                             f"position {t + 1} of row {row}"
                         )
                     out[row, t] = entry["logprob"]
@@ -160,7 +175,7 @@ class ServedTeacher:
             yield
         except (KeyError, IndexError, TypeError, ValueError, AttributeError) as error:
             raise ServedTeacherError(
-                f"{self.base_url} sent a malformed reply for row {row} "
+                f"{self.shown_url} sent a malformed reply for row {row} "
                 f"({type(error).__name__}: {error}); is it vLLM's OpenAI-compatible server?"
             ) from error
 
@@ -179,7 +194,7 @@ class ServedTeacher:
 
     async def _send_all(self, requests: list[_Request], prompts: list[list[int]]) -> list:
         limit = asyncio.Semaphore(self.max_concurrency)
-        async with httpx.AsyncClient(timeout=self.timeout_s) as client:
+        async with httpx.AsyncClient(timeout=self.timeout_s, headers=self.headers) as client:
 
             async def send(request: _Request) -> list:
                 async with limit:
@@ -199,6 +214,7 @@ class ServedTeacher:
             "return_tokens_as_token_ids": True,
         }
         url = f"{self.base_url}/completions"
+        shown = f"{self.shown_url}/completions"
         for attempt in range(self.max_retries + 1):
             try:
                 response = await client.post(url, json=body)
@@ -206,19 +222,19 @@ class ServedTeacher:
                 failure = f"{type(error).__name__}: {error}"
             else:
                 if response.status_code < 400:
-                    return _choices_in_order(_json_body(response, url), request.rows, url)
+                    return _choices_in_order(_json_body(response, shown), request.rows, shown)
                 if response.status_code < 500:
                     raise ServedTeacherError(
-                        f"{url} refused the request ({response.status_code}): "
+                        f"{shown} refused the request ({response.status_code}): "
                         f"{_server_message(response)}"
                     )
                 failure = f"HTTP {response.status_code}: {_server_message(response)}"
             if attempt == self.max_retries:
                 break
             self.retries += 1
-            await asyncio.sleep(self.backoff_s * 2**attempt)
+            await asyncio.sleep(backoff(self.backoff_s, attempt))
         raise ServedTeacherError(
-            f"the teacher server at {self.base_url} did not answer after {self.max_retries} "
+            f"the teacher server at {self.shown_url} did not answer after {self.max_retries} "
             f"retries (last: {failure}); check that it is running (python -m "
             "nemo_opd.teacher_server) and reachable, then run the same command again"
         )

@@ -5,14 +5,17 @@ student's."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import httpx
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from nemo_opd.config import TeacherServerConfig
+from nemo_opd.config.secrets import redact_text, register_secret
 from nemo_opd.errors import SetupError
-from nemo_opd.teachers.served import ServedTeacher
+from nemo_opd.teachers.served import ServedTeacher, backoff
 
 START_COMMAND = "python -m nemo_opd.teacher_server --config CONFIG"
 PROBE_TEXTS = ("What is 12 + 345?", "  The answer is \\boxed{6.5}.\n", "Ünïcödé, tabs\tand 😀")
@@ -30,13 +33,13 @@ def check_served_teacher(
     served = {model.get("id"): model for model in listed.get("data", [])}
     if teacher.model not in served:
         raise SetupError(
-            f"teacher.server: {teacher.base_url} serves {sorted(served)}, not "
+            f"teacher.server: {teacher.shown_url} serves {sorted(served)}, not "
             f"{teacher.model!r}; set teacher.server.model_name to the served name"
         )
     context = served[teacher.model].get("max_model_len")
     if context is not None and context < max_sequence_length + 1:
         raise SetupError(
-            f"teacher.server: {teacher.base_url} serves {teacher.model!r} with a context of "
+            f"teacher.server: {teacher.shown_url} serves {teacher.model!r} with a context of "
             f"{context} tokens, but the run scores sequences of up to {max_sequence_length} "
             f"(teacher.max_total_sequence_length) plus one; restart it with --max-model-len >= "
             f"{max_sequence_length + 1} ({START_COMMAND} does)"
@@ -51,16 +54,16 @@ def _models(teacher: ServedTeacher) -> dict:
     failure = ""
     for attempt in range(teacher.max_retries + 1):
         try:
-            response = httpx.get(url, timeout=teacher.timeout_s)
+            response = httpx.get(url, timeout=teacher.timeout_s, headers=teacher.headers)
             if response.status_code < 400:
                 return response.json()
             failure = f"HTTP {response.status_code}"
         except (httpx.HTTPError, ValueError) as error:
             failure = f"{type(error).__name__}: {error}"
         if attempt < teacher.max_retries:
-            time.sleep(teacher.backoff_s * 2**attempt)
+            time.sleep(backoff(teacher.backoff_s, attempt))
     raise SetupError(
-        f"teacher.server: no teacher server answers at {teacher.base_url} "
+        f"teacher.server: no teacher server answers at {teacher.shown_url} "
         f"({teacher.max_retries} retries; last: {failure}); start one ({START_COMMAND}) or "
         "set teacher.server.base_url"
     )
@@ -72,11 +75,14 @@ def _check_tokenizer(teacher: ServedTeacher, tokenizer: PreTrainedTokenizerBase)
     for text in PROBE_TEXTS:
         body = {"model": teacher.model, "prompt": text, "add_special_tokens": False}
         try:
-            served = httpx.post(f"{root}/tokenize", json=body, timeout=teacher.timeout_s)
+            served = httpx.post(
+                f"{root}/tokenize", json=body, timeout=teacher.timeout_s, headers=teacher.headers
+            )
             served_ids = served.json()["tokens"]
         except (httpx.HTTPError, ValueError, KeyError) as error:
             raise SetupError(
-                f"teacher.server: {root}/tokenize did not answer ({error}); the served teacher "
+                f"teacher.server: {redact_text(root)}/tokenize did not answer ({error}); the "
+                "served teacher "
                 "needs a vLLM OpenAI-compatible server"
             ) from error
         ids = tokenizer.encode(text, add_special_tokens=False)
@@ -96,7 +102,22 @@ def _check_logprobs(teacher: ServedTeacher, topk: int, tokenizer: PreTrainedToke
         teacher.get_topk_logits(batch, topk)
     except Exception as error:  # noqa: BLE001 - reported with the server's own words
         raise SetupError(
-            f"teacher.server: {teacher.base_url} cannot return the top {topk} log-probs "
+            f"teacher.server: {teacher.shown_url} cannot return the top {topk} log-probs "
             f"(distillation.topk_logits_k): {error}; restart it with --max-logprobs >= {topk} "
             f"({START_COMMAND} does)"
         ) from error
+
+
+def server_api_key(server: TeacherServerConfig) -> str | None:
+    """The API key from the variable teacher.server.api_key_env names, registered as a secret
+    (redacted from everything the run prints); SetupError when the variable is not set."""
+    if server.api_key_env is None:
+        return None
+    key = os.environ.get(server.api_key_env)
+    if not key:
+        raise SetupError(
+            f"teacher.server.api_key_env names {server.api_key_env}, which is not set (or "
+            "empty) in this environment; export the server's API key in it"
+        )
+    register_secret(key)
+    return key

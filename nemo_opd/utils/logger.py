@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from nemo_opd.config import LoggerConfig, WandbConfig
+from nemo_opd.config.secrets import redact
 from nemo_opd.utils.checkpoint import atomic_file
 from nemo_opd.utils.console import StepConsole
 
@@ -184,13 +185,16 @@ class Logger:
         total_steps: int | None = None,
         console: StepConsole | None = None,
     ) -> None:
-        """run_config: the resolved config, recorded with the run; resume_step: last step of
-        the checkpoint being resumed (later records are dropped), None for a new run that
-        appends; total_steps: for the progress bar; console: replaces the default one."""
+        """run_config: the resolved config, recorded with the run, redacted first
+        (nemo_opd.config.secrets: no secret reaches the file, TensorBoard or W&B); resume_step:
+        last step of the checkpoint being resumed (later records are dropped), None for a new
+        run that appends; total_steps: for the progress bar; console: replaces the default
+        one."""
         self.cfg = cfg
         self.log_dir = Path(cfg.log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         if run_config is not None:
+            run_config = redact(run_config)
             with atomic_file(self.log_dir / RUN_CONFIG_FILE) as tmp:
                 tmp.write_text(json.dumps(run_config, indent=2, default=str), encoding="utf-8")
         self._backends: list[Backend] = []
