@@ -27,6 +27,15 @@ another refers to it; the shipped configs need about a hundred)."""
 MAX_INTERPOLATION_NESTING = 16
 """Deepest nesting of `${...}` within one value."""
 
+MAX_TEACHERS = 64
+"""Most teachers a run may route between (`teachers`); each starts its own workers."""
+
+MAX_PROBLEMS_SHOWN = 20
+"""Problems listed in one message; the rest are counted."""
+
+MAX_KEY_CHARS = 256
+"""Longest key path an override may name (checked before the override is parsed)."""
+
 MAX_OVERRIDE_CHARS = 1 << 16
 """Longest command-line override (key and value); checked before it is parsed."""
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from nemo_opd.config.address import address_problem
+from nemo_opd.config.templates import read_template_file, template_problem
 from nemo_opd.config.worker_split import worker_split
 
 if TYPE_CHECKING:  # the schema runs these checks when it validates: no import back at run time
@@ -482,27 +483,34 @@ def _seq_kd_problems(cfg: "DistillationConfig", off_policy: bool) -> list[str]:
 
 
 def check_privileged_teacher(cfg: "DistillationConfig") -> list[str]:
-    """teacher.prompt_template names only {prompt}, {answer} and {response}, the last with
-    data.response_key set."""
+    """teacher.prompt_template has only plain fields ({prompt}, {answer}, {response}; no
+    conversion, format specification, attribute or item), {response} with data.response_key
+    set."""
     template = cfg.teacher.prompt_template if cfg.teacher is not None else None
     if template is None:
         return []
-    try:
-        fields = template_fields(template)
-    except ValueError as error:
-        return [f"teacher.prompt_template is not a valid format string: {error}"]
-    unknown = sorted(fields - set(PRIVILEGED_FIELDS))
-    if unknown:
-        return [
-            f"teacher.prompt_template names {unknown}, which the records lack; it may use "
-            f"{{prompt}}, {{answer}} and {{response}} (data.response_key)"
-        ]
-    if "response" in fields and cfg.data.response_key is None:
+    problem = template_problem(template, PRIVILEGED_FIELDS)
+    if problem:
+        return [f"teacher.prompt_template {problem}"]
+    if "response" in template_fields(template) and cfg.data.response_key is None:
         return [
             "teacher.prompt_template names {response}, but data.response_key is null; set it "
             "to the column holding the reference responses"
         ]
     return []
+
+
+def check_prompt_file(cfg: "DistillationConfig") -> list[str]:
+    """data.prompt_file is a UTF-8 file of at most 64k characters with one "{}" for the prompt
+    and only plain text besides (literal braces doubled); read when the config loads."""
+    if cfg.data.prompt_file is None:
+        return []
+    try:
+        template = read_template_file(cfg.data.prompt_file)
+    except (OSError, ValueError) as error:
+        return [f"data.prompt_file: {error}"]
+    problem = template_problem(template, None)
+    return [f"data.prompt_file: the template {problem}"] if problem else []
 
 
 TEACHER_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -628,6 +636,7 @@ CHECKS: tuple[Callable[["DistillationConfig"], list[str]], ...] = (
     check_data_source,
     check_data_mix,
     check_privileged_teacher,
+    check_prompt_file,
     check_routed_teachers,
     check_checkpointing,
     check_served_teacher,

@@ -9,7 +9,10 @@ class ConfigError(ValueError):
 
 
 def closest(name: str, candidates: Iterable[str]) -> str | None:
-    """The candidate most similar to `name` (difflib ratio >= 0.6), or None."""
+    """The candidate most similar to `name` (difflib ratio >= 0.6), or None; None at once for
+    a name longer than any key (difflib's cost grows with the product of the lengths)."""
+    if len(name) > 256:
+        return None
     matches = difflib.get_close_matches(name, sorted(set(candidates)), n=1, cutoff=0.6)
     return matches[0] if matches else None
 
@@ -35,6 +38,11 @@ def show(value: object, limit: int = 80) -> str:
     else:
         text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def show_path(path: str, limit: int = 200) -> str:
+    """A key path for a message, shortened to `limit` characters (a key can be a megabyte)."""
+    return path if len(path) <= limit else path[: limit - 3] + "..."
 
 
 def join_path(parts: Iterable[str | int]) -> str:

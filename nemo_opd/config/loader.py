@@ -49,10 +49,12 @@ from nemo_opd.config.bounds import (
     MAX_DEFAULTS_LOADS,
     MAX_DEPTH,
     MAX_FILE_BYTES,
+    MAX_PROBLEMS_SHOWN,
+    MAX_TEACHERS,
     check_integers,
     check_size,
 )
-from nemo_opd.config.errors import ConfigError, closest, join_path, show, suggest
+from nemo_opd.config.errors import ConfigError, closest, join_path, show, show_path, suggest
 from nemo_opd.config.interpolation import interpolated_keys, resolve_interpolations
 from nemo_opd.config.key_paths import keys_at
 from nemo_opd.config.overrides import apply_overrides
@@ -264,6 +266,12 @@ def validate_config(
     a message about such a key can say so. Raises ConfigError listing every problem, one per
     line, each naming its full key path.
     """
+    teachers = data.get("teachers")
+    if isinstance(teachers, dict) and len(teachers) > MAX_TEACHERS:
+        raise ConfigError(
+            f"teachers: {len(teachers):,} teachers, more than the {MAX_TEACHERS} a run routes "
+            "between (each starts workers of its own)"
+        )
     try:
         return DistillationConfig.model_validate(dict(data))
     except ValidationError as error:
@@ -272,12 +280,14 @@ def validate_config(
 
 
 def format_problems(problems: list[str]) -> str:
-    """One problem as is; several under a header, one per line."""
+    """One problem as is; several under a header, one per line, the first MAX_PROBLEMS_SHOWN
+    of them and then their count."""
     if len(problems) == 1:
         return problems[0]
-    return f"invalid configuration ({len(problems)} problems):\n" + "\n".join(
-        f"  {problem}" for problem in problems
-    )
+    shown = [f"  {problem}" for problem in problems[:MAX_PROBLEMS_SHOWN]]
+    if len(problems) > MAX_PROBLEMS_SHOWN:
+        shown.append(f"  ... and {len(problems) - MAX_PROBLEMS_SHOWN:,} more")
+    return f"invalid configuration ({len(problems):,} problems):\n" + "\n".join(shown)
 
 
 def describe_validation_error(
@@ -293,8 +303,8 @@ def describe_validation_error(
         else:
             path = join_path(loc)
             origin = interpolations.get(path)
-            source = f" (from {origin})" if origin else ""
-            problems.append(f"{path}: {_explain(item, loc)}{source}")
+            source = f" (from {show_path(origin, limit=120)})" if origin else ""
+            problems.append(f"{show_path(path)}: {_explain(item, loc)}{source}")
     return problems
 
 
@@ -333,6 +343,19 @@ def to_dict(cfg: BaseModel) -> dict[str, Any]:
     return cfg.model_dump(mode="json")
 
 
+class StrictDumper(yaml.SafeDumper):
+    """SafeDumper that quotes every string StrictLoader would read as something else (`1e5` is
+    a float to it, not to YAML 1.1), so dumped configs load back equal."""
+
+
+StrictDumper.add_implicit_resolver(
+    "tag:yaml.org,2002:float", _FLOAT_WITHOUT_DOT, list("-+0123456789")
+)
+
+
 def to_yaml(cfg: BaseModel) -> str:
     """The config (or any section) as YAML that load_config reads back to an equal config."""
-    return yaml.safe_dump(to_dict(cfg), sort_keys=False, default_flow_style=False, width=100)
+    data = to_dict(cfg)
+    return yaml.dump(
+        data, Dumper=StrictDumper, sort_keys=False, default_flow_style=False, width=100
+    )

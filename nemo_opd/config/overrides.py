@@ -29,7 +29,7 @@ from typing import Any, Literal, NoReturn
 
 from pydantic import BaseModel
 
-from nemo_opd.config.bounds import MAX_DEPTH, MAX_OVERRIDE_CHARS, check_size
+from nemo_opd.config.bounds import MAX_DEPTH, MAX_KEY_CHARS, MAX_OVERRIDE_CHARS, check_size
 from nemo_opd.config.errors import ConfigError, show, suggest
 from nemo_opd.config.key_paths import has_path, keys_at
 from nemo_opd.config.schema import DistillationConfig
@@ -117,6 +117,12 @@ def _check_key(text: str) -> None:
         )
     if not key:
         raise ConfigError(f"override {show(text)} has an empty key: write key=value")
+    if len(key) > MAX_KEY_CHARS or key.count(".") >= MAX_DEPTH:
+        raise ConfigError(
+            f"override {show(text)}: its key has {len(key):,} characters in "
+            f"{key.count('.') + 1:,} parts, more than a config has (at most {MAX_KEY_CHARS} "
+            f"characters, {MAX_DEPTH} parts)"
+        )
     if not _KEY.match(key):
         extra = ""
         if "/" in key or "@" in key:

@@ -13,6 +13,7 @@ rest is prepended to the new message.
 
 from transformers import PreTrainedTokenizerBase
 
+from nemo_opd.config.templates import template_problem
 from nemo_opd.data.message_log import Message
 from nemo_opd.data.user_files import read_user_file, read_utf8
 from nemo_opd.errors import SetupError
@@ -149,16 +150,11 @@ def _plain(message: Message) -> Message:
 
 
 def _check_prompt_template(template: str) -> None:
-    """A user-prompt template has one "{}" for the prompt and only doubled literal braces."""
-    if "{}" not in template:
-        raise SetupError('data.prompt_file: the template must contain "{}" for the prompt')
-    try:
-        template.format("")
-    except (IndexError, KeyError, ValueError) as error:
-        raise SetupError(
-            f"data.prompt_file: the template is not a valid format string ({error!r}): use one "
-            '"{}" for the prompt and write literal braces twice, e.g. \\boxed{{}}'
-        ) from error
+    """A user-prompt template has one "{}" for the prompt and only doubled literal braces
+    (nemo_opd.config.templates; the config's checks ran the same when it loaded)."""
+    problem = template_problem(template, None)
+    if problem:
+        raise SetupError(f"data.prompt_file: the template {problem}")
 
 
 def read_text_file(path: str | None, key: str) -> str | None:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from nemo_opd.config.checks import PRIVILEGED_FIELDS as FIELDS
-from nemo_opd.config.checks import template_fields
+from nemo_opd.config.templates import template_problem
 from nemo_opd.data.batching import TensorBatch
 from nemo_opd.data.chat import ChatFormatter
 from nemo_opd.data.message_log import Message, flatten_message_logs, log_length
@@ -75,11 +75,9 @@ class PrivilegedContext:
     """
 
     def __init__(self, formatter: ChatFormatter, template: str) -> None:
-        unknown = template_fields(template) - set(FIELDS)
-        if unknown:
-            raise ValueError(
-                f"the privileged template names {sorted(unknown)}; it may use {list(FIELDS)}"
-            )
+        problem = template_problem(template, FIELDS)
+        if problem:
+            raise ValueError(f"the privileged template {problem}")
         self.formatter = ChatFormatter(formatter.tokenizer, None, formatter.system_prompt)
         self.template = template
 

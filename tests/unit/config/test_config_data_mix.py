@@ -85,9 +85,9 @@ def test_lmbda_is_a_share(minimal, lmbda):
     [
         ("{prompt} Solution: {response}", "solution", None),
         ("{prompt} (answer: {answer})", None, None),
-        ("{prompt} {solution}", "solution", "names ['solution'], which the records lack"),
+        ("{prompt} {solution}", "solution", "names {solution}, which the records lack"),
         ("{prompt} {response}", None, "names {response}, but data.response_key is null"),
-        ("{prompt} {}", None, "names [''], which the records lack"),
+        ("{prompt} {}", None, "names {}, which the records lack"),
         ("{prompt", None, "is not a valid format string"),
     ],
 )

@@ -61,7 +61,7 @@ def test_extend_after_assistant_equals_chat_template(chat_tokenizer, ending):
 
 
 def test_prompt_template_needs_placeholder(chat_tokenizer):
-    with pytest.raises(SetupError, match=r'must contain "\{\}"'):
+    with pytest.raises(SetupError, match=r'must contain one "\{\}"'):
         ChatFormatter(chat_tokenizer, "no placeholder")
 
 

@@ -108,7 +108,7 @@ def test_the_response_is_scored_after_the_teachers_prompt(tokenizer, teacher):
 
 
 def test_a_template_with_other_fields_is_refused(tokenizer):
-    with pytest.raises(ValueError, match=r"names \['solution'\]"):
+    with pytest.raises(ValueError, match=r"names \{solution\}"):
         PrivilegedContext(ChatFormatter(tokenizer), "{prompt} {solution}")
 
 
