@@ -120,6 +120,13 @@ def server_command(settings: ServerSettings) -> list[str]:
     return command
 
 
+def server_env(api_key: str | None) -> dict[str, str] | None:
+    """The server's environment: with an API key, this one plus VLLM_API_KEY (vLLM then
+    requires it as a Bearer token). In the environment, not on the command line, where any
+    user of the machine could read it; None: inherit this one."""
+    return {**os.environ, "VLLM_API_KEY": api_key} if api_key else None
+
+
 def wait_until_serving(
     base_url: str,
     process: subprocess.Popen,
@@ -193,10 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, SetupError) as error:
         print(f"error: {redact_text(str(error))}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
-    # vLLM requires the key when VLLM_API_KEY is set; in the environment, not on the command
-    # line, where any user of the machine could read it
-    env = {**os.environ, "VLLM_API_KEY": api_key} if api_key else None
-    process = subprocess.Popen(server_command(settings), env=env)
+    process = subprocess.Popen(server_command(settings), env=server_env(api_key))
     stopping = []
 
     def on_signal(signum: int, frame: object) -> None:

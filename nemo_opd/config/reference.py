@@ -70,7 +70,10 @@ or relative to the key's own section (`${.sibling}`, `${..key_of_parent}`, one m
 level up). Interpolations are resolved after inheritance and overrides, so changing
 `policy.max_total_sequence_length` on the command line also changes every value derived from it.
 Arithmetic resolvers: `${mul:a,b,...}`, `${add:a,b,...}`, `${max:a,b,...}`, `${div:a,b}` (an
-int when exact). `???` marks a value that a child file or an override must set.
+int when exact; a result must fit in 64 bits). `???` marks a value that a child file or an
+override must set. OmegaConf's own resolvers are refused: `oc.env` would copy an environment
+variable (a secret, say) into the config that is printed and logged, and `oc.select` and the
+others re-evaluate their arguments at every level of a chain of references.
 
 ```yaml
 policy:
@@ -102,6 +105,34 @@ are refused with the reason: a run takes one value. Unlike YAML 1.1, `yes` and `
 strings. Overrides apply in order, after inheritance and before interpolation and validation.
 Deleting a key the schema has a default for restores that default. Quote overrides that contain
 spaces, brackets or `$` for the shell: `'policy.generation.stop_strings=["</answer>"]'`.
+
+## Untrusted input
+
+A config, an override or a template file from anyone loads, or is refused with one `error:`
+message and exit status 2, in bounded time and memory (each case below is a test of
+`tests/unit/config/test_config_hostile.py`, run through the command line: within 5 s and
+500 MB):
+
+- files: a regular UTF-8 file of at most 1 MiB, at most 64 levels deep and 100,000 values once
+  YAML aliases are expanded, at most 256 files through `defaults:`;
+- overrides: at most 64 KiB each, keys of at most 256 characters and 64 parts, values at most
+  64 levels deep; checked before Hydra's parser sees them;
+- interpolation: at most 1 MiB of text from one value, 20,000 resolutions for the whole config
+  (OmegaConf resolves a key again each time another refers to it: a chain of keys that each
+  refer to the previous one twice is refused, not evaluated), 16 levels of `${` in one value;
+- numbers: integers fit in 64 bits, floats are finite, sizes and seconds have upper bounds
+  (the columns below); `teacher.server.base_url` is http(s) with a host;
+- `teachers`: at most 64; a message lists at most 20 problems, then counts the rest;
+- templates (`teacher.prompt_template`, `data.prompt_file`): plain fields only (`{prompt}`,
+  `{}`: no conversion, format specification, attribute or item), literal braces doubled,
+  checked with a dry run of the real call when the config loads.
+
+Secrets never leave the process: user-info in a URL (`http://user:password@host/...`) and a
+served teacher's API key (`teacher.server.api_key_env` names the environment variable holding
+it; the key is never in the config) are redacted (`***`) in `--print-config`, in every error
+message, in `run_config.json`, TensorBoard and W&B. A config printed with a redacted URL does
+not load back to the same URL; every other printed config does (a test round-trips each
+shipped config and strings YAML would read as something else, such as `'1e5'`).
 
 ## Keys
 

@@ -217,3 +217,58 @@ def test_equals_the_in_process_teacher_on_a_ragged_batch(server):
     agree = served_indices == indices
     assert agree.float().mean() > 0.99  # the rest: near-ties in either order (values agree)
     torch.testing.assert_close(served.get_logprobs(batch), logprobs, atol=1e-4, rtol=0)
+
+
+class Records(http.server.BaseHTTPRequestHandler):
+    """Answers every request with 503 and records its Authorization header."""
+
+    seen: list = []
+
+    def _answer(self):
+        Records.seen.append(self.headers.get("Authorization"))
+        self.send_response(503)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *args):
+        pass
+
+
+def test_the_api_key_is_sent_as_a_bearer_token_and_never_shown(monkeypatch):
+    from nemo_opd.config import TeacherServerConfig
+    from nemo_opd.errors import SetupError
+    from nemo_opd.teachers.served_checks import check_served_teacher, server_api_key
+
+    monkeypatch.delenv("NEMO_OPD_TEST_KEY", raising=False)
+    server = TeacherServerConfig(enabled=True, api_key_env="NEMO_OPD_TEST_KEY")
+    with pytest.raises(SetupError, match="api_key_env names NEMO_OPD_TEST_KEY, which is not set"):
+        server_api_key(server)
+    monkeypatch.setenv("NEMO_OPD_TEST_KEY", "sk-served-0123")
+    key = server_api_key(server)
+    assert key == "sk-served-0123"
+    Records.seen = []
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Records) as httpd:
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        port = httpd.server_port
+        keyed = ServedTeacher(f"http://127.0.0.1:{port}/v1", "m", max_retries=0, api_key=key)
+        # user-info in the URL is the other way to pass credentials (HTTP basic auth)
+        url = f"http://user:pass-9876@127.0.0.1:{port}/v1"
+        with_user = ServedTeacher(url, "m", max_retries=1, backoff_s=0.01)
+        try:
+            with pytest.raises(ServiceError):
+                keyed.get_logprobs(ragged_batch([4]))
+            with pytest.raises(ServiceError) as scoring:
+                with_user.get_logprobs(ragged_batch([4]))
+            with pytest.raises(SetupError) as checking:
+                check_served_teacher(with_user, topk=4, max_sequence_length=8, tokenizer=None)
+        finally:
+            httpd.shutdown()
+    assert Records.seen[0] == "Bearer sk-served-0123"
+    assert Records.seen[1].startswith("Basic ")
+    for message in (str(scoring.value), str(checking.value)):
+        assert "pass-9876" not in message and "http://***@127.0.0.1" in message
+    from nemo_opd.config.secrets import redact_text
+
+    assert redact_text(f"echo {key}") == "echo ***"  # registered: redacted wherever it shows

@@ -11,8 +11,10 @@ from nemo_opd.teacher_server import (
     build_parser,
     main,
     server_command,
+    server_env,
     settings_from_config,
 )
+from nemo_opd.teachers.served_checks import server_api_key
 from nemo_opd.tiny.assets import resolve_pretrained
 
 CONFIGS = Path(__file__).resolve().parents[3] / "examples" / "configs"
@@ -83,3 +85,14 @@ def test_the_context_is_the_teachers_own_length():
     context follows teacher.max_total_sequence_length, not the policy's."""
     got = settings("distillation_tiny.yaml", overrides=["teacher.max_total_sequence_length=200"])
     assert got.max_model_len == 201
+
+
+def test_an_api_key_reaches_the_server_by_its_environment_only(monkeypatch):
+    monkeypatch.setenv("NEMO_OPD_SERVER_KEY", "sk-for-the-server")
+    overrides = ["teacher.server.api_key_env=NEMO_OPD_SERVER_KEY"]
+    cfg = load_config(CONFIGS / "distillation_tiny.yaml", overrides)
+    key = server_api_key(cfg.teacher.server)
+    command = server_command(settings("distillation_tiny.yaml", overrides=overrides))
+    assert key not in " ".join(command)
+    assert server_env(key)["VLLM_API_KEY"] == key
+    assert server_env(None) is None

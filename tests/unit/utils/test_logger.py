@@ -10,6 +10,7 @@ import pytest
 from rich.console import Console
 
 from nemo_opd.config import LoggerConfig
+from nemo_opd.config.secrets import register_secret
 from nemo_opd.utils.console import StepConsole
 from nemo_opd.utils.logger import Logger
 
@@ -158,3 +159,28 @@ def test_live_console_shows_progress_summary_and_rollouts():
     text = buffer.getvalue()
     for expected in ("val_acc", "0.75", "what is 2+2?", "2/4"):
         assert expected in text
+
+
+def test_no_secret_reaches_the_run_config_tensorboard_or_wandb(tmp_path, monkeypatch):
+    """The config a run records is redacted: URL user-info (and any registered secret) never
+    reaches run_config.json, TensorBoard's text or W&B's config."""
+    init = {}
+    fake = types.SimpleNamespace(
+        init=lambda **kwargs: init.update(kwargs) or types.SimpleNamespace(finish=lambda: None)
+    )
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    url = "http://user:s3cr3t-pw@host:8000/v1"
+    register_secret("0123-api-key")  # as setup does with a served teacher's API key
+    run_config = {"teacher": {"server": {"base_url": url}}, "notes": ["key 0123-api-key"]}
+    cfg = make_cfg(
+        tmp_path, tensorboard_enabled=True, wandb_enabled=True, wandb={"mode": "offline"}
+    )
+    with Logger(cfg, run_config=run_config):
+        pass
+    written = [p.read_bytes() for p in (tmp_path / "logs").rglob("*") if p.is_file()]
+    assert written and not any(b"s3cr3t-pw" in d or b"0123-api-key" in d for d in written)
+    assert b"http://***@host:8000/v1" in (tmp_path / "logs" / "run_config.json").read_bytes()
+    assert "s3cr3t-pw" not in json.dumps(init["config"]) and "0123-api-key" not in json.dumps(
+        init["config"]
+    )
+    assert run_config["teacher"]["server"]["base_url"] == url  # the caller's copy is untouched

@@ -1,0 +1,154 @@
+"""Hostile configs, overrides and template files through the real command line: each is refused
+(exit 2) within 5 s and 500 MB, with one `error:` message and no traceback, and no secret in
+stdout, stderr or the log directory. Each case ran past a minute, ate gigabytes, ended in a
+traceback or printed a secret before the bounds existed.
+
+Every case runs `nemo_opd.cli.main` in a process of its own (its arguments passed in a file: a
+single command-line argument is capped at 128 KiB by Linux, and some cases are longer), which
+is timed and whose peak resident memory is read from the kernel (os.wait4).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+TINY = str(Path(__file__).resolve().parents[3] / "examples" / "configs" / "distillation_tiny.yaml")
+CHILD = """
+import json, resource, sys
+from nemo_opd.cli import main
+status = 1
+try:
+    status = main(json.load(open(sys.argv[1], encoding="utf-8")))
+finally:
+    with open(sys.argv[2], "w") as peak:  # KiB on Linux
+        peak.write(str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss))
+sys.exit(status)
+"""
+SECRET = "hunter2-pw"
+BIG = "${mul:" + ",".join(["99999999999"] * 500) + "}"  # 5,500 digits
+
+
+def nested_add(depth: int) -> str:
+    text = "1"
+    for _ in range(depth):
+        text = "${add:" + text + ",1}"
+    return text
+
+
+def select_chain(resolver: str, levels: int) -> list[str]:
+    """++b.x<i> refers to b.x<i-1> twice through `resolver`: 2**levels evaluations."""
+    first = ["++b.x0=a"]
+    return first + [
+        f"++b.x{i}='${{{resolver}:b.x{i - 1}}}${{{resolver}:b.x{i - 1}}}'"
+        for i in range(1, levels + 1)
+    ]
+
+
+def run_cli(tmp_path: Path, argv: list[str], env: dict | None = None) -> dict:
+    """Run the command line on argv in a fresh process: exit status, seconds, peak MiB (as the
+    process measured itself), output."""
+    args, peak = tmp_path / "argv.json", tmp_path / "peak_kib"
+    args.write_text(json.dumps(["--config", *argv]), encoding="utf-8")
+    start = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-c", CHILD, str(args), str(peak)],
+        cwd=tmp_path,
+        capture_output=True,
+        env={**os.environ, **(env or {})},
+        timeout=60,  # far past the 5 s bound: a hang fails here
+    )
+    return {
+        "status": result.returncode,
+        "seconds": time.monotonic() - start,
+        "peak_mib": int(peak.read_text()) / 1024,
+        "out": result.stdout.decode("utf-8", "replace"),
+        "err": result.stderr.decode("utf-8", "replace"),
+    }
+
+
+CASES = {
+    # 1. a resolver OmegaConf re-evaluates at every level (16 levels of doubling: past 60 s)
+    "oc.select doubling": [TINY, *select_chain("oc.select", 16), "--print-config"],
+    # 2. results and nesting that made tracebacks
+    "a 5,500-digit product": [TINY, f"distillation.seed='{BIG}'", "--print-config"],
+    "a 5,500-digit stop token": [TINY, f"policy.generation.stop_token_ids=['{BIG}']"],
+    "200 nested add": [TINY, f"distillation.seed='{nested_add(200)}'", "--print-config"],
+    # 3. an environment variable copied into the printed config
+    "oc.env": [TINY, "++logger.wandb.name='${oc.env:NEMO_OPD_TEST_SECRET}'", "--print-config"],
+    # 4. templates that failed at the first step, or built a gigabyte per row
+    "a conversion": [TINY, "teacher.prompt_template='{prompt!z}'", "--print-config"],
+    "a format spec": [TINY, "teacher.prompt_template='{prompt:d}'", "--print-config"],
+    "a nested spec": [TINY, "teacher.prompt_template='{prompt:{answer}}'", "--print-config"],
+    "a gigabyte width": [TINY, "teacher.prompt_template='{prompt:>1000000000}'", "--print-config"],
+    # 5. numbers that reach the clock and the network, and URLs that are not http(s)
+    "timeout 1e308": [TINY, "teacher.server.timeout_s=1e308", "--print-config"],
+    "back-off 1e300": [TINY, "teacher.server.retry_backoff_s=1e300", "--print-config"],
+    "a file URL": [TINY, "teacher.server.base_url=file:///etc/passwd", "--print-config"],
+    "no scheme": [TINY, "teacher.server.base_url=host:8000/v1", "--print-config"],
+    # 6. scale
+    "400,000 key parts": [TINY, "++" + ".".join(["a"] * 400_000) + "=1", "--print-config"],
+    "a 1 MB key": [TINY, "++" + "k" * 1_000_000 + "=1", "--print-config"],
+}
+PROMPT_FILES = {
+    "an attribute": "{0.foo} {{}}",
+    "a trillion-wide field": "{0:>1000000000000}{{}}",
+    "only escaped braces": "Answer the question {{}} now.",
+}
+
+
+def assert_refused(result: dict) -> str:
+    """Exit 2 within the bounds with one error message; returns the message."""
+    assert result["status"] == 2, result["err"][-2000:]
+    assert result["seconds"] < 5.0, f"{result['seconds']:.1f} s"
+    assert result["peak_mib"] < 500, f"{result['peak_mib']:.0f} MiB"
+    err = result["err"]
+    assert err.startswith("error: ") and err.count("error: ") == 1, err[-2000:]
+    assert "Traceback" not in err and result["out"] == ""
+    assert len(err) < 10_000  # the message names the problems; it does not echo the input
+    return err
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_each_hostile_case_is_refused_in_bounds(tmp_path, name):
+    env = {"NEMO_OPD_TEST_SECRET": SECRET}
+    message = assert_refused(run_cli(tmp_path, CASES[name], env))
+    assert SECRET not in message
+
+
+@pytest.mark.parametrize("name", list(PROMPT_FILES))
+def test_each_hostile_prompt_file_is_refused_in_bounds(tmp_path, name):
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text(PROMPT_FILES[name], encoding="utf-8")
+    message = assert_refused(run_cli(tmp_path, [TINY, f"data.prompt_file={prompt}"]))
+    assert message.startswith("error: data.prompt_file: the template ")
+
+
+def test_ten_thousand_teachers_or_unknown_keys(tmp_path):
+    teachers = tmp_path / "teachers.yaml"
+    entries = ", ".join(f"t{i}: {{model_name: m}}" for i in range(10_000))
+    teachers.write_text(f"defaults: {TINY}\nteacher: null\nteachers: {{{entries}}}\n")
+    message = assert_refused(run_cli(tmp_path, [str(teachers), "--print-config"]))
+    assert "10,000 teachers, more than the 64" in message
+    unknown = tmp_path / "unknown.yaml"
+    keys = "".join(f"  k{i}: 1\n" for i in range(10_000))
+    unknown.write_text(f"defaults: {TINY}\npolicy:\n{keys}")
+    message = assert_refused(run_cli(tmp_path, [str(unknown), "--print-config"]))
+    assert "(10,000 problems)" in message and message.rstrip().endswith("... and 9,980 more")
+
+
+def test_user_info_in_a_url_is_never_printed(tmp_path):
+    url = f"http://user:{SECRET}@127.0.0.1:9/v1"
+    served = ["teacher.server.enabled=true", f"teacher.server.base_url={url}"]
+    printed = run_cli(tmp_path, [TINY, *served, "--print-config"])
+    assert printed["status"] == 0 and printed["err"] == ""
+    assert SECRET not in printed["out"] and "base_url: http://***@127.0.0.1:9/v1" in printed["out"]
+    # a bad value of the key is echoed redacted too
+    refused = run_cli(tmp_path, [TINY, *served, "teacher.server.timeout_s=-1", "--print-config"])
+    assert refused["status"] == 2 and SECRET not in refused["err"] + refused["out"]
+    written = [p for p in tmp_path.rglob("*") if p.is_file() and p.name != "argv.json"]
+    assert not any(SECRET in p.read_text(errors="replace") for p in written)
