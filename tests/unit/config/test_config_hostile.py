@@ -18,15 +18,18 @@ from pathlib import Path
 import pytest
 
 TINY = str(Path(__file__).resolve().parents[3] / "examples" / "configs" / "distillation_tiny.yaml")
+# The child's own peak: VmHWM of its address space (ru_maxrss would include the parent's
+# peak, which Linux carries across fork and exec).
 CHILD = """
-import json, resource, sys
+import json, sys
 from nemo_opd.cli import main
 status = 1
 try:
     status = main(json.load(open(sys.argv[1], encoding="utf-8")))
 finally:
-    with open(sys.argv[2], "w") as peak:  # KiB on Linux
-        peak.write(str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss))
+    with open("/proc/self/status") as status_file, open(sys.argv[2], "w") as peak:
+        line = next(row for row in status_file if row.startswith("VmHWM:"))
+        peak.write(line.split()[1])  # kB
 sys.exit(status)
 """
 SECRET = "hunter2-pw"
