@@ -58,7 +58,7 @@ from nemo_opd.data.message_log import flatten_generation_logprobs, flatten_messa
 from nemo_opd.errors import RunError, ServiceError
 from nemo_opd.generation import VllmGeneration, logprob_mismatch
 from nemo_opd.losses import build_loss_mask
-from nemo_opd.policy.engines.base import metric_reduction
+from nemo_opd.losses.reduction import metric_reduction
 from nemo_opd.rollouts import RolloutResult, run_multi_turn_rollout
 from nemo_opd.rollouts.off_policy import reference_rollout
 from nemo_opd.teachers.base import Rollouts, TeacherNeed

@@ -42,6 +42,8 @@ from nemo_opd.distributed.context_parallel import AttentionLayout
 from nemo_opd.distributed.parallel_dims import ParallelDims
 from nemo_opd.distributed.vocab_parallel import vocab_parallel_logprobs, vocab_parallel_topk
 from nemo_opd.losses import build_loss_mask, validate_teacher_topk
+from nemo_opd.losses.chunked_head import chunked_head_loss, chunked_scores
+from nemo_opd.losses.reduction import accumulate_metrics, metric_reduction
 from nemo_opd.policy.engines.training_state import (
     gather_rng_states,
     read_step,
@@ -123,6 +125,19 @@ class Engine(ABC):
 
         Runs with autograd when grad mode is on (training) and without otherwise.
         """
+
+    @abstractmethod
+    def forward_hidden(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, layout: AttentionLayout
+    ) -> torch.Tensor:
+        """The final hidden states (after the last norm, what the LM head reads) of this
+        rank's local positions, [b, s_local, H], replicated over tp. Like forward_logits, with
+        autograd when grad mode is on; the LM head is left to the caller (output_weight)."""
+
+    @abstractmethod
+    def output_weight(self) -> torch.Tensor:
+        """This rank's rows of the LM head, [V_pad / tp, H], as the last forward_hidden used
+        them (its gradient reaches the parameter): the chunked LM head multiplies them."""
 
     def backward(self, loss: torch.Tensor) -> None:
         """Accumulate the gradients of `loss` (already globally normalized)."""
@@ -346,21 +361,40 @@ class Engine(ABC):
         make = self._train_microbatches if train else self._scoring_microbatches
         names = loss_fn.input_fields
         sums: dict[str, torch.Tensor] = {}
+
+        def loss_of_logits(logits: torch.Tensor, fields: dict) -> tuple[torch.Tensor, dict]:
+            count = valid[0].clamp(min=1)
+            return loss_fn(
+                logits, fields, count, vocab_start=self.vocab_start, tp_group=self.tp_group
+            )
+
         for mb in make(data, names):
             fields = {key: self._cp_shard(mb.fields[key]) for key in names}
-            loss, metrics = loss_fn(
-                self._forward(mb),
-                fields,
-                valid[0].clamp(min=1),
-                vocab_start=self.vocab_start,
-                tp_group=self.tp_group,
-            )
+            loss, metrics = self._microbatch_loss(mb, fields, loss_of_logits)
             if train:
                 self.backward(loss)
-            _accumulate(sums, metrics)  # dummies too: every rank reduces the same names
+            accumulate_metrics(sums, metrics)  # dummies too: every rank reduces the same names
         metrics = self._reduce_sums(sums)
         metrics["global_valid_toks"] = float(valid[0])
         return metrics
+
+    def _microbatch_loss(
+        self, mb: Microbatch, fields: dict, loss_of_logits: Callable
+    ) -> tuple[torch.Tensor, dict]:
+        """One microbatch's loss: on its whole logits, or with policy.logits_chunk_tokens the
+        LM head and the loss together over chunks of positions (losses.chunked_head)."""
+        chunk = self.cfg.logits_chunk_tokens
+        if chunk is None:
+            return loss_of_logits(self._forward(mb), fields)
+        return chunked_head_loss(
+            self._forward_hidden(mb),
+            self.output_weight(),
+            fields,
+            self._head,
+            loss_of_logits,
+            chunk=chunk,
+            tp_group=self.tp_group if self.dims.tp > 1 else None,
+        )
 
     @torch.no_grad()
     def get_logprobs(self, data: TensorBatch, temperature: float = 1.0) -> torch.Tensor:
@@ -371,14 +405,13 @@ class Engine(ABC):
         out = torch.zeros(data["input_ids"].shape, dtype=torch.float32, device=self.device)
         self.set_train_mode(False)
         for mb in self._scoring_microbatches(data, ("targets",)):
-            logits = self._forward(mb) / temperature
-            targets = self._cp_shard(mb.fields["targets"])
-            values = vocab_parallel_logprobs(
-                logits.reshape(-1, logits.shape[-1]),
-                targets.reshape(-1),
-                self.vocab_start,
-                self.tp_group,
-            ).reshape(targets.shape)
+            targets = self._cp_shard(mb.fields["targets"]).reshape(-1)
+
+            def logprobs(logits, start, end, targets=targets):
+                target = targets[start:end]
+                return (vocab_parallel_logprobs(logits / temperature, target, *self._vocab()),)
+
+            (values,) = self._per_position(mb, logprobs, (((), torch.float32),))
             self._scatter(self._cp_gather(values), mb, out)
         positions = torch.arange(out.shape[1], device=self.device)
         return torch.where(positions < data["input_lengths"].unsqueeze(1) - 1, out, 0.0).cpu()
@@ -401,13 +434,14 @@ class Engine(ABC):
         indices_out = torch.zeros(shape, dtype=torch.int32, device=self.device)
         self.set_train_mode(False)
         for mb in self._scoring_microbatches(data, ()):
-            logits = self._forward(mb) / temperature
-            values, indices = vocab_parallel_topk(
-                logits.reshape(-1, logits.shape[-1]), k, self.vocab_start, self.tp_group
-            )
-            local_shape = (*logits.shape[:2], k)
-            self._scatter(self._cp_gather(values.reshape(local_shape)), mb, values_out)
-            self._scatter(self._cp_gather(indices.reshape(local_shape)), mb, indices_out)
+
+            def topk(logits, start, end):
+                return vocab_parallel_topk(logits / temperature, k, *self._vocab())
+
+            outputs = (((k,), torch.float32), ((k,), torch.int32))
+            values, indices = self._per_position(mb, topk, outputs)
+            self._scatter(self._cp_gather(values), mb, values_out)
+            self._scatter(self._cp_gather(indices), mb, indices_out)
         # A padded microbatch also scored its padding: zero it, as documented.
         positions = torch.arange(shape[1], device=self.device)
         real = (positions < data["input_lengths"].unsqueeze(1)).unsqueeze(-1)
@@ -559,16 +593,65 @@ class Engine(ABC):
     def _forward(self, mb: Microbatch) -> torch.Tensor:
         """Logits [b, s_local, V_local] of this rank's share of a microbatch, padded vocabulary
         columns at -inf."""
+        logits = self.forward_logits(*self._local_inputs(mb))
+        return mask_padded_logits(logits, self.vocab_start, self.vocab_size)
+
+    def _forward_hidden(self, mb: Microbatch) -> torch.Tensor:
+        """Final hidden states [b, s_local, H] of this rank's share of a microbatch."""
+        return self.forward_hidden(*self._local_inputs(mb))
+
+    def _local_inputs(self, mb: Microbatch) -> tuple[torch.Tensor, torch.Tensor, AttentionLayout]:
+        """(input_ids, position_ids, layout) of this rank's context-parallel share."""
         q_start = mb.input_ids.shape[1] // self.dims.cp * self.dims.local_rank("cp")
         layout = AttentionLayout(
             segment_ids=mb.segment_ids,
             q_start=q_start,
             cp_group=self.cp_group if self.dims.cp > 1 else None,
         )
-        logits = self.forward_logits(
-            self._cp_shard(mb.input_ids), self._cp_shard(mb.position_ids), layout
-        )
+        return self._cp_shard(mb.input_ids), self._cp_shard(mb.position_ids), layout
+
+    def _vocab(self) -> tuple[int, dist.ProcessGroup]:
+        """(vocab_start, tp_group): where this rank's logit columns sit in the vocabulary."""
+        return self.vocab_start, self.tp_group
+
+    def _head(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """The LM head on hidden states [..., H] with this rank's rows [V_local, H]: logits
+        [..., V_local], padded vocabulary columns at -inf."""
+        logits = torch.nn.functional.linear(hidden, weight)
         return mask_padded_logits(logits, self.vocab_start, self.vocab_size)
+
+    def _per_position(
+        self,
+        mb: Microbatch,
+        score: Callable[[torch.Tensor, int, int], tuple[torch.Tensor, ...]],
+        outputs: tuple[tuple[tuple[int, ...], torch.dtype], ...],
+    ) -> tuple[torch.Tensor, ...]:
+        """score(logits [n, V_local], start, end) -> one [n, *shape] tensor per (shape, dtype)
+        of `outputs`, for every position of this rank's share of a microbatch (flattened
+        [b * s_local]); returned as [b, s_local, *shape] each. From the whole logits, or with
+        policy.logits_chunk_tokens from one chunk of them at a time (the LM head applied per
+        chunk: [b * s_local, V] never exists)."""
+        chunk = self.cfg.logits_chunk_tokens
+        if chunk is None:
+            logits = self._forward(mb)
+            b, s = logits.shape[:2]
+            scored = score(logits.reshape(b * s, -1), 0, b * s)
+            return tuple(
+                t.reshape(b, s, *shape) for t, (shape, _) in zip(scored, outputs, strict=True)
+            )
+        hidden = self._forward_hidden(mb)
+        b, s = hidden.shape[:2]
+        out = [
+            torch.empty((b * s, *shape), dtype=dtype, device=hidden.device)
+            for shape, dtype in outputs
+        ]
+
+        def keep(logits: torch.Tensor, start: int, end: int) -> None:
+            for target, values in zip(out, score(logits, start, end), strict=True):
+                target[start:end] = values
+
+        chunked_scores(hidden, self.output_weight(), self._head, keep, chunk=chunk)
+        return tuple(t.reshape(b, s, *shape) for t, (shape, _) in zip(out, outputs, strict=True))
 
     # ---------------------------------------------------------------- metrics
 
@@ -583,24 +666,6 @@ class Engine(ABC):
             dist.all_reduce(stacked, op=op, group=self.dp_cp_group)
             reduced.update(zip(names, stacked.tolist(), strict=True))
         return reduced
-
-
-def metric_reduction(name: str) -> str:
-    """How a loss metric combines over microbatches and ranks: "min" for names ending in _min,
-    "max" for _max, "sum" for the rest (per-token sums already divided by the global count)."""
-    for kind in ("min", "max"):
-        if name.endswith(f"_{kind}"):
-            return kind
-    return "sum"
-
-
-def _accumulate(totals: dict[str, torch.Tensor], metrics: dict[str, torch.Tensor]) -> None:
-    """Fold one microbatch's metrics into the running totals (metric_reduction's rule)."""
-    combine = {"sum": torch.add, "min": torch.minimum, "max": torch.maximum}
-    for name, value in metrics.items():
-        value = value.detach().float()
-        total = totals.get(name)
-        totals[name] = value if total is None else combine[metric_reduction(name)](total, value)
 
 
 def _names_by_reduction(sums: dict) -> dict[dist.ReduceOp, list[str]]:

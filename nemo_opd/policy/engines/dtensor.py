@@ -170,6 +170,37 @@ class DTensorEngine(Engine):
         logits = output.logits
         return logits.to_local() if isinstance(logits, DTensor) else logits
 
+    def forward_hidden(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, layout: AttentionLayout
+    ) -> torch.Tensor:
+        # The whole model runs (FSDP gathers the root's parameters, the LM head's among them,
+        # and keeps them for backward), with the head applied to the last position only; the
+        # body's output, the final norm's hidden states, is taken on its way out.
+        if layout.cp_group is None:
+            layout = replace(layout, runs=segment_runs(layout.segment_ids))
+        captured: list[torch.Tensor] = []
+        hook = self.model.get_decoder().register_forward_hook(
+            lambda module, args, output: captured.append(output.last_hidden_state)
+        )
+        try:
+            self.model(
+                input_ids=input_ids,
+                position_ids=position_ids,
+                use_cache=False,
+                logits_to_keep=1,
+                **{LAYOUT_KWARG: layout},
+            )
+        finally:
+            hook.remove()
+        (hidden,) = captured
+        return hidden.to_local() if isinstance(hidden, DTensor) else hidden
+
+    def output_weight(self) -> torch.Tensor:
+        # After the forward the root FSDP group keeps its parameters gathered (in the compute
+        # precision) for backward: the LM head's is the one the forward used.
+        weight = self.model.get_output_embeddings().weight
+        return weight.to_local() if isinstance(weight, DTensor) else weight
+
     def zero_grad(self) -> None:
         self.model.zero_grad(set_to_none=True)
 

@@ -62,7 +62,9 @@ from nemo_opd.policy.engines.megatron_convert import (
 from nemo_opd.policy.engines.megatron_model import (
     build_gpt_model,
     check_supported,
+    gpt_hidden,
     gpt_logits,
+    gpt_output_weight,
     rope_angles,
     rope_frequencies,
     transformer_config,
@@ -175,6 +177,21 @@ class MegatronEngine(Engine):
         visible = segment_causal_mask(layout, input_ids.shape[1], layout.segment_ids.shape[1])
         with self._autocast():
             return gpt_logits(self.model, input_ids, rotary, visible)
+
+    def forward_hidden(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, layout: AttentionLayout
+    ) -> torch.Tensor:
+        rotary = rope_angles(position_ids, self.inv_freq)
+        visible = segment_causal_mask(layout, input_ids.shape[1], layout.segment_ids.shape[1])
+        with self._autocast():
+            return gpt_hidden(self.model, input_ids, rotary, visible)
+
+    def output_weight(self) -> torch.Tensor:
+        return gpt_output_weight(self.model)
+
+    def _head(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        with self._autocast():  # the precision the output layer computes in
+            return super()._head(hidden, weight)
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         dtype = DTYPES[self.cfg.precision]

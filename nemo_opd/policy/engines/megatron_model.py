@@ -242,8 +242,7 @@ def gpt_logits(
         rotary: [s_local, b, 1, head_dim] from rope_angles.
         visible: [b, 1, s_local, S] bool attention mask (True: the key is visible).
     """
-    hidden = model.embedding(input_ids=input_ids, position_ids=None)  # [s, b, hidden]
-    hidden = model.decoder(hidden_states=hidden, attention_mask=visible, rotary_pos_emb=rotary)
+    hidden = _gpt_body(model, input_ids, rotary, visible)
     weight = (
         model.shared_embedding_or_output_weight()
         if model.share_embeddings_and_output_weights
@@ -251,3 +250,26 @@ def gpt_logits(
     )
     logits, _ = model.output_layer(hidden, weight=weight)
     return logits.transpose(0, 1)
+
+
+def gpt_hidden(
+    model: GPTModel, input_ids: torch.Tensor, rotary: torch.Tensor, visible: torch.Tensor
+) -> torch.Tensor:
+    """The final hidden states [b, s_local, H] of a GPTModel (the decoder's final norm applied;
+    the output layer left out). Arguments as gpt_logits."""
+    return _gpt_body(model, input_ids, rotary, visible).transpose(0, 1)
+
+
+def gpt_output_weight(model: GPTModel) -> torch.Tensor:
+    """This rank's rows of the output layer [V_pad / tp, H] (the embedding's when tied)."""
+    if model.share_embeddings_and_output_weights:
+        return model.shared_embedding_or_output_weight()
+    return model.output_layer.weight
+
+
+def _gpt_body(
+    model: GPTModel, input_ids: torch.Tensor, rotary: torch.Tensor, visible: torch.Tensor
+) -> torch.Tensor:
+    """Embedding and decoder: hidden states [s_local, b, H]."""
+    hidden = model.embedding(input_ids=input_ids, position_ids=None)  # [s, b, hidden]
+    return model.decoder(hidden_states=hidden, attention_mask=visible, rotary_pos_emb=rotary)

@@ -15,6 +15,9 @@ from nemo_opd.config import (
 VOCAB = 256
 ODD_VOCAB = 301  # tensor parallelism pads it (to 384 at tp=1, 512 at tp=2: rank 1 is part padding)
 SEQ = 24
+CHUNK = 7
+"""logits_chunk_tokens of the policies under test: several chunks per microbatch, one of them
+short (the engines' default, 1024 positions, would take every test microbatch whole)."""
 
 
 def tiny_qwen3(tied: bool, vocab: int = VOCAB) -> Qwen3Config:
@@ -67,6 +70,7 @@ def policy_config(model_dir: str, **overrides) -> PolicyConfig:
         "max_grad_norm": 1.0,
         "optimizer": {"lr": 1e-3, "weight_decay": 0.01},
         "scheduler": {"warmup_steps": 1},
+        "logits_chunk_tokens": CHUNK,
     }
     for key, value in overrides.items():
         node = raw

@@ -1,0 +1,158 @@
+"""The LM head and the loss together, over chunks of positions: [N, V] logits never exist.
+
+For a real vocabulary (151,936 ids for Qwen3) the logits of a microbatch dwarf everything else
+it holds: 16k positions are 9.7 GiB in fp32, and their gradient as much again. Here the final
+hidden states h [N, H] and the LM head's rows W [V_local, H] go in; for each chunk of C
+positions the chunk's logits z_c = h_c W^T (padding columns masked), its loss and the loss's
+gradient are computed at once, turned into the gradients of h_c and W, and freed:
+
+    dL/dh_c = (dL/dz_c) W        dL/dW += (dL/dz_c)^T h_c
+
+so the peak is one chunk's logits and their gradient, [C, V_local] each. Backward only scales
+the stored gradients by the incoming one (the loss is a scalar). Under tensor parallelism W is
+this rank's vocabulary shard: the loss function's own collectives combine the shards of each
+chunk, and dL/dh, partial on every rank, is summed over the tensor-parallel group once at the
+end (what a column-parallel LM head's backward does).
+
+The loss function is the training loss of the objective (DistillationLossFn,
+PolicyGradientLossFn, NLLLossFn): per-position terms normalized by the global valid-token
+count, so the chunks' losses add up to the microbatch's exactly. Its metrics are combined over
+chunks like those of microbatches (sums, or *_min / *_max).
+
+    loss, metrics = chunked_head_loss(hidden, weight, fields, head, loss_of_logits, chunk=1024)
+
+chunked_scores does the same for scoring without a gradient (the teacher's top-k, log-probs).
+"""
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from nemo_opd.losses.reduction import accumulate_metrics
+
+Head = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""head(hidden [C, H], weight [V_local, H]) -> logits [C, V_local] (padding columns masked)."""
+ChunkLoss = Callable[[torch.Tensor, dict[str, torch.Tensor]], tuple[torch.Tensor, dict]]
+"""loss_of_logits(logits [1, C, V_local], fields of the chunk [1, C, ...]) -> (loss, metrics)."""
+
+
+def chunk_ranges(total: int, chunk: int) -> Iterator[tuple[int, int]]:
+    """[start, end) of consecutive chunks of at most `chunk` positions covering range(total)."""
+    for start in range(0, total, chunk):
+        yield start, min(start + chunk, total)
+
+
+def chunked_head_loss(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    fields: dict[str, torch.Tensor],
+    head: Head,
+    loss_of_logits: ChunkLoss,
+    *,
+    chunk: int,
+    tp_group: dist.ProcessGroup | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The loss of all positions of hidden, the LM head applied chunk by chunk.
+
+    Args:
+        hidden: [b, s, H] final hidden states (differentiable).
+        weight: [V_local, H] this rank's LM-head rows (differentiable: its gradient reaches the
+            parameter through whatever view it is).
+        fields: the loss function's per-position inputs, [b, s, ...] each.
+        head: turns a chunk's hidden states into its logits (see Head).
+        loss_of_logits: the loss of one chunk (see ChunkLoss).
+        chunk: positions per chunk.
+        tp_group: the tensor-parallel group over which dL/dhidden is summed (None: no tp).
+
+    Returns:
+        (loss, a scalar whose backward reaches hidden and weight; metrics, detached, combined
+        over chunks).
+    """
+    metrics: dict[str, torch.Tensor] = {}
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    flat_fields = {name: value.reshape(-1, *value.shape[2:]) for name, value in fields.items()}
+    loss = _ChunkedHeadLoss.apply(
+        flat, weight, head, loss_of_logits, flat_fields, chunk, tp_group, metrics
+    )
+    return loss, metrics
+
+
+class _ChunkedHeadLoss(torch.autograd.Function):
+    """The loss and its gradients in one pass over the chunks (see the module docstring)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        head: Head,
+        loss_of_logits: ChunkLoss,
+        fields: dict[str, torch.Tensor],
+        chunk: int,
+        tp_group: dist.ProcessGroup | None,
+        metrics: dict[str, torch.Tensor],
+    ) -> torch.Tensor:
+        w = weight.detach().requires_grad_(weight.requires_grad)
+        grad_hidden = torch.zeros_like(hidden) if hidden.requires_grad else None
+        grad_weight = torch.zeros_like(w, dtype=torch.float32) if weight.requires_grad else None
+        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        for start, end in chunk_ranges(hidden.shape[0], chunk):
+            h = hidden[start:end].detach().requires_grad_(hidden.requires_grad)
+            part = {name: value[start:end].unsqueeze(0) for name, value in fields.items()}
+            with torch.enable_grad():
+                logits = head(h, w).unsqueeze(0)
+                loss, chunk_metrics = loss_of_logits(logits, part)
+                wanted = [t for t in (h, w) if t.requires_grad]
+                grads = torch.autograd.grad(loss, wanted) if wanted and loss.requires_grad else []
+            total += loss.detach().float()
+            accumulate_metrics(metrics, chunk_metrics)
+            if not grads:
+                continue
+            grads = list(grads)
+            if grad_hidden is not None:
+                grad_hidden[start:end] = grads.pop(0)
+            if grad_weight is not None:
+                grad_weight += grads.pop(0).float()
+            del logits, loss, grads
+        if grad_hidden is not None and tp_group is not None and dist.get_world_size(tp_group) > 1:
+            dist.all_reduce(grad_hidden, group=tp_group)  # each vocab shard's share of dL/dh
+        ctx.save_for_backward(
+            grad_hidden if grad_hidden is not None else torch.empty(0),
+            grad_weight.to(weight.dtype) if grad_weight is not None else torch.empty(0),
+        )
+        ctx.has_grads = (grad_hidden is not None, grad_weight is not None)
+        return total
+
+    @staticmethod
+    def backward(ctx: Any, grad_loss: torch.Tensor):
+        grad_hidden, grad_weight = ctx.saved_tensors
+        has_hidden, has_weight = ctx.has_grads
+        return (
+            grad_hidden * grad_loss.to(grad_hidden.dtype) if has_hidden else None,
+            grad_weight * grad_loss.to(grad_weight.dtype) if has_weight else None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
+
+
+@torch.no_grad()
+def chunked_scores(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    head: Head,
+    score: Callable[[torch.Tensor, int, int], None],
+    *,
+    chunk: int,
+) -> None:
+    """score(logits [C, V_local], start, end) for consecutive chunks of hidden's positions
+    (flattened [b * s]), without a gradient: the caller keeps what it needs of each chunk (the
+    top-k, the log-probs) and the chunk's logits are freed."""
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    for start, end in chunk_ranges(flat.shape[0], chunk):
+        score(head(flat[start:end], weight), start, end)

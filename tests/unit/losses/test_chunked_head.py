@@ -1,0 +1,122 @@
+"""chunked_head_loss: the LM head and the loss over chunks of positions equal the unchunked
+loss of the whole logits, and their gradients with respect to the hidden states and the LM-head
+weight, for every objective's loss (the top-k divergence of every kl_type, both tails and a
+temperature; the policy gradient with and without its top-k term; the NLL), with chunks that do
+not divide the positions, a padded vocabulary, and masked positions. The unchunked reference is
+float64, autograd through F.linear."""
+
+import pytest
+import torch
+from topk_kl_testing import make_case
+
+from nemo_opd.losses import (
+    DistillationLossFn,
+    NLLLossFn,
+    PolicyGradientLossFn,
+    TopkKLParams,
+)
+from nemo_opd.losses.chunked_head import chunked_head_loss, chunked_scores
+
+B, S, H, V, V_PAD, K = 3, 11, 16, 37, 40, 5
+
+
+def head(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Logits with the padding columns (ids >= V) at -inf, as the engines mask them."""
+    logits = torch.nn.functional.linear(hidden, weight)
+    return logits.masked_fill(torch.arange(weight.shape[0]) >= V, float("-inf"))
+
+
+def inputs(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    gen = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(B, S, H, generator=gen)
+    weight = torch.randn(V_PAD, H, generator=gen) * 0.5
+    _, logprobs, ids = make_case(B * S, V, K, seed=seed + 1)
+    loss_mask = (torch.rand(B, S, generator=gen) > 0.3).float()
+    loss_mask[2, :4] = 0.0
+    targets = torch.randint(0, V, (B, S), generator=gen)
+    with torch.no_grad():
+        logp = torch.log_softmax(head(hidden, weight), -1).gather(-1, targets[..., None])[..., 0]
+    fields = {
+        "loss_mask": loss_mask,
+        "teacher_topk_logprobs": logprobs.view(B, S, K),
+        "teacher_topk_indices": ids.view(B, S, K),
+        "targets": targets,
+        "old_logprobs": logp + 0.3 * torch.randn(B, S, generator=gen),
+        "sampler_logprobs": logp + 0.2 * torch.randn(B, S, generator=gen),
+        "advantages": torch.randn(B, S, generator=gen),
+    }
+    return hidden, weight, fields
+
+
+LOSSES = {
+    **{
+        f"topk_{kl}_{tail}": lambda kl=kl, tail=tail: DistillationLossFn(
+            params=TopkKLParams(kl_type=kl, tail=tail, temperature=0.8), implementation="torch"
+        )
+        for kl in ("forward", "reverse", "mixed", "jsd")
+        for tail in ("bucket", "renormalize")
+    },
+    "policy_gradient": lambda: PolicyGradientLossFn(clip_eps_high=0.28, temperature=0.9),
+    "policy_gradient_with_topk": lambda: PolicyGradientLossFn(
+        topk_kl=DistillationLossFn(implementation="torch"), topk_kl_coef=0.3
+    ),
+    "nll": lambda: NLLLossFn(temperature=0.7),
+}
+
+
+def unchunked(loss_fn, hidden, weight, fields, count):
+    """float64 loss, metrics and gradients of the whole logits (autograd through F.linear)."""
+    h = hidden.double().requires_grad_()
+    w = weight.double().requires_grad_()
+    double = {k: v.double() if v.is_floating_point() else v for k, v in fields.items()}
+    loss, metrics = loss_fn(head(h, w), double, count)
+    loss.backward()
+    return loss.detach(), metrics, h.grad, w.grad
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 7, 1000])
+@pytest.mark.parametrize("name", list(LOSSES))
+def test_chunked_equals_the_whole_logits(name, chunk):
+    loss_fn = LOSSES[name]()
+    hidden, weight, fields = inputs()
+    count = fields["loss_mask"].sum()
+    ref_loss, ref_metrics, ref_dh, ref_dw = unchunked(loss_fn, hidden, weight, fields, count)
+
+    h = hidden.clone().requires_grad_()
+    w = weight.clone().requires_grad_()
+
+    def loss_of_logits(logits, part):
+        return loss_fn(logits, part, count)
+
+    loss, metrics = chunked_head_loss(h, w, fields, head, loss_of_logits, chunk=chunk)
+    (loss * 0.7).backward()  # backward scales the gradients stored in forward
+    torch.testing.assert_close(loss.double(), ref_loss.double(), rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(h.grad.double(), 0.7 * ref_dh.double(), rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(w.grad.double(), 0.7 * ref_dw.double(), rtol=1e-4, atol=1e-6)
+    assert set(metrics) == set(ref_metrics)
+    for key, value in metrics.items():
+        torch.testing.assert_close(value.double(), ref_metrics[key].double(), rtol=1e-4, atol=1e-6)
+
+
+def test_without_gradients_only_the_loss():
+    loss_fn = LOSSES["topk_forward_bucket"]()
+    hidden, weight, fields = inputs(seed=3)
+    count = fields["loss_mask"].sum()
+    with torch.no_grad():
+        whole, _ = loss_fn(head(hidden, weight), fields, count)
+        loss, _ = chunked_head_loss(
+            hidden, weight, fields, head, lambda z, p: loss_fn(z, p, count), chunk=4
+        )
+    torch.testing.assert_close(loss, whole, rtol=1e-5, atol=1e-7)
+
+
+def test_scores_visit_every_position_once_in_order():
+    hidden, weight, _ = inputs(seed=5)
+    whole = head(hidden.reshape(-1, H), weight).topk(K, -1).values
+    seen = torch.full_like(whole, float("nan"))
+
+    def keep_topk(logits, start, end):
+        seen[start:end] = logits.topk(K, -1).values
+
+    chunked_scores(hidden, weight, head, keep_topk, chunk=7)
+    torch.testing.assert_close(seen, whole)
