@@ -86,7 +86,7 @@ def run_once(args, inputs: dict) -> None:
             def keep(logits, start, end):
                 out_v[start:end], out_i[start:end] = vocab_parallel_topk(logits, args.k, 0, None)
 
-            chunked_scores(hidden, weight, _linear, keep, chunk=args.chunk)
+            chunked_scores(hidden, weight, keep, chunk=args.chunk)
         elif args.impl == "unchunked":
             with torch.no_grad():
                 vocab_parallel_topk(_linear(hidden, weight), args.k, 0, None)
@@ -114,7 +114,7 @@ def run_once(args, inputs: dict) -> None:
     else:
         hidden3 = h.unsqueeze(0)
         loss, _ = chunked_head_loss(
-            hidden3, w, fields, _linear, lambda z, p: loss_fn(z, p, count), chunk=args.chunk
+            hidden3, w, fields, lambda z, p: loss_fn(z, p, count), chunk=args.chunk
         )
     loss.backward()
 

@@ -19,7 +19,8 @@ PolicyGradientLossFn, NLLLossFn): per-position terms normalized by the global va
 count, so the chunks' losses add up to the microbatch's exactly. Its metrics are combined over
 chunks like those of microbatches (sums, or *_min / *_max).
 
-    loss, metrics = chunked_head_loss(hidden, weight, fields, head, loss_of_logits, chunk=1024)
+    loss, metrics = chunked_head_loss(hidden, weight, fields, loss_of_logits, chunk=1024,
+                                      project=F.linear, finish=mask_padding)
 
 chunked_scores does the same for scoring without a gradient (the teacher's top-k, log-probs).
 """
@@ -32,8 +33,11 @@ import torch.distributed as dist
 
 from nemo_opd.losses.reduction import accumulate_metrics
 
-Head = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-"""head(hidden [C, H], weight [V_local, H]) -> logits [C, V_local] (padding columns masked)."""
+Project = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""project(hidden [C, H], weight [V_local, H]) -> raw logits [C, V_local] (F.linear, in the
+engine's compute precision)."""
+Finish = Callable[[torch.Tensor], torch.Tensor]
+"""finish(raw logits) -> logits (the padding columns masked); differentiable."""
 ChunkLoss = Callable[[torch.Tensor, dict[str, torch.Tensor]], tuple[torch.Tensor, dict]]
 """loss_of_logits(logits [1, C, V_local], fields of the chunk [1, C, ...]) -> (loss, metrics)."""
 
@@ -48,10 +52,11 @@ def chunked_head_loss(
     hidden: torch.Tensor,
     weight: torch.Tensor,
     fields: dict[str, torch.Tensor],
-    head: Head,
     loss_of_logits: ChunkLoss,
     *,
     chunk: int,
+    project: Project = torch.nn.functional.linear,
+    finish: Finish = lambda raw: raw,
     tp_group: dist.ProcessGroup | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The loss of all positions of hidden, the LM head applied chunk by chunk.
@@ -61,9 +66,9 @@ def chunked_head_loss(
         weight: [V_local, H] this rank's LM-head rows (differentiable: its gradient reaches the
             parameter through whatever view it is).
         fields: the loss function's per-position inputs, [b, s, ...] each.
-        head: turns a chunk's hidden states into its logits (see Head).
         loss_of_logits: the loss of one chunk (see ChunkLoss).
         chunk: positions per chunk.
+        project, finish: the LM head, raw = project(h, W), logits = finish(raw).
         tp_group: the tensor-parallel group over which dL/dhidden is summed (None: no tp).
 
     Returns:
@@ -73,6 +78,7 @@ def chunked_head_loss(
     metrics: dict[str, torch.Tensor] = {}
     flat = hidden.reshape(-1, hidden.shape[-1])
     flat_fields = {name: value.reshape(-1, *value.shape[2:]) for name, value in fields.items()}
+    head = (project, finish)
     loss = _ChunkedHeadLoss.apply(
         flat, weight, head, loss_of_logits, flat_fields, chunk, tp_group, metrics
     )
@@ -80,58 +86,80 @@ def chunked_head_loss(
 
 
 class _ChunkedHeadLoss(torch.autograd.Function):
-    """The loss and its gradients in one pass over the chunks (see the module docstring)."""
+    """The loss and its gradients in one pass over the chunks (see the module docstring).
+
+    Per chunk, autograd differentiates only the loss with respect to the raw logits; the LM
+    head's two gradients are formed from that by hand (dL/dh_c = g W, dL/dW += g^T h_c, the
+    second accumulated in place in fp32), so besides one chunk the only weight-sized buffer is
+    the weight's gradient itself."""
 
     @staticmethod
     def forward(
         ctx: Any,
         hidden: torch.Tensor,
         weight: torch.Tensor,
-        head: Head,
+        head: tuple[Project, Finish],
         loss_of_logits: ChunkLoss,
         fields: dict[str, torch.Tensor],
         chunk: int,
         tp_group: dist.ProcessGroup | None,
         metrics: dict[str, torch.Tensor],
     ) -> torch.Tensor:
-        w = weight.detach().requires_grad_(weight.requires_grad)
-        grad_hidden = torch.zeros_like(hidden) if hidden.requires_grad else None
-        grad_weight = torch.zeros_like(w, dtype=torch.float32) if weight.requires_grad else None
+        project, finish = head
+        w = weight.detach()
+        grad_hidden = torch.empty_like(hidden) if hidden.requires_grad else None
+        grad_weight = None  # fp32, allocated at the first chunk with a gradient
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
         for start, end in chunk_ranges(hidden.shape[0], chunk):
-            h = hidden[start:end].detach().requires_grad_(hidden.requires_grad)
+            h = hidden[start:end].detach()
             part = {name: value[start:end].unsqueeze(0) for name, value in fields.items()}
             with torch.enable_grad():
-                logits = head(h, w).unsqueeze(0)
-                loss, chunk_metrics = loss_of_logits(logits, part)
-                wanted = [t for t in (h, w) if t.requires_grad]
-                grads = torch.autograd.grad(loss, wanted) if wanted and loss.requires_grad else []
+                raw = project(h, w).requires_grad_()
+                loss, chunk_metrics = loss_of_logits(finish(raw).unsqueeze(0), part)
+                differentiable = loss.requires_grad and (
+                    grad_hidden is not None or weight.requires_grad
+                )
+                (g,) = torch.autograd.grad(loss, raw) if differentiable else (None,)
             total += loss.detach().float()
             accumulate_metrics(metrics, chunk_metrics)
-            if not grads:
+            del raw, loss
+            if g is None:
+                if grad_hidden is not None:
+                    grad_hidden[start:end] = 0
                 continue
-            grads = list(grads)
-            if grad_hidden is not None:
-                grad_hidden[start:end] = grads.pop(0)
-            if grad_weight is not None:
-                grad_weight += grads.pop(0).float()
-            del logits, loss, grads
+            if grad_hidden is not None:  # g in the weight's precision: no copy of W
+                grad_hidden[start:end] = g.to(w.dtype) @ w
+            if weight.requires_grad:
+                g_t, h32 = g.t().float(), h.float()
+                if grad_weight is None:
+                    grad_weight = g_t @ h32
+                else:
+                    grad_weight.addmm_(g_t, h32)  # in place: no second weight-sized buffer
+            del g
         if grad_hidden is not None and tp_group is not None and dist.get_world_size(tp_group) > 1:
             dist.all_reduce(grad_hidden, group=tp_group)  # each vocab shard's share of dL/dh
+        if weight.requires_grad and grad_weight is None:
+            grad_weight = torch.zeros_like(w, dtype=torch.float32)
         ctx.save_for_backward(
             grad_hidden if grad_hidden is not None else torch.empty(0),
-            grad_weight.to(weight.dtype) if grad_weight is not None else torch.empty(0),
+            grad_weight if grad_weight is not None else torch.empty(0),
         )
         ctx.has_grads = (grad_hidden is not None, grad_weight is not None)
+        ctx.weight_dtype = weight.dtype
         return total
 
     @staticmethod
     def backward(ctx: Any, grad_loss: torch.Tensor):
         grad_hidden, grad_weight = ctx.saved_tensors
         has_hidden, has_weight = ctx.has_grads
+        # The stored gradients are this call's own: scaled in place, handed over, not copied.
+        if has_hidden:
+            grad_hidden = grad_hidden.mul_(grad_loss.to(grad_hidden.dtype))
+        if has_weight:
+            grad_weight = grad_weight.mul_(grad_loss).to(ctx.weight_dtype)
         return (
-            grad_hidden * grad_loss.to(grad_hidden.dtype) if has_hidden else None,
-            grad_weight * grad_loss.to(grad_weight.dtype) if has_weight else None,
+            grad_hidden if has_hidden else None,
+            grad_weight if has_weight else None,
             None,
             None,
             None,
@@ -145,14 +173,15 @@ class _ChunkedHeadLoss(torch.autograd.Function):
 def chunked_scores(
     hidden: torch.Tensor,
     weight: torch.Tensor,
-    head: Head,
     score: Callable[[torch.Tensor, int, int], None],
     *,
     chunk: int,
+    project: Project = torch.nn.functional.linear,
+    finish: Finish = lambda raw: raw,
 ) -> None:
     """score(logits [C, V_local], start, end) for consecutive chunks of hidden's positions
     (flattened [b * s]), without a gradient: the caller keeps what it needs of each chunk (the
     top-k, the log-probs) and the chunk's logits are freed."""
     flat = hidden.reshape(-1, hidden.shape[-1])
     for start, end in chunk_ranges(flat.shape[0], chunk):
-        score(head(flat[start:end], weight), start, end)
+        score(finish(project(flat[start:end], weight)), start, end)

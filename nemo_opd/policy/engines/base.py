@@ -390,9 +390,10 @@ class Engine(ABC):
             self._forward_hidden(mb),
             self.output_weight(),
             fields,
-            self._head,
             loss_of_logits,
             chunk=chunk,
+            project=self._project,
+            finish=self._mask_padding,
             tp_group=self.tp_group if self.dims.tp > 1 else None,
         )
 
@@ -614,10 +615,13 @@ class Engine(ABC):
         """(vocab_start, tp_group): where this rank's logit columns sit in the vocabulary."""
         return self.vocab_start, self.tp_group
 
-    def _head(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """The LM head on hidden states [..., H] with this rank's rows [V_local, H]: logits
-        [..., V_local], padded vocabulary columns at -inf."""
-        logits = torch.nn.functional.linear(hidden, weight)
+    def _project(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """The LM head's product: hidden states [n, H] x this rank's rows [V_local, H] ->
+        [n, V_local] in the compute precision (before the padding mask)."""
+        return torch.nn.functional.linear(hidden, weight)
+
+    def _mask_padding(self, logits: torch.Tensor) -> torch.Tensor:
+        """The padded vocabulary's columns of this rank's logits at -inf."""
         return mask_padded_logits(logits, self.vocab_start, self.vocab_size)
 
     def _per_position(
@@ -650,7 +654,14 @@ class Engine(ABC):
             for target, values in zip(out, score(logits, start, end), strict=True):
                 target[start:end] = values
 
-        chunked_scores(hidden, self.output_weight(), self._head, keep, chunk=chunk)
+        chunked_scores(
+            hidden,
+            self.output_weight(),
+            keep,
+            chunk=chunk,
+            project=self._project,
+            finish=self._mask_padding,
+        )
         return tuple(t.reshape(b, s, *shape) for t, (shape, _) in zip(out, outputs, strict=True))
 
     # ---------------------------------------------------------------- metrics

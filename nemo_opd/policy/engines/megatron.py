@@ -189,9 +189,9 @@ class MegatronEngine(Engine):
     def output_weight(self) -> torch.Tensor:
         return gpt_output_weight(self.model)
 
-    def _head(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    def _project(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         with self._autocast():  # the precision the output layer computes in
-            return super()._head(hidden, weight)
+            return super()._project(hidden, weight)
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         dtype = DTYPES[self.cfg.precision]

@@ -20,10 +20,13 @@ from nemo_opd.losses.chunked_head import chunked_head_loss, chunked_scores
 B, S, H, V, V_PAD, K = 3, 11, 16, 37, 40, 5
 
 
+def mask(logits: torch.Tensor) -> torch.Tensor:
+    """The padding columns (ids >= V) at -inf, as the engines mask them."""
+    return logits.masked_fill(torch.arange(logits.shape[-1]) >= V, float("-inf"))
+
+
 def head(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """Logits with the padding columns (ids >= V) at -inf, as the engines mask them."""
-    logits = torch.nn.functional.linear(hidden, weight)
-    return logits.masked_fill(torch.arange(weight.shape[0]) >= V, float("-inf"))
+    return mask(torch.nn.functional.linear(hidden, weight))
 
 
 def inputs(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, dict]:
@@ -88,7 +91,7 @@ def test_chunked_equals_the_whole_logits(name, chunk):
     def loss_of_logits(logits, part):
         return loss_fn(logits, part, count)
 
-    loss, metrics = chunked_head_loss(h, w, fields, head, loss_of_logits, chunk=chunk)
+    loss, metrics = chunked_head_loss(h, w, fields, loss_of_logits, chunk=chunk, finish=mask)
     (loss * 0.7).backward()  # backward scales the gradients stored in forward
     torch.testing.assert_close(loss.double(), ref_loss.double(), rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(h.grad.double(), 0.7 * ref_dh.double(), rtol=1e-4, atol=1e-6)
@@ -105,7 +108,7 @@ def test_without_gradients_only_the_loss():
     with torch.no_grad():
         whole, _ = loss_fn(head(hidden, weight), fields, count)
         loss, _ = chunked_head_loss(
-            hidden, weight, fields, head, lambda z, p: loss_fn(z, p, count), chunk=4
+            hidden, weight, fields, lambda z, p: loss_fn(z, p, count), chunk=4, finish=mask
         )
     torch.testing.assert_close(loss, whole, rtol=1e-5, atol=1e-7)
 
@@ -118,5 +121,5 @@ def test_scores_visit_every_position_once_in_order():
     def keep_topk(logits, start, end):
         seen[start:end] = logits.topk(K, -1).values
 
-    chunked_scores(hidden, weight, head, keep_topk, chunk=7)
+    chunked_scores(hidden, weight, keep_topk, chunk=7, finish=mask)
     torch.testing.assert_close(seen, whole)
