@@ -2,7 +2,7 @@
 
     uv run --extra cpu --group bench python benchmarks/bench_scale.py \\
         [--device cpu] [--vocab 151936] [--hidden 1024] [--tokens 1024 4096 16384] \\
-        [--k 64] [--chunk 1024] [--json PATH]
+        [--k 64] [--chunk 256 1024] [--json PATH]
 
 Two paths, from final hidden states (what the model body hands the LM head):
     student  one forward + backward: hidden [N, H] -> LM head [V, H] -> the loss -> gradients
@@ -10,7 +10,7 @@ Two paths, from final hidden states (what the model body hands the LM head):
     teacher  one top-k: hidden [N, H] -> LM head -> top-k log-probs and ids (no gradient)
 Three implementations:
     chunked    nemo_opd's: the LM head and the loss over chunks of --chunk positions
-               (nemo_opd.losses.chunked_head); the top-k per chunk
+               (nemo_opd.losses.chunked_head); the top-k per chunk; one run per chunk size
     unchunked  nemo_opd's loss on the whole [N, V] logits (policy.logits_chunk_tokens=null)
     trl        TRL's GKD (trl.experimental.gkd.GKDTrainer.generalized_jsd_loss, beta 0: the
                forward KL), which takes the student's and the teacher's whole [N, V] logits;
@@ -25,8 +25,8 @@ events on CUDA). A run that does not fit (MemoryError, CUDA out of memory, or ki
 recorded as such. The process's address space is capped at --memory-gb so that a run that
 does not fit fails instead of swapping.
 
-The JSON holds `results`, one record per run: impl, path, tokens, peak_bytes, seconds (null
-when it did not fit, with `error`), plus the device and the date.
+The JSON holds `results`, one record per run: impl, path, tokens, chunk (chunked only),
+peak_bytes, seconds (null when it did not fit, with `error`), plus the device and the date.
 """
 
 import argparse
@@ -144,6 +144,8 @@ def child(args) -> dict:
         limit = int(args.memory_gb * 2**30)
         resource.setrlimit(resource.RLIMIT_AS, (limit, resource.RLIM_INFINITY))
     record = {"impl": args.impl, "path": args.path, "tokens": args.tokens_one}
+    if args.impl == "chunked":
+        record["chunk"] = args.chunk
     try:
         inputs = build_inputs(args, device)
         run_once(args, inputs)  # warm-up, and the memory measurement
@@ -181,31 +183,34 @@ def parent(args) -> list[dict]:
     for tokens in args.tokens:
         for path in PATHS:
             for impl in args.impls:
-                command = [
-                    sys.executable, __file__, "--one", impl, path, str(tokens),
-                    *_shared_flags(args),
-                ]  # fmt: skip
-                done = subprocess.run(command, capture_output=True, text=True)
-                if done.returncode == 0 and done.stdout.strip():
-                    record = json.loads(done.stdout.strip().splitlines()[-1])
-                else:
-                    record = {
-                        "impl": impl,
-                        "path": path,
-                        "tokens": tokens,
-                        "peak_bytes": None,
-                        "seconds": None,
-                        "error": f"process ended with status {done.returncode}",
-                    }
-                results.append(record)
-                print(_row(record), flush=True)
+                for chunk in args.chunk if impl == "chunked" else args.chunk[:1]:
+                    command = [
+                        sys.executable, __file__, "--one", impl, path, str(tokens),
+                        f"--chunk={chunk}", *_shared_flags(args),
+                    ]  # fmt: skip
+                    done = subprocess.run(command, capture_output=True, text=True)
+                    if done.returncode == 0 and done.stdout.strip():
+                        record = json.loads(done.stdout.strip().splitlines()[-1])
+                    else:
+                        record = {
+                            "impl": impl,
+                            "path": path,
+                            "tokens": tokens,
+                            "peak_bytes": None,
+                            "seconds": None,
+                            "error": f"process ended with status {done.returncode}",
+                        }
+                        if impl == "chunked":
+                            record["chunk"] = chunk
+                    results.append(record)
+                    print(_row(record), flush=True)
     return results
 
 
 def _shared_flags(args) -> list[str]:
     return [
         f"--device={args.device}", f"--vocab={args.vocab}", f"--hidden={args.hidden}",
-        f"--k={args.k}", f"--chunk={args.chunk}", f"--repeats={args.repeats}",
+        f"--k={args.k}", f"--repeats={args.repeats}",
         f"--threads={args.threads}", f"--memory-gb={args.memory_gb}",
     ]  # fmt: skip
 
@@ -215,7 +220,8 @@ def _row(record: dict) -> str:
     peak = f"{peak / 2**30:7.2f} GiB" if peak is not None else "        -"
     seconds = f"{record['seconds']:8.3f} s" if record["seconds"] is not None else "        -"
     note = f"  {record['error']}" if "error" in record else ""
-    return f"{record['tokens']:>6} {record['path']:8} {record['impl']:10} {peak} {seconds}{note}"
+    impl = record["impl"] + (f"/{record['chunk']}" if "chunk" in record else "")
+    return f"{record['tokens']:>6} {record['path']:8} {impl:14} {peak} {seconds}{note}"
 
 
 def main() -> None:
@@ -225,7 +231,9 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--tokens", type=int, nargs="+", default=[1024, 4096, 16384])
     parser.add_argument("--k", type=int, default=64)
-    parser.add_argument("--chunk", type=int, default=1024, help="positions per chunk")
+    parser.add_argument(
+        "--chunk", type=int, nargs="+", default=[256], help="positions per chunk (each is a run)"
+    )
     parser.add_argument("--impls", nargs="+", choices=IMPLS, default=list(IMPLS))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
@@ -237,9 +245,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.one:
         args.impl, args.path, args.tokens_one = args.one[0], args.one[1], int(args.one[2])
+        args.chunk = args.chunk[-1]
         print(json.dumps(child(args)))
         return
-    print(f"{'tokens':>6} {'path':8} {'impl':10} {'peak':>11} {'time':>10}", flush=True)
+    print(f"{'tokens':>6} {'path':8} {'impl':14} {'peak':>11} {'time':>10}", flush=True)
     results = parent(args)
     if args.json:
         from harness import device_name, run_meta

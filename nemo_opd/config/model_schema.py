@@ -402,12 +402,13 @@ class PolicyConfig(Section):
     softmax, top-k and loss, and never leave the engine: exports and checkpoints have the real
     vocabulary. 1 pads only what tensor parallelism needs."""
 
-    logits_chunk_tokens: int | None = Field(1024, gt=0, le=MAX_MICROBATCH_TOKENS)
+    logits_chunk_tokens: int | None = Field(256, gt=0, le=MAX_MICROBATCH_TOKENS)
     """Positions whose logits exist at once: the LM head and the loss (and in scoring the
     top-k or log-probs) are computed together over chunks of this many positions of a
     microbatch, each chunk's logits and their gradient freed before the next, so [N, V] logits
-    never exist (a chunk holds about 2 x chunk x V / tp x 4 bytes: 1.2 GiB at 1024 positions of
-    Qwen3's 151,936 ids). null: the whole microbatch's logits at once (docs/loss.md)."""
+    never exist (a chunk holds about 2 x chunk x V / tp x 4 bytes: 0.29 GiB at 256 positions of
+    Qwen3's 151,936 ids; smaller chunks save little more and cost time, docs/benchmarks.md).
+    null: the whole microbatch's logits at once (docs/loss.md)."""
 
     dtensor_cfg: DTensorConfig = Field(default_factory=DTensorConfig)
     """The DTensor backend."""

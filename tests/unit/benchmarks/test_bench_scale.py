@@ -1,0 +1,35 @@
+"""bench_scale end to end at a small size: every implementation runs in its own process, the
+JSON holds one record per run, and the chunked paths' measured peak is a fraction of the whole
+logits' (what the benchmark exists to show, so a chunked path that materialises [N, V] fails
+here)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_chunked_peak_is_a_fraction_of_the_whole_logits(tmp_path):
+    out = tmp_path / "scale.json"
+    command = [
+        sys.executable, str(REPO / "benchmarks" / "bench_scale.py"), "--vocab=32000",
+        "--hidden=64", "--tokens", "2048", "--k=16", "--chunk", "64", "256", "--repeats=1",
+        "--threads=1", "--memory-gb=8", f"--json={out}",
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["meta"]["vocab"] == 32000 and report["meta"]["chunk"] == [64, 256]
+    runs = {(r["impl"], r["path"], r.get("chunk")): r for r in report["results"]}
+    assert len(runs) == 8  # chunked at 2 sizes + unchunked + trl, for both paths
+    assert all(r["seconds"] is not None and "error" not in r for r in runs.values())
+    logits_bytes = 2048 * 32000 * 4
+    for path in ("student", "teacher"):
+        whole = runs["unchunked", path, None]["peak_bytes"]
+        assert whole >= logits_bytes  # the [N, V] logits at least
+        for chunk in (64, 256):
+            assert runs["chunked", path, chunk]["peak_bytes"] < whole / 4, (path, chunk)
+    # TRL's loss holds the student's and the teacher's whole logits and their softmaxes
+    assert runs["trl", "student", None]["peak_bytes"] >= 2 * logits_bytes
