@@ -120,6 +120,7 @@ def run_pair(name: str, student: str, teacher: str, args: argparse.Namespace) ->
         "distillation.val_at_end=false",
         f"checkpointing.checkpoint_dir={run_dir / 'checkpoints'}",
         f"checkpointing.save_period={args.steps}",
+        "checkpointing.metric_name=null",  # no validation to rank checkpoints by
         f"logger.log_dir={run_dir / 'logs'}",
         *args.overrides,
     ]

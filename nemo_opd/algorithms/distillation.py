@@ -38,6 +38,7 @@ from __future__ import annotations
 import signal
 import time
 from collections import defaultdict
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -45,23 +46,31 @@ import torch
 from nemo_opd.algorithms.advantages import compute_advantages, group_ids_for
 from nemo_opd.algorithms.data_mix import is_on_policy_step
 from nemo_opd.algorithms.prompts import repeat_samples
+from nemo_opd.algorithms.rollout_pipeline import PlannedStep, ProducedStep, StepPipeline
 from nemo_opd.algorithms.setup import (
+    ROLLOUTS_AHEAD_FILE,
+    ROLLOUTS_AHEAD_KEY,
     DistillationRun,
     rollouts_per_step,
     sampling_temperature,
     setup,
-    teacher_temperature,
+)
+from nemo_opd.algorithms.step_rollouts import (
+    keep_only_scheduled,
+    plan_steps,
+    produce_step,
+    rollout_with,
+    score_rollout,
+    staleness_metrics,
 )
 from nemo_opd.config import DistillationConfig
 from nemo_opd.data.batching import TensorBatch
-from nemo_opd.data.message_log import flatten_generation_logprobs, flatten_message_logs
+from nemo_opd.data.message_log import flatten_generation_logprobs
 from nemo_opd.errors import RunError, ServiceError
-from nemo_opd.generation import VllmGeneration, logprob_mismatch
+from nemo_opd.generation import logprob_mismatch
 from nemo_opd.losses import build_loss_mask
 from nemo_opd.losses.reduction import metric_reduction
-from nemo_opd.rollouts import RolloutResult, run_multi_turn_rollout
-from nemo_opd.rollouts.off_policy import reference_rollout
-from nemo_opd.teachers.base import Rollouts, TeacherNeed
+from nemo_opd.rollouts import RolloutResult, rollout_state
 from nemo_opd.tiny.assets import recorded_heldout_accuracy
 from nemo_opd.utils.plot import ROLLOUTS_KEY, plot_metrics
 from nemo_opd.utils.startup import startup_metrics
@@ -99,61 +108,101 @@ def distillation_train(state: DistillationRun) -> bool:
     if loop.val_at_start and state.step == 0:
         metrics = {**validate(state, timers), **timers.summary(), ROLLOUTS_KEY: 0}
         state.logger.log({**metrics, **_progress_metrics(state)}, step=0)
-    batches = iter(state.loader)
-    with StopSignal() as stop:
-        while state.step < loop.max_num_steps and state.loader.next_epoch < loop.max_num_epochs:
-            step = state.step + 1
-            position = state.loader.state_dict()  # where this step's prompts start
-            samples = next(batches)
-            # The last step: max_num_steps, or the last batch of the last allowed epoch.
-            last = step == loop.max_num_steps or state.loader.next_epoch >= loop.max_num_epochs
-            try:
-                metrics = _step_and_validate(state, samples, step, last, timers)
-            except ServiceError as error:
-                raise _end_on_service_error(state, error, step, position) from error
-            metrics.update(_timing_metrics(timers, metrics["train/num_tokens"]))
-            metrics.update(_progress_metrics(state))
-            state.logger.log(metrics, step=step)
-            state.last_metrics.update(metrics)
-            stopping = stop.requested and not last
-            if state.checkpoints.should_save(step, is_last=last or stopping):
-                _save_checkpoint(state)
-            if stopping:
-                print(f"stopped after step {step} on SIGTERM; run the same command to resume")
-                return False
-    return True
+    pipeline = _start_pipeline(state)
+    try:
+        with StopSignal() as stop:
+            return _train_steps(state, pipeline, timers, stop)
+    finally:
+        pipeline.stop()
 
 
-def _step_and_validate(
-    state: DistillationRun, samples: list, step: int, last: bool, timers: Timers
+def _start_pipeline(state: DistillationRun) -> StepPipeline:
+    """The rollout producer, from the current step on (the checkpoint's saved rollouts that
+    this run's schedule can use; the resumed weights published, for the engine to refit)."""
+    keep_only_scheduled(state, state.saved_rollouts)
+    if state.loader_position is None:
+        state.loader_position = state.loader.state_dict()
+    stale_engine = state.generation_version != state.step
+    return StepPipeline(
+        plan_steps(state),
+        partial(_produce, state),
+        state.cfg.distillation.max_staleness,
+        start_version=state.step,
+        start_weights=state.student.full_weights_ref() if stale_engine else None,
+    )
+
+
+def _produce(state: DistillationRun, pipeline: StepPipeline, plan: PlannedStep) -> ProducedStep:
+    return produce_step(state, pipeline, plan)
+
+
+def _train_steps(
+    state: DistillationRun, pipeline: StepPipeline, timers: Timers, stop: StopSignal
+) -> bool:
+    """The steps, each on the producer's next scored rollouts; see distillation_train."""
+    while True:
+        try:
+            with timers.time("train"):
+                with timers.time("rollout_wait"):
+                    produced = pipeline.next()
+                if produced is None:
+                    return True
+                metrics = _train_step(state, produced, timers)
+            step, last = produced.plan.step, produced.plan.last
+            state.step = step
+            state.loader_position = produced.plan.after
+            metrics[ROLLOUTS_KEY] = step * rollouts_per_step(state.cfg)
+            metrics.update(_validate_if_due(state, pipeline, timers, last))
+        except ServiceError as error:
+            raise _end_on_service_error(state, error, pipeline) from error
+        metrics.update(_timing_metrics(timers, metrics["train/num_tokens"], produced.seconds))
+        metrics.update(_progress_metrics(state))
+        state.logger.log(metrics, step=step)
+        state.last_metrics.update(metrics)
+        stopping = stop.requested and not last
+        if state.checkpoints.should_save(step, is_last=last or stopping):
+            _save_checkpoint(state, pipeline)
+        if stopping:
+            print(f"stopped after step {step} on SIGTERM; run the same command to resume")
+            return False
+        if last:
+            return True
+        _publish(state, pipeline, step)
+
+
+def _validate_if_due(
+    state: DistillationRun, pipeline: StepPipeline, timers: Timers, last: bool
 ) -> dict:
-    """One training step (state.step becomes `step`), then validation when it is due (every
-    val_period steps, and after the last step with val_at_end)."""
-    loop = state.cfg.distillation
-    with timers.time("train"):
-        metrics = _train_step(state, samples, step, timers)
-    state.step = step
-    metrics[ROLLOUTS_KEY] = step * rollouts_per_step(state.cfg)
-    if (loop.val_period and step % loop.val_period == 0) or (last and loop.val_at_end):
-        metrics.update(validate(state, timers))
-    return metrics
+    """Validation every val_period steps and after the last step with val_at_end, with the
+    producer held (validation uses the generation engine and the teacher)."""
+    loop, step = state.cfg.distillation, state.step
+    if not ((loop.val_period and step % loop.val_period == 0) or (last and loop.val_at_end)):
+        return {}
+    with pipeline.held():
+        return validate(state, timers)
+
+
+def _publish(state: DistillationRun, pipeline: StepPipeline, step: int) -> None:
+    """Tell the producer that the weights after `step` exist, with a handle on them when a
+    step samples from them (step + 1 + max_staleness, when on-policy)."""
+    cfg = state.cfg
+    sampled_by = step + 1 + cfg.distillation.max_staleness
+    needed = sampled_by <= cfg.distillation.max_num_steps and is_on_policy_step(cfg, sampled_by)
+    pipeline.publish(step, state.student.full_weights_ref() if needed else None)
 
 
 def _end_on_service_error(
-    state: DistillationRun, error: ServiceError, step: int, position: dict
+    state: DistillationRun, error: ServiceError, pipeline: StepPipeline
 ) -> RunError:
-    """The error that ends a run whose outside service (a teacher server) failed in `step`.
-    The run's own workers are intact, so the last completed step is checkpointed first (unless
-    it is already): a failure in training leaves the student at step - 1 with its prompts at
-    `position`; one in validation leaves it at `step`. The same command resumes from there."""
-    if state.step < step:
-        state.loader.load_state_dict(position)
+    """The error that ends a run whose outside service (a teacher server) failed. The run's
+    own workers are intact, so the last completed step is checkpointed first (unless it is
+    already), with the rollouts made ahead of it. The same command resumes from there."""
     if not state.cfg.checkpointing.enabled:
         return RunError(f"{error} (checkpointing is disabled: the run will start afresh)")
     if state.step == 0:
         return RunError(f"{error} (no step was completed: the run will start afresh)")
     if state.step not in state.checkpoints.checkpoints():
-        _save_checkpoint(state)
+        _save_checkpoint(state, pipeline)
     directory = state.cfg.checkpointing.checkpoint_dir
     return RunError(f"{error} (step {state.step}, the last completed, is saved in {directory})")
 
@@ -168,110 +217,33 @@ def _progress_metrics(state: DistillationRun) -> dict:
     return metrics
 
 
-def _train_step(state: DistillationRun, samples: list, step: int, timers: Timers) -> dict:
-    """Steps 1-6 of the loop for one batch of prompts; returns its metrics."""
+def _train_step(state: DistillationRun, produced: ProducedStep, timers: Timers) -> dict:
+    """Steps 5-6 of the loop on one step's scored rollouts; returns its metrics."""
     cfg = state.cfg
-    on_policy = is_on_policy_step(cfg, step)
-    # 1. refit (only when the student samples)
-    if on_policy:
-        with timers.time("refit"):
-            _refit_if_stale(state)
-    # 2. rollout: the student's own samples, or off-policy responses
-    with timers.time("generation"):
-        rollout, copies = _step_rollout(state, samples, step, on_policy)
-    # 3. flatten and 4. teacher
-    objective = cfg.objective
-    batch = _scored_batch(
-        state, rollout, timers, topk=objective.uses_topk, sampled=objective.uses_sampled_teacher
-    )
+    plan, rollout, batch = produced.plan, produced.rollout, produced.batch
     metrics = {}
     # 5. advantages
-    if objective.loss == "policy_gradient":
-        metrics.update(_policy_gradient_inputs(state, batch, rollout, len(samples), timers))
-    if cfg.policy.generation.logprob_check and on_policy:
+    if cfg.objective.loss == "policy_gradient":
+        metrics.update(_policy_gradient_inputs(state, batch, rollout, len(plan.samples), timers))
+    # The check compares vLLM with the weights that sampled: only on fresh rollouts.
+    if cfg.policy.generation.logprob_check and plan.on_policy and plan.version == plan.step - 1:
         with timers.time("logprob_check"):
             metrics["generation/logprob_mismatch"] = _logprob_mismatch(state, batch, rollout)
     # 6. train
     with timers.time("policy_training"):
         rows = (
             cfg.policy.train_global_batch_size
-            * copies
+            * produced.copies
             // cfg.distillation.num_generations_per_prompt
         )
         history = state.student.train(batch, state.loss_fn, global_batch_size=rows)
     metrics.update(_train_metrics(history, batch, rollout))
+    metrics.update(staleness_metrics(plan))
     if state.teacher is not None:
         metrics.update(_route_metrics(state.teacher.groups(rollout.metadata), rollout.rewards))
-        metrics.update(state.teacher.take_metrics())
-    state.logger.log_rollouts(_rollout_records(rollout), step=step)
+        metrics.update(produced.metrics)
+    state.logger.log_rollouts(_rollout_records(rollout), step=plan.step)
     return metrics
-
-
-def _step_rollout(
-    state: DistillationRun, samples: list, step: int, on_policy: bool
-) -> tuple[RolloutResult, int]:
-    """Step 2: (the rollouts, conversations per prompt). num_generations_per_prompt
-    conversations of each prompt, sampled by the student (on-policy) or by the teacher (seq_kd,
-    at the generation temperature, as TRL's GKD); or the dataset's responses, each once
-    (_reference_copies). rollout/on_policy and rollout/teacher_sampled say which."""
-    cfg = state.cfg
-    sampler = state.teacher_sampler
-    samples_once = not on_policy and sampler is None
-    copies = (
-        _reference_copies(state) if samples_once else cfg.distillation.num_generations_per_prompt
-    )
-    logs, metadata = repeat_samples(samples, copies)
-    seed = _step_seed(cfg, step)
-    if on_policy:
-        rollout = _rollout(state, logs, metadata, greedy=False, seed=seed)
-    elif sampler is not None:
-        temperature = sampling_temperature(cfg)
-        rollout = _rollout(
-            state, logs, metadata, greedy=False, seed=seed, temperature=temperature, engine=sampler
-        )
-    else:
-        max_len = cfg.policy.max_total_sequence_length
-        rollout = reference_rollout(logs, metadata, state.formatter, state.environments, max_len)
-    rollout.metrics["on_policy"] = float(on_policy)
-    rollout.metrics["teacher_sampled"] = float(not on_policy and sampler is not None)
-    return rollout, copies
-
-
-def _reference_copies(state: DistillationRun) -> int:
-    """Rows per prompt on a step that trains on the dataset's responses: one, trained with a
-    global batch num_generations_per_prompt times smaller, so every optimizer step sees the
-    same prompts with the same weights as g identical copies would give it (the loss is
-    normalized by the step's tokens), at 1/g of the teacher's and the trainer's work. g copies
-    when the global batch does not divide so (by g, then by the data-parallel size)."""
-    g = state.cfg.distillation.num_generations_per_prompt
-    rows = state.cfg.policy.train_global_batch_size
-    return 1 if rows % g == 0 and (rows // g) % state.student.dims.dp == 0 else g
-
-
-def _scored_batch(
-    state: DistillationRun, rollout: RolloutResult, timers: Timers, *, topk: bool, sampled: bool
-) -> TensorBatch:
-    """Steps 3-4: the rollouts flattened into a batch (input_ids, input_lengths, token_mask,
-    sample_mask) with, as asked, the teacher's top-k log-probs and ids of every position
-    (teacher_topk_logprobs, teacher_topk_indices [B, S, k]) and its log-prob of every sampled
-    token (teacher_logprobs [B, S], position t scoring token t + 1)."""
-    cfg = state.cfg
-    batch = flatten_message_logs(rollout.message_logs, state.formatter.tokenizer.pad_token_id)
-    rollouts = Rollouts(batch, rollout.message_logs, rollout.metadata)
-    temperature = teacher_temperature(cfg)
-    if topk:
-        need = TeacherNeed(topk=cfg.distillation.topk_logits_k, temperature=temperature)
-        with timers.time("teacher_topk"):
-            scores = state.teacher.score(rollouts, need)
-        batch["teacher_topk_logprobs"] = scores.topk_logprobs
-        batch["teacher_topk_indices"] = scores.topk_indices
-    if sampled:
-        with timers.time("teacher_logprobs"):
-            scores = state.teacher.score(
-                rollouts, TeacherNeed(sampled=True, temperature=temperature)
-            )
-        batch["teacher_logprobs"] = scores.logprobs
-    return batch
 
 
 def _route_metrics(groups: dict[str, torch.Tensor], rewards: torch.Tensor) -> dict:
@@ -328,11 +300,15 @@ def _sampler_logprobs(rollout: RolloutResult, old: torch.Tensor) -> torch.Tensor
     return torch.where(known > 0, shifted, old)
 
 
-def _timing_metrics(timers: Timers, num_tokens: float) -> dict:
+def _timing_metrics(timers: Timers, num_tokens: float, produced: dict[str, float]) -> dict:
     """Seconds per phase ("timing/train/<phase>", the whole step as
-    "timing/train/total_step_time") and trained tokens per second."""
+    "timing/train/total_step_time": the loop's wall time, rollout_wait included) with the
+    producer's phases for this step's rollouts ("timing/train/generation", ...), and trained
+    tokens per second."""
     timings = timers.summary()
     total = timings.pop("timing/train")
+    for name, seconds in produced.items():
+        timings["timing/train/" + name.removeprefix("timing/")] = seconds
     timings["timing/train/total_step_time"] = total
     timings["train/tokens_per_sec"] = num_tokens / total
     return timings
@@ -344,45 +320,6 @@ def _refit_if_stale(state: DistillationRun) -> None:
     if version != state.generation_version:
         state.generation.refit(state.student.full_weights_ref(), version)
         state.generation_version = version
-
-
-def _rollout(
-    state: DistillationRun,
-    logs: list,
-    metadata: list,
-    *,
-    greedy: bool,
-    seed: int | None,
-    temperature: float | None = None,
-    engine: VllmGeneration | None = None,
-) -> RolloutResult:
-    """Rollouts with the generation engine (the student's, or `engine`) awake (and asleep again
-    afterwards)."""
-    cfg = state.cfg
-    engine = engine or state.generation
-    engine.prepare_for_generation()
-    try:
-        return run_multi_turn_rollout(
-            engine,
-            logs,
-            metadata,
-            state.formatter,
-            state.environments,
-            max_seq_len=cfg.policy.max_total_sequence_length,
-            max_rollout_turns=cfg.distillation.max_rollout_turns,
-            max_new_tokens=cfg.policy.generation.max_new_tokens,
-            greedy=greedy,
-            seed=seed,
-            temperature=temperature,
-        )
-    finally:
-        engine.finish_generation()
-
-
-def _step_seed(cfg: DistillationConfig, step: int) -> int:
-    """Sampling seed of a step: a function of (seed, step) only, so resumed runs sample the
-    same rollouts as uninterrupted ones. Turns add their index to it."""
-    return cfg.distillation.seed * 1_000_003 + step * 1_000
 
 
 def _logprob_mismatch(state: DistillationRun, batch: TensorBatch, rollout: RolloutResult) -> float:
@@ -467,7 +404,7 @@ def _validate_greedy(state: DistillationRun, timers: Timers) -> dict:
         chunk = samples[start : start + loop.val_batch_size]
         logs, metadata = repeat_samples(chunk, 1)
         with timers.time("generation"):
-            rollout = _rollout(state, logs, metadata, greedy=True, seed=None)
+            rollout = rollout_with(state, logs, metadata, greedy=True, seed=None)
         rewards.append(rollout.rewards)
         for name, value in rollout.env_metrics.items():
             env_metrics[f"validation/{name}"] += value
@@ -475,7 +412,8 @@ def _validate_greedy(state: DistillationRun, timers: Timers) -> dict:
         graded += rollout.metadata
         if state.teacher is None:
             continue
-        batch = _scored_batch(state, rollout, timers, topk=True, sampled=False)
+        with timers.time("teacher_topk"):
+            batch, _ = score_rollout(state, rollout, topk=True)
         with timers.time("student_eval"):
             # With several teachers, each teacher's rows apart: the overall values are the
             # token-weighted means of theirs.
@@ -536,7 +474,7 @@ def _validate_sampled(state: DistillationRun, timers: Timers, k: int) -> dict:
         logs, metadata = repeat_samples(samples[start : start + chunk_prompts], k)
         seed = loop.seed * 1_000_003 + 7 + start * k * 1_000
         with timers.time("generation"):
-            rollout = _rollout(
+            rollout = rollout_with(
                 state, logs, metadata, greedy=False, seed=seed, temperature=loop.val_temperature
             )
         rewards.append(rollout.rewards)
@@ -550,27 +488,34 @@ def _validate_sampled(state: DistillationRun, timers: Timers, k: int) -> dict:
 # ------------------------------------------------------------------------------- save and export
 
 
-def _save_checkpoint(state: DistillationRun) -> None:
-    """An atomic checkpoint of the student and the loop position (ranked by the metric). A
-    save that fails (a full disk, a file-size limit, a worker that died) ends the run with a
-    RunError saying that the earlier checkpoints are intact."""
-    saved = {"loader": state.loader.state_dict()}
-    metrics = {k: v for k, v in state.last_metrics.items() if isinstance(v, int | float)}
-    try:
-        state.checkpoints.save(
-            state.step,
-            lambda directory: state.student.save(str(Path(directory) / "policy")),
-            state=saved,
-            metrics=metrics,
-        )
-    except (OSError, RunError) as error:
-        earlier = [step for step in state.checkpoints.checkpoints() if step < state.step]
-        kept = f"step {max(earlier)}" if earlier else "none: the run will start afresh"
-        raise RunError(
-            f"saving the checkpoint of step {state.step} failed, and nothing of it was kept: "
-            f"{error}. The earlier checkpoints are intact (newest: {kept}); free space or fix "
-            "the cause, then run the same command again to resume"
-        ) from error
+def _save_checkpoint(state: DistillationRun, pipeline: StepPipeline) -> None:
+    """An atomic checkpoint of the student, the loop position and, with max_staleness s > 0,
+    the rollouts made ahead for steps step+1..step+s (sampled from weights the checkpoint
+    does not hold; the producer finishes them first), ranked by the metric. A save that fails
+    (a full disk, a file-size limit, a worker that died) ends the run with a RunError saying
+    that the earlier checkpoints are intact."""
+    ahead = state.cfg.distillation.max_staleness
+    with pipeline.held(through=state.step + ahead):
+        rollouts = pipeline.rollouts_after(state.step) if ahead else {}
+        saved = {"loader": state.loader_position, ROLLOUTS_AHEAD_KEY: sorted(rollouts)}
+        metrics = {k: v for k, v in state.last_metrics.items() if isinstance(v, int | float)}
+
+        def write(directory: Path) -> None:
+            state.student.save(str(Path(directory) / "policy"))
+            if rollouts:
+                ahead_states = {step: rollout_state(r) for step, r in rollouts.items()}
+                torch.save(ahead_states, Path(directory) / ROLLOUTS_AHEAD_FILE)
+
+        try:
+            state.checkpoints.save(state.step, write, state=saved, metrics=metrics)
+        except (OSError, RunError) as error:
+            earlier = [step for step in state.checkpoints.checkpoints() if step < state.step]
+            kept = f"step {max(earlier)}" if earlier else "none: the run will start afresh"
+            raise RunError(
+                f"saving the checkpoint of step {state.step} failed, and nothing of it was "
+                f"kept: {error}. The earlier checkpoints are intact (newest: {kept}); free "
+                "space or fix the cause, then run the same command again to resume"
+            ) from error
 
 
 def export_final_model(state: DistillationRun) -> Path:

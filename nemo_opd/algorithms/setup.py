@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import ray
+import torch
 from ray.util.placement_group import PlacementGroup
 from transformers import PreTrainedTokenizerBase
 
@@ -33,7 +34,7 @@ from nemo_opd.algorithms.model_checks import (
 from nemo_opd.algorithms.prompts import PromptSet, check_fills_one_batch, encode_prompts
 from nemo_opd.algorithms.tokenizers import check_same_vocabulary, load_tokenizer
 from nemo_opd.config import DistillationConfig, PolicyConfig
-from nemo_opd.config.checks import template_fields
+from nemo_opd.config.checks import overlap_problem, template_fields
 from nemo_opd.config.worker_split import WorkerSplit, worker_split
 from nemo_opd.data.chat import ChatFormatter, read_text_file
 from nemo_opd.data.datasets import load_prompt_records
@@ -52,6 +53,7 @@ from nemo_opd.errors import SetupError
 from nemo_opd.generation import VllmGeneration
 from nemo_opd.losses import DistillationLossFn, NLLLossFn, PolicyGradientLossFn
 from nemo_opd.policy.policy import Policy
+from nemo_opd.rollouts import RolloutResult, rollout_from_state
 from nemo_opd.teachers.base import Teacher
 from nemo_opd.teachers.in_process import InProcessTeacher
 from nemo_opd.teachers.privileged import PrivilegedContext, PrivilegedTeacher
@@ -65,6 +67,10 @@ from nemo_opd.utils.run_dirs import RunLock, check_writable, with_absolute_paths
 from nemo_opd.utils.startup import StartupMarks, format_startup_report
 
 PLACEMENT_FILE = "placement.json"
+ROLLOUTS_AHEAD_FILE = "rollouts_ahead.pt"
+"""In a checkpoint of step k with max_staleness s > 0: the rollouts of steps k+1..k+s."""
+ROLLOUTS_AHEAD_KEY = "rollouts_ahead"
+"""The checkpoint state's list of the steps whose rollouts ROLLOUTS_AHEAD_FILE holds."""
 """Where Ray placed the run's workers (nodes.placement_record), in logger.log_dir."""
 SHARE = 1 / 3
 """Fraction of each training bundle (CPUs, GPU) taken by the student, the teacher and colocated
@@ -94,6 +100,14 @@ class DistillationRun:
     """vLLM holding the teacher, sampling the off-policy steps' responses (seq_kd)."""
     step: int = 0
     generation_version: int = 0
+    """The weights version the generation engine holds (the steps trained into them)."""
+    resumed_step: int = 0
+    """The step the run resumed from (0: a fresh run)."""
+    loader_position: dict | None = None
+    """The loader's state after the last trained step's prompts (what a checkpoint records;
+    the loader itself runs ahead with the rollout producer)."""
+    saved_rollouts: dict[int, RolloutResult] = field(default_factory=dict)
+    """The resumed checkpoint's rollouts of the steps after it (max_staleness > 0), by step."""
     last_metrics: dict = field(default_factory=dict)
     startup: dict = field(default_factory=dict)
     """{process: {mark: time.time()}} of the driver and every worker (nemo_opd.utils.startup);
@@ -161,6 +175,9 @@ def _build_run(cfg: DistillationConfig, lock: RunLock, marks: StartupMarks) -> D
     split = worker_split(cfg.cluster, cfg.policy.generation)
     device = resolve_device_type(cfg.cluster)
     check_megatron_training_precision(cfg.policy, device)
+    cannot_overlap = overlap_problem(cfg, device)
+    if cannot_overlap:
+        raise SetupError(cannot_overlap)
     placement = _reserve_workers(cfg, device)
     started = []
     try:
@@ -182,11 +199,12 @@ def _build_run(cfg: DistillationConfig, lock: RunLock, marks: StartupMarks) -> D
             placement=placement,
             share=SHARE,
             wait=False,
+            threads=overlap_threads(cfg, device),
         )
         started.append(student)
         teacher = served
         if served is None and cfg.named_teachers:
-            teacher = _start_teachers(cfg, split.training, placement)
+            teacher = _start_teachers(cfg, split.training, placement, overlap_threads(cfg, device))
             started.append(teacher)
         teacher = _with_privileged_context(teacher, context, formatter)
         marks.note("workers_launched")
@@ -306,9 +324,12 @@ def _is_served(cfg: DistillationConfig) -> bool:
     return cfg.teacher is not None and cfg.teacher.server.enabled
 
 
-def _start_teachers(cfg: DistillationConfig, workers: int, placement: PlacementGroup) -> Teacher:
+def _start_teachers(
+    cfg: DistillationConfig, workers: int, placement: PlacementGroup, threads: int | None
+) -> Teacher:
     """The in-process teacher's workers, or with several teachers one Policy each behind
-    RoutedTeachers; the teachers split one teacher's share of every training bundle."""
+    RoutedTeachers; the teachers split one teacher's share of every training bundle (threads:
+    torch threads per worker on CPU, see overlap_threads)."""
     named = cfg.named_teachers
     teachers = {}
     for name, teacher in named.items():
@@ -322,6 +343,7 @@ def _start_teachers(cfg: DistillationConfig, workers: int, placement: PlacementG
             placement=placement,
             share=SHARE / len(named),
             wait=False,
+            threads=threads,
         )
         teachers[name] = InProcessTeacher(policy, part)
     return teachers["teacher"] if cfg.teachers is None else RoutedTeachers(teachers)
@@ -472,9 +494,10 @@ def _build_generation(
     bundle when colocated (next to student and teacher), a whole bundle of its own otherwise.
     On CPU: one per node that generates, with no reservation, on as many threads as the
     training workers of a node hold CPUs (it time-shares the cores with training, which waits
-    while it generates)."""
+    while it generates), half of them with max_staleness > 0 (overlap_threads)."""
     gen_cfg = cfg.policy.generation
     colocated = device == "cuda" and gen_cfg.colocated.enabled
+    cores = cfg.cluster.cpus_per_worker * cfg.cluster.gpus_per_node
     model = model or cfg.policy
     bundles = generation_bundles(cfg.cluster, split, gen_cfg, device)
     return VllmGeneration(
@@ -485,12 +508,22 @@ def _build_generation(
         num_engines=len(bundles),
         seed=cfg.distillation.seed,
         cpus_per_engine=cfg.cluster.cpus_per_worker * SHARE if colocated else None,
-        cpu_threads=cfg.cluster.cpus_per_worker * cfg.cluster.gpus_per_node,
+        cpu_threads=overlap_threads(cfg, device, cores) or cores,
         gpus_per_engine=SHARE if colocated else None,
         placement=placement,
         bundles=bundles,
         wait=False,
     )
+
+
+def overlap_threads(cfg: DistillationConfig, device: str, cores: int | None = None) -> int | None:
+    """Threads of a CPU process that holds `cores` (default cluster.cpus_per_worker) when
+    max_staleness > 0: half of them, at least 1, since generation, the teacher and training
+    then run at once on the same cores (each on its full share, their OpenMP threads would
+    spin against each other: a tiny step took 5x longer). None otherwise (all of them)."""
+    if device != "cpu" or cfg.distillation.max_staleness == 0:
+        return None
+    return max(1, (cores or cfg.cluster.cpus_per_worker) // 2)
 
 
 def _reserve_workers(cfg: DistillationConfig, device: str) -> PlacementGroup:
@@ -588,7 +621,11 @@ def _restore_latest(state: DistillationRun) -> None:
     saved = state.checkpoints.load_state(path)
     state.student.load(str(path / "policy"))
     state.loader.load_state_dict(saved["state"]["loader"])
-    state.step = int(saved["step"])
+    state.loader_position = saved["state"]["loader"]
+    state.step = state.resumed_step = int(saved["step"])
+    if saved["state"].get(ROLLOUTS_AHEAD_KEY):
+        ahead = torch.load(path / ROLLOUTS_AHEAD_FILE, weights_only=True)
+        state.saved_rollouts = {int(s): rollout_from_state(r) for s, r in ahead.items()}
     state.generation_version = -1  # vLLM holds the initial weights: refit before sampling
     state.last_metrics = dict(saved.get("metrics", {}))
     print(f"resumed from {path} (step {state.step})")

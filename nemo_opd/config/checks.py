@@ -153,6 +153,42 @@ def check_generation_placement(cfg: "DistillationConfig") -> list[str]:
     return []
 
 
+def overlap_problem(cfg: "DistillationConfig", device: str) -> str | None:
+    """Why distillation.max_staleness > 0 cannot overlap on `device` ("cuda" or "cpu"), or None:
+    generation colocated with training on the same GPUs sleeps while training runs, so the two
+    take turns whatever the schedule. On CPU generation and training share the cores by
+    design (they run at once, each on fewer of them)."""
+    generation = cfg.policy.generation
+    staleness = cfg.distillation.max_staleness
+    if staleness == 0 or device != "cuda" or generation is None:
+        return None
+    if generation.colocated.enabled:
+        return (
+            f"distillation.max_staleness is {staleness}, but vLLM is colocated with training "
+            "(policy.generation.colocated.enabled true): its engines sleep while training "
+            "holds the GPUs, so nothing can overlap; give generation GPUs of its own "
+            "(colocated.enabled false and colocated.resources) or set max_staleness to 0"
+        )
+    return None
+
+
+def check_overlap(cfg: "DistillationConfig") -> list[str]:
+    """max_staleness > 0 needs generation on GPUs of its own (cluster.device cuda; "auto" is
+    checked at setup, when the device is known); stream_chunks splits the step's prompts."""
+    problems = []
+    problem = overlap_problem(cfg, cfg.cluster.device)
+    if problem:
+        problems.append(problem)
+    loop = cfg.distillation
+    if loop.stream_chunks > loop.num_prompts_per_step:
+        problems.append(
+            f"distillation.stream_chunks ({loop.stream_chunks}) is more than "
+            f"num_prompts_per_step ({loop.num_prompts_per_step}): each part holds whole "
+            "prompts; lower it"
+        )
+    return problems
+
+
 def check_parallel_sizes_divide_world(cfg: "DistillationConfig") -> list[str]:
     """tensor x context (x pipeline for Megatron) parallel sizes divide the training workers,
     cluster.num_nodes x cluster.gpus_per_node (less non-colocated generation workers)."""
@@ -640,6 +676,7 @@ CHECKS: tuple[Callable[["DistillationConfig"], list[str]], ...] = (
     check_routed_teachers,
     check_checkpointing,
     check_served_teacher,
+    check_overlap,
 )
 
 

@@ -48,6 +48,7 @@ from nemo_opd.config.section import (
     MAX_ROWS,
     MAX_SECONDS,
     MAX_SEED,
+    MAX_STALENESS,
     MAX_STEPS,
     MAX_TOKENS,
     MAX_TURNS,
@@ -226,6 +227,19 @@ class DistillationLoopConfig(Section):
     """TRL GKD's seq_kd: the off-policy steps (lmbda < 1) train on responses the teacher
     samples (a vLLM engine holding the teacher, at the teacher's temperature:
     teacher_temperature or loss_fn.temperature) instead of the dataset's responses."""
+
+    max_staleness: int = Field(0, ge=0, le=MAX_STALENESS)
+    """Overlap: the rollouts of step t are sampled from the student's weights after step
+    max(0, t - 1 - max_staleness), so the rollouts of the next max_staleness steps are
+    generated and scored while the current step trains. 0: lockstep (sample, score, train, in
+    turn, every step on the newest weights). The age is exact, not a bound, so every run
+    samples alike whatever the timing; rollout/staleness logs it. Needs generation on devices
+    of its own on CUDA (policy.generation.colocated.enabled false)."""
+
+    stream_chunks: int = Field(1, ge=1, le=MAX_ROWS)
+    """Generate each step's prompts in this many parts (whole prompt groups, in order) and
+    score each part with the teacher while the next one generates; 1 scores the whole batch
+    after generation. Any teacher kind. At most num_prompts_per_step."""
 
     val_period: int = Field(0, ge=0, le=MAX_STEPS)
     """Validate every val_period steps; 0 disables periodic validation."""

@@ -18,6 +18,7 @@ MAX_ROWS = 1 << 20  # sequences or prompts in a batch
 MAX_RANKS = 1024  # nodes, workers per node, parallel sizes, CPUs
 MAX_TURNS = 1024
 MAX_STEPS = 10**9
+MAX_STALENESS = 64  # steps of rollouts generated ahead of training (each holds a batch)
 MAX_SEED = 2**32 - 1
 MAX_SECONDS = 86_400
 

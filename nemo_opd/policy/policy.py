@@ -40,6 +40,7 @@ class Policy:
         share: the fraction of each shared bundle this policy's workers take.
         wait: block until every worker has built its engine; with False they start in the
             background and wait_until_ready() must be called before the policy is used.
+        threads: torch threads of each worker on CPU (default: cluster.cpus_per_worker).
     """
 
     def __init__(
@@ -54,6 +55,7 @@ class Policy:
         placement: PlacementGroup | None = None,
         share: float = 1.0,
         wait: bool = True,
+        threads: int | None = None,
     ) -> None:
         if not ray.is_initialized():
             raise RuntimeError("Policy needs Ray: call ray.init() first")
@@ -67,7 +69,7 @@ class Policy:
             cfg.model_dump(include=set(PolicyConfig.model_fields)),  # not a teacher's `server`
             self.dims,
             device_type,
-            cluster.cpus_per_worker,
+            threads or cluster.cpus_per_worker,
             optimizer,
             total_steps,
         )

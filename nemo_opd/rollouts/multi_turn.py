@@ -129,6 +129,53 @@ def finished_rollout(
     )
 
 
+def concat_rollouts(parts: list[RolloutResult]) -> RolloutResult:
+    """The rollouts of several batches as one, in order: metrics that are means over samples
+    weighted by each part's samples (max_generated_tokens their max), env metrics (counts)
+    summed."""
+    samples = [part.metrics.get("samples", float(len(part.message_logs))) for part in parts]
+    total = max(1.0, sum(samples))
+    metrics: dict[str, float] = {}
+    for name in parts[0].metrics:
+        values = [part.metrics[name] for part in parts]
+        if name == "samples":
+            metrics[name] = sum(values)
+        elif name.startswith("max_"):
+            metrics[name] = max(values)
+        else:
+            metrics[name] = sum(v * n for v, n in zip(values, samples, strict=True)) / total
+    env_metrics: dict[str, float] = defaultdict(float)
+    for part in parts:
+        for name, value in part.env_metrics.items():
+            env_metrics[name] += value
+    return RolloutResult(
+        message_logs=[log for part in parts for log in part.message_logs],
+        rewards=torch.cat([part.rewards for part in parts]),
+        truncated=torch.cat([part.truncated for part in parts]),
+        metadata=[meta for part in parts for meta in part.metadata],
+        metrics=metrics,
+        env_metrics=dict(env_metrics),
+    )
+
+
+def rollout_state(rollout: RolloutResult) -> dict:
+    """A rollout as tensors, lists, dicts and numbers (torch.load(weights_only=True) reads
+    it back): for checkpoints."""
+    return {
+        "message_logs": rollout.message_logs,
+        "rewards": rollout.rewards,
+        "truncated": rollout.truncated,
+        "metadata": rollout.metadata,
+        "metrics": rollout.metrics,
+        "env_metrics": rollout.env_metrics,
+    }
+
+
+def rollout_from_state(saved: dict) -> RolloutResult:
+    """The rollout rollout_state() gave."""
+    return RolloutResult(**saved)
+
+
 def _stop_full(active: list[int], logs: list, states: list[RolloutState], max_seq_len: int) -> list:
     """Deactivate (and mark truncated) conversations with no room for another token."""
     keep = []
