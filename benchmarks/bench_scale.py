@@ -237,7 +237,9 @@ def main() -> None:
     parser.add_argument("--impls", nargs="+", choices=IMPLS, default=list(IMPLS))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--memory-gb", type=float, default=20.0, help="address-space cap (CPU); 0 for none")
+    parser.add_argument(
+        "--memory-gb", type=float, default=20.0, help="address-space cap (CPU); 0 for none"
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument(
         "--one", nargs=3, metavar=("IMPL", "PATH", "TOKENS"), help=argparse.SUPPRESS

@@ -39,7 +39,7 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from harness import run_meta  # noqa: E402
+from harness import loop_records, run_meta  # noqa: E402
 
 POLL_S = 0.1
 PHASES = ("generation", "teacher_topk", "logprob_check", "policy_training", "refit")
@@ -158,11 +158,7 @@ def run_pair(name: str, student: str, teacher: str, args: argparse.Namespace) ->
 
 
 def _metrics(log_dir: Path) -> list[dict]:
-    files = sorted(log_dir.rglob("metrics.jsonl"))
-    if not files:
-        raise SystemExit(f"bench_wide_vocab: no metrics.jsonl under {log_dir}")
-    rows = [json.loads(line) for line in files[-1].read_text().splitlines() if line.strip()]
-    return [r for r in rows if "timing/train/total_step_time" in r]
+    return [r for r in loop_records(log_dir) if "timing/train/total_step_time" in r]
 
 
 def trained_extra_mass(checkpoint: Path, models: Path) -> dict:

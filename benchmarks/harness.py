@@ -165,3 +165,14 @@ def run_meta() -> dict[str, Any]:
         "python": platform.python_version(),
         "torch": torch.__version__,
     }
+
+
+def loop_records(log_dir) -> list[dict[str, Any]]:
+    """The metrics a run of the loop logged (logger.log_dir/metrics.jsonl), one dict per
+    logged step, in order; SystemExit when there are none."""
+    from pathlib import Path
+
+    path = Path(log_dir) / "metrics.jsonl"
+    if not path.is_file():
+        raise SystemExit(f"no metrics.jsonl in {log_dir}: the run logged nothing")
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -3,8 +3,7 @@ student is trained to match the teacher on the states it visited.
 
     run(cfg)  =  setup(cfg)  ->  distillation_train(run)  ->  export the final student
 
-setup (algorithms/setup.py) builds the run; this module is the loop. One step of
-distillation_train, in order:
+setup (algorithms/setup.py) builds the run; this module is the loop. One step, in order:
     1. refit     push the student's weights into vLLM, only when they changed
     2. rollout   run_multi_turn_rollout over the math environment; or, on an off-policy step
                  (distillation.lmbda < 1, objective.loss sft), the dataset's responses
@@ -21,16 +20,21 @@ distillation_train, in order:
     7. validate  every val_period steps: greedy accuracy, avg@k, average length, validation KL
     8. save/log  checkpoint every save_period steps; metrics to console, JSONL, TensorBoard
 
+Steps 1-4 (algorithms/step_rollouts.py) run in the rollout producer's thread
+(algorithms/rollout_pipeline.py), 5-8 here. Step t's rollouts are sampled from the weights
+after step max(0, t - 1 - distillation.max_staleness): with 0 the producer makes step t after
+step t - 1 is trained (lockstep, each phase waiting for the one before); with s > 0 it makes
+the next s steps while the loop trains, so generation, the teacher and training overlap.
+Validation and checkpoints hold the producer while they run; a checkpoint also saves the
+rollouts made ahead of it (they come from weights it does not hold).
+
 The run ends after distillation.max_num_steps steps or when the loader would start epoch
 distillation.max_num_epochs, whichever comes first; that step validates (val_at_end) and saves
 like the last one.
 
 Resuming is automatic: when checkpointing.checkpoint_dir holds a checkpoint, the student,
-optimizer, data position and step are restored, and sampling seeds depend only on (seed, step),
-so the resumed run continues exactly as an uninterrupted one would.
-
-Left out on purpose, for now: overlapping generation with teacher scoring, and asynchronous
-rollouts.
+optimizer, data position, step and rollouts made ahead are restored, and sampling seeds depend
+only on (seed, step), so the resumed run continues exactly as an uninterrupted one would.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ from nemo_opd.algorithms.setup import (
     setup,
 )
 from nemo_opd.algorithms.step_rollouts import (
+    VERSION_KEY,
     keep_only_scheduled,
     plan_steps,
     produce_step,
@@ -356,7 +361,8 @@ def _train_metrics(history: dict, batch: TensorBatch, rollout: RolloutResult) ->
 
 def _rollout_records(rollout: RolloutResult) -> list[dict]:
     """JSON-friendly rollouts: the first prompt, the assistant turns (joined by " || "), the
-    whole conversation, the reference answer and the reward."""
+    whole conversation, the reference answer, the reward and the weights version that sampled
+    it (null off-policy)."""
     records = []
     for log, meta, reward, truncated in zip(
         rollout.message_logs, rollout.metadata, rollout.rewards, rollout.truncated, strict=True
@@ -369,6 +375,7 @@ def _rollout_records(rollout: RolloutResult) -> list[dict]:
                 "answer": meta.get("answer"),
                 "reward": float(reward),
                 "truncated": bool(truncated),
+                VERSION_KEY: meta.get(VERSION_KEY),
                 "messages": [{"role": m["role"], "content": m["content"]} for m in log],
             }
         )

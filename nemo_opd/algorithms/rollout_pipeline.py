@@ -34,8 +34,9 @@ from nemo_opd.rollouts import RolloutResult
 
 POLL_S = 0.5
 """How often a wait on the producer checks that its thread is still alive."""
-JOIN_TIMEOUT_S = 60.0
-"""How long stop() waits for the producer's current call to return."""
+JOIN_TIMEOUT_S = 10.0
+"""How long stop() waits for the producer's current call to return (a run that ends on an
+error then shuts its workers down, which ends any call still in flight)."""
 
 
 @dataclass

@@ -3,9 +3,11 @@ parallelism 2, sequence packing and two-turn rollouts (a retry after a wrong ans
 straight through; then the same run through a chain of real faults, each ending the run with one
 clear message and each resumed from the newest intact checkpoint: SIGTERM (a clean stop with a
 checkpoint), a training worker killed mid-step, the newest checkpoint damaged on disk. The run
-that finally completes must log the same metrics as the uninterrupted one. (A save that fails
-part-way is caused for real one level down, in tests/unit/policy/test_policy_checkpoint.py: the
-loop adds only the message.)
+that finally completes must log the same metrics as the uninterrupted one. The same config
+overlapped (distillation.max_staleness 1) samples by its schedule, and a worker killed while
+rollouts are ahead of training resumes to the uninterrupted overlapped run's metrics. (A save
+that fails part-way is caused for real one level down, in
+tests/unit/policy/test_policy_checkpoint.py: the loop adds only the message.)
 
 The models are the seconds-long "micro" build of the tiny assets (the default tiny models take
 minutes to build): this test checks the machinery, not the learning curve (docs/tiny_run.md
@@ -187,3 +189,53 @@ def test_faults_end_runs_cleanly_and_resume_exactly(micro_assets, straight, tmp_
     assert f"resumed from {checkpoints / f'step_{newest - 1}'}" in out
     assert (checkpoints / "unreadable" / f"step_{newest}").is_dir()
     assert_resumed_like(read_metrics(tmp_path), metrics, range(1, STEPS + 1))
+
+
+OVERLAP = ("distillation.max_staleness=1",)
+
+
+@pytest.fixture(scope="module")
+def overlapped(micro_assets, tmp_path_factory):
+    """The uninterrupted run at max_staleness 1: its directory and metrics."""
+    run_dir = tmp_path_factory.mktemp("overlapped")
+    run_to_end(micro_assets, run_dir, *OVERLAP)
+    return run_dir, read_metrics(run_dir)
+
+
+def test_overlap_samples_by_the_schedule(straight, overlapped):
+    lockstep, (run_dir, metrics) = straight[1], overlapped
+    assert sorted(metrics) == sorted(lockstep)
+    # Step 1 trains the initial weights on their own rollouts under both schedules.
+    for key in ("train/loss", "train/reward", "train/num_tokens", "rollout/mean_turns"):
+        assert metrics[1][key] == pytest.approx(lockstep[1][key], rel=1e-4), key
+    # Step t samples from the weights after step max(0, t - 2).
+    for step in range(1, STEPS + 1):
+        assert metrics[step]["rollout/weights_version"] == max(0, step - 2)
+        assert metrics[step]["rollout/staleness_max"] == (0 if step == 1 else 1)
+        assert lockstep[step]["rollout/weights_version"] == step - 1
+        assert lockstep[step]["rollout/staleness_max"] == 0
+    # vLLM is compared with the student only where the trained weights sampled.
+    assert metrics[1]["generation/logprob_mismatch"] < 1e-3
+    assert all("generation/logprob_mismatch" not in metrics[s] for s in range(2, STEPS + 1))
+    records = (run_dir / "logs" / "rollouts" / "step_2.jsonl").read_text().splitlines()
+    assert records and all('"weights_version": 0' in line for line in records)
+    assert metrics[2]["train/loss"] != lockstep[2]["train/loss"]  # stale rollouts differ
+
+
+def test_a_worker_killed_with_rollouts_ahead_resumes_exactly(micro_assets, overlapped, tmp_path):
+    # The rollouts of the step after each checkpoint come from older weights than it holds:
+    # they are saved with it, and the resumed run trains on them as the straight run did.
+    checkpoints = tmp_path / "checkpoints"
+    run = start_run(micro_assets, tmp_path, *FAULTY, *OVERLAP)
+    run.wait_for_checkpoint(2)
+    victim = run.policy_workers()[0]
+    os.kill(victim, signal.SIGKILL)
+    code, out, err = run.finish()
+    assert code == 1, err[-3000:]
+    newest = max(int(p.name.split("_")[1]) for p in checkpoints.glob("step_*"))
+    if newest < STEPS:
+        assert (checkpoints / f"step_{newest}" / "rollouts_ahead.pt").is_file()
+    out = run_to_end(micro_assets, tmp_path, *FAULTY, *OVERLAP).stdout
+    assert f"resumed from {checkpoints / f'step_{newest}'}" in out
+    assert "were not saved with the checkpoint" not in out
+    assert_resumed_like(read_metrics(tmp_path), overlapped[1], range(1, STEPS + 1))

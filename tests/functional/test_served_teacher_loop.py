@@ -2,11 +2,12 @@
 module, started by `python -m nemo_opd.teacher_server` with the example config, and the loop
 runs in this process (sharing imports and Ray).
 
-- the first step's loss equals the in-process teacher's;
+- the first step's loss equals the in-process teacher's (the served run overlapping: max_staleness
+  1, each step scored in two parts while the rest generates);
 - each setup check against the live server, triggered for real;
-- the server killed mid-run: the run ends with one message after checkpointing its last
-  completed step, and once the server is restarted the same command resumes and ends with
-  the uninterrupted run's metrics.
+- the server killed mid-run, rollouts in flight: the run ends with one message after
+  checkpointing its last completed step (with the rollouts made ahead of it), and once the
+  server is restarted the same command resumes and ends with the uninterrupted run's metrics.
 """
 
 import os
@@ -29,6 +30,9 @@ from nemo_opd.tiny.tokenizer import build_tiny_tokenizer
 ROOT = Path(__file__).resolve().parents[2]
 SERVED = ROOT / "examples" / "configs" / "distillation_tiny_served_teacher.yaml"
 STEPS = 3
+OVERLAP = ("distillation.max_staleness=1", "distillation.stream_chunks=2")
+"""The straight run and the killed one overlap: rollouts one step ahead, scored in two parts
+while generating (the first step is still the initial weights' own, as in-process)."""
 
 
 def free_port() -> int:
@@ -109,7 +113,7 @@ def straight(server, tmp_path_factory):
     """The uninterrupted served run: its directory and metrics by step."""
     run_dir = tmp_path_factory.mktemp("straight")
     url = f"teacher.server.base_url={server.base_url}"
-    assert run_loop(run_dir, url, "distillation.val_at_end=true", steps=STEPS) == 0
+    assert run_loop(run_dir, url, "distillation.val_at_end=true", *OVERLAP, steps=STEPS) == 0
     return run_dir, read_metrics(run_dir)
 
 
@@ -205,6 +209,7 @@ def test_a_server_killed_mid_run_then_restarted_resumes_exactly(server, straight
         "distillation.val_at_end=true",
         "teacher.server.max_retries=2",
         "teacher.server.retry_backoff_s=0.05",
+        *OVERLAP,
     )
     killer = kill_after_step(server, tmp_path, 1)
     assert run_loop(tmp_path, *args, steps=STEPS) == EXIT_RUN_FAILED

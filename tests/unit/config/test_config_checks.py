@@ -392,3 +392,23 @@ def test_only_the_teacher_has_a_server(minimal):
     minimal["teacher"]["server"] = {"enabled": True, "max_concurrency": 0}
     with pytest.raises(ConfigError, match=r"teacher\.server\.max_concurrency"):
         validate_config(minimal)
+
+
+def test_overlap_needs_generation_on_gpus_of_its_own(minimal):
+    minimal["distillation"]["max_staleness"] = 1
+    assert problems(minimal) == []  # on CPU generation and training share the cores
+    minimal["cluster"]["device"] = "cuda"
+    minimal["policy"]["generation"]["colocated"] = {"enabled": True}
+    [problem] = problems(minimal)
+    assert problem.startswith("distillation.max_staleness is 1, but vLLM is colocated")
+    assert "colocated.enabled false" in problem and "max_staleness to 0" in problem
+    minimal["distillation"]["max_staleness"] = 0
+    assert problems(minimal) == []
+
+
+def test_stream_chunks_hold_whole_prompts(minimal):
+    minimal["distillation"]["stream_chunks"] = 5  # of 4 prompts
+    assert problems(minimal) == [
+        "distillation.stream_chunks (5) is more than num_prompts_per_step (4): each part holds "
+        "whole prompts; lower it"
+    ]
