@@ -21,7 +21,6 @@ Writes OUT/results.json and OUT/results.md and prints the tables.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import socket
@@ -34,7 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from harness import loop_records, run_meta  # noqa: E402
+from harness import loop_records, run_meta, write_results  # noqa: E402
 
 CONFIGS = {
     "tiny": "examples/configs/distillation_tiny.yaml",
@@ -183,10 +182,7 @@ def main() -> None:
         finally:
             if server is not None:
                 server.stop()
-    (args.out / "results.json").write_text(json.dumps(results, indent=2))
-    table = report(results)
-    (args.out / "results.md").write_text(table + "\n")
-    print(table)
+    write_results(args.out, results, report(results))
 
 
 if __name__ == "__main__":

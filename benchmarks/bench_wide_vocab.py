@@ -39,7 +39,7 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from harness import loop_records, run_meta  # noqa: E402
+from harness import loop_records, run_meta, write_results  # noqa: E402
 
 POLL_S = 0.1
 PHASES = ("generation", "teacher_topk", "logprob_check", "policy_training", "refit")
@@ -246,10 +246,7 @@ def main() -> None:
             Path(runs["wide"]["final_checkpoint"]), models
         ),
     }
-    (args.out / "results.json").write_text(json.dumps(results, indent=2))
-    table = report(results)
-    (args.out / "results.md").write_text(table + "\n")
-    print(table)
+    write_results(args.out, results, report(results))
 
 
 if __name__ == "__main__":

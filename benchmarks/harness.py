@@ -176,3 +176,12 @@ def loop_records(log_dir) -> list[dict[str, Any]]:
     if not path.is_file():
         raise SystemExit(f"no metrics.jsonl in {log_dir}: the run logged nothing")
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def write_results(out, results: dict[str, Any], table: str) -> None:
+    """OUT/results.json and OUT/results.md (the table, also printed)."""
+    from pathlib import Path
+
+    (Path(out) / "results.json").write_text(json.dumps(results, indent=2))
+    (Path(out) / "results.md").write_text(table + "\n")
+    print(table)

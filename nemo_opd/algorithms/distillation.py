@@ -50,7 +50,7 @@ import torch
 from nemo_opd.algorithms.advantages import compute_advantages, group_ids_for
 from nemo_opd.algorithms.data_mix import is_on_policy_step
 from nemo_opd.algorithms.prompts import repeat_samples
-from nemo_opd.algorithms.rollout_pipeline import PlannedStep, ProducedStep, StepPipeline
+from nemo_opd.algorithms.rollout_pipeline import ProducedStep, StepPipeline
 from nemo_opd.algorithms.setup import (
     ROLLOUTS_AHEAD_FILE,
     ROLLOUTS_AHEAD_KEY,
@@ -130,15 +130,11 @@ def _start_pipeline(state: DistillationRun) -> StepPipeline:
     stale_engine = state.generation_version != state.step
     return StepPipeline(
         plan_steps(state),
-        partial(_produce, state),
+        partial(produce_step, state),
         state.cfg.distillation.max_staleness,
         start_version=state.step,
         start_weights=state.student.full_weights_ref() if stale_engine else None,
     )
-
-
-def _produce(state: DistillationRun, pipeline: StepPipeline, plan: PlannedStep) -> ProducedStep:
-    return produce_step(state, pipeline, plan)
 
 
 def _train_steps(
