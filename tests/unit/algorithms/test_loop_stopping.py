@@ -1,13 +1,15 @@
 """distillation_train's stopping rule, without workers: a run ends after max_num_steps steps or
 with the last batch of its last allowed epoch, whichever comes first; that step validates
 (val_at_end) and saves like the last one, and a run resumed before it ends where the
-uninterrupted run does."""
+uninterrupted run does. The steps are planned by step_rollouts.plan_steps in the rollout
+producer's thread, as in a real run; only producing and training a step are replaced."""
 
 from types import SimpleNamespace
 
 import pytest
 
-from nemo_opd.algorithms import distillation
+from nemo_opd.algorithms import distillation, step_rollouts
+from nemo_opd.algorithms.rollout_pipeline import ProducedStep
 from nemo_opd.data.prompt_loader import PromptLoader
 
 
@@ -30,6 +32,7 @@ def fake_run(records, per_step, *, max_num_steps, max_num_epochs, step=0, positi
         val_period=0,
         num_prompts_per_step=per_step,
         num_generations_per_prompt=2,
+        max_staleness=0,
     )
     loader = PromptLoader([{"id": i} for i in range(records)], per_step, shuffle=True, seed=3)
     if position is not None:
@@ -45,6 +48,10 @@ def fake_run(records, per_step, *, max_num_steps, max_num_epochs, step=0, positi
         last_metrics={},
         startup={},
         started_at=0.0,
+        saved_rollouts={},
+        resumed_step=step,
+        loader_position=None,
+        generation_version=step,
     )
     return state, recorder
 
@@ -54,18 +61,25 @@ def no_workers(monkeypatch):
     """The loop's steps replaced by records of their calls."""
 
     def install(recorder):
-        def train_step(state, samples, step, timers):
-            recorder.trained.append((step, [s["id"] for s in samples]))
+        def produce(state, pipeline, plan):
+            return ProducedStep(plan, rollout=None, copies=2, batch={})
+
+        def train_step(state, produced, timers):
+            plan = produced.plan
+            recorder.trained.append((plan.step, [s["id"] for s in plan.samples]))
             return {"train/num_tokens": 1.0}
 
         def validate(state, timers):
             recorder.validated.append(state.step)
             return {"validation/accuracy": 0.0}
 
+        monkeypatch.setattr(step_rollouts, "is_on_policy_step", lambda cfg, step: True)
+        monkeypatch.setattr(distillation, "produce_step", produce)
+        monkeypatch.setattr(distillation, "_publish", lambda s, pipe, step: pipe.publish(step))
         monkeypatch.setattr(distillation, "_train_step", train_step)
         monkeypatch.setattr(distillation, "validate", validate)
         monkeypatch.setattr(
-            distillation, "_save_checkpoint", lambda s: recorder.saved.append(s.step)
+            distillation, "_save_checkpoint", lambda s, pipe: recorder.saved.append(s.step)
         )
 
     return install
