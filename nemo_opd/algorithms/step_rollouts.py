@@ -317,8 +317,10 @@ def keep_only_scheduled(state: DistillationRun, saved: dict[int, RolloutResult])
         if versions == {expected}:
             kept[step] = rollout
         else:
+            found = ", ".join(sorted(str(v) for v in versions))
             print(
-                f"step {step}: the checkpoint's rollouts were sampled from weights {versions}, "
-                f"not {expected} as distillation.max_staleness={s} schedules; sampling again"
+                f"step {step}: the checkpoint's rollouts were sampled from the weights of step "
+                f"{found}, not {expected} as distillation.max_staleness={s} schedules; "
+                "sampling them again"
             )
     state.saved_rollouts = kept
