@@ -173,18 +173,20 @@ class MegatronEngine(Engine):
     def forward_logits(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, layout: AttentionLayout
     ) -> torch.Tensor:
-        rotary = rope_angles(position_ids, self.inv_freq)
-        visible = segment_causal_mask(layout, input_ids.shape[1], layout.segment_ids.shape[1])
-        with self._autocast():
-            return gpt_logits(self.model, input_ids, rotary, visible)
+        return self._forward(gpt_logits, input_ids, position_ids, layout)
 
     def forward_hidden(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, layout: AttentionLayout
     ) -> torch.Tensor:
+        return self._forward(gpt_hidden, input_ids, position_ids, layout)
+
+    def _forward(self, run, input_ids, position_ids, layout: AttentionLayout) -> torch.Tensor:
+        """run(model, input_ids, rotary angles, visibility mask) under the autocast: the
+        logits (gpt_logits) or the final hidden states (gpt_hidden)."""
         rotary = rope_angles(position_ids, self.inv_freq)
         visible = segment_causal_mask(layout, input_ids.shape[1], layout.segment_ids.shape[1])
         with self._autocast():
-            return gpt_hidden(self.model, input_ids, rotary, visible)
+            return run(self.model, input_ids, rotary, visible)
 
     def output_weight(self) -> torch.Tensor:
         return gpt_output_weight(self.model)
