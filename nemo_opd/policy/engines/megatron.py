@@ -173,14 +173,14 @@ class MegatronEngine(Engine):
     def forward_logits(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, layout: AttentionLayout
     ) -> torch.Tensor:
-        return self._forward(gpt_logits, input_ids, position_ids, layout)
+        return self._run_model(gpt_logits, input_ids, position_ids, layout)
 
     def forward_hidden(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, layout: AttentionLayout
     ) -> torch.Tensor:
-        return self._forward(gpt_hidden, input_ids, position_ids, layout)
+        return self._run_model(gpt_hidden, input_ids, position_ids, layout)
 
-    def _forward(self, run, input_ids, position_ids, layout: AttentionLayout) -> torch.Tensor:
+    def _run_model(self, run, input_ids, position_ids, layout: AttentionLayout) -> torch.Tensor:
         """run(model, input_ids, rotary angles, visibility mask) under the autocast: the
         logits (gpt_logits) or the final hidden states (gpt_hidden)."""
         rotary = rope_angles(position_ids, self.inv_freq)
