@@ -31,6 +31,7 @@ peak_bytes, seconds (null when it did not fit, with `error`), plus the device an
 
 import argparse
 import datetime
+import importlib.util
 import json
 import os
 import platform
@@ -192,13 +193,14 @@ def parent(args) -> list[dict]:
                     if done.returncode == 0 and done.stdout.strip():
                         record = json.loads(done.stdout.strip().splitlines()[-1])
                     else:
+                        last = (done.stderr.strip().splitlines() or [""])[-1][:160]
                         record = {
                             "impl": impl,
                             "path": path,
                             "tokens": tokens,
                             "peak_bytes": None,
                             "seconds": None,
-                            "error": f"process ended with status {done.returncode}",
+                            "error": f"process ended with status {done.returncode}: {last}",
                         }
                         if impl == "chunked":
                             record["chunk"] = chunk
@@ -250,6 +252,11 @@ def main() -> None:
         args.chunk = args.chunk[-1]
         print(json.dumps(child(args)))
         return
+    if "trl" in args.impls and importlib.util.find_spec("trl") is None:
+        parser.error(
+            "--impls trl needs TRL, the peer's package: install it with `uv sync --extra cpu "
+            "--group bench`, or leave it out with --impls chunked unchunked"
+        )
     print(f"{'tokens':>6} {'path':8} {'impl':14} {'peak':>11} {'time':>10}", flush=True)
     results = parent(args)
     if args.json:
