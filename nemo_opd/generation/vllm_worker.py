@@ -172,6 +172,11 @@ class VllmWorker:
         self.startup.note("vllm_imported")
 
         self.device_type = "cuda" if torch.cuda.is_available() else "cpu"
+        if self.device_type == "cpu" and vllm_cfg["enforce_eager"]:
+            # Eager means eager: vLLM still compiles (inductor) the helper that ranks sampled
+            # tokens for their log-probs, at the first generate that asks for log-probs: 2 s
+            # of a 2-core CPU, for an integer count that is the same either way.
+            torch._dynamo.config.disable = True
         started = time.perf_counter()
         self.llm = LLM(
             **cpu_scheduler_args(self.device_type, vllm_cfg["max_model_len"]),
