@@ -16,6 +16,7 @@ from nemo_opd.config import ConfigError, DistillationConfig, load_config, to_yam
 from nemo_opd.config.secrets import redact_text
 from nemo_opd.errors import RunError, SetupError
 from nemo_opd.utils.import_ahead import ImportAhead
+from nemo_opd.utils.wheel_tags import repair_installed_tags
 
 EXIT_CONFIG_ERROR = 2
 EXIT_RUN_FAILED = 1
@@ -45,6 +46,11 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None, description: str | None = None) -> int:
     """Parse the command line, load the config, then print it or run distillation."""
     args = build_parser(description).parse_intermixed_args(argv)
+    for line in repair_installed_tags():
+        print(
+            f"note: repaired installed wheel tags so that `uv run` stops reinstalling: {line}",
+            file=sys.stderr,
+        )
     try:
         cfg = load_config(args.config, args.overrides)
         if args.print_config:
