@@ -10,7 +10,7 @@
 - `validate_teacher_topk`: the data-dependent input checks (one host sync; once per batch).
 """
 
-from nemo_opd.losses.checks import check_topk_kl_inputs, validate_teacher_topk
+from nemo_opd.losses.checks import EMPTY_INDEX, check_topk_kl_inputs, validate_teacher_topk
 from nemo_opd.losses.distillation_loss import METRIC_NAMES, DistillationLossFn, build_loss_mask
 from nemo_opd.losses.divergence import EPS, KL_TYPES, TAILS, TopkKLParams, topk_divergence
 from nemo_opd.losses.nll import NLL_METRIC_NAMES, NLLLossFn
@@ -35,6 +35,7 @@ __all__ = [
     "TopkKLParams",
     "TopkKLStats",
     "build_loss_mask",
+    "EMPTY_INDEX",
     "check_topk_kl_inputs",
     "topk_divergence",
     "topk_kl",

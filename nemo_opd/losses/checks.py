@@ -12,6 +12,10 @@ import math
 import torch
 import torch.distributed as dist
 
+EMPTY_INDEX = -1
+"""A teacher top-k slot that holds nothing (its log-prob -inf): no bucket of its own, the
+student's mass there stays in the tail. A teacher mapped from another vocabulary has them."""
+
 
 def check_topk_kl_inputs(
     student_logits: torch.Tensor,
@@ -67,7 +71,8 @@ def validate_teacher_topk(
 ) -> None:
     """Raise ValueError if the teacher's top-k is malformed at any position selected by `mask`.
 
-    Checks that every id is in [0, vocab_size), ids are distinct within a position, log-probs
+    Checks that every id is in [0, vocab_size) or EMPTY_INDEX (whose log-prob must be -inf),
+    ids are distinct within a position, log-probs
     are finite or -inf (an id the teacher rules out), and their probabilities sum to at most
     1 + mass_tolerance. One host sync (two
     when an error is reported).
@@ -85,14 +90,19 @@ def validate_teacher_topk(
     checked = torch.ones(ids.shape[0], dtype=torch.bool, device=ids.device)
     if mask is not None:
         checked = mask.reshape(-1).to(device=ids.device) != 0
-    sorted_ids = ids.sort(dim=-1).values
+    empty = ids == EMPTY_INDEX
+    # empty slots are distinct from everything: each gets its own negative stand-in
+    stand_in = -2 - torch.arange(k, device=ids.device).expand_as(ids)
+    sorted_ids = torch.where(empty, stand_in, ids).sort(dim=-1).values
     allowed = torch.isfinite(logprobs) | (logprobs == -math.inf)
     total = torch.logsumexp(torch.where(allowed, logprobs, -math.inf), dim=-1)
-    out_of_range = ((ids < 0) | (ids >= vocab_size)).any(-1)
+    out_of_range = (((ids < 0) & ~empty) | (ids >= vocab_size)).any(-1)
     duplicates = (sorted_ids[:, 1:] == sorted_ids[:, :-1]).any(-1)
+    filled_empty = (empty & (logprobs != -math.inf)).any(-1)
     problems = {
         f"teacher_topk_indices outside [0, {vocab_size})": out_of_range,
         "duplicate teacher_topk_indices within a position": duplicates,
+        f"an empty slot (index {EMPTY_INDEX}) with a log-prob other than -inf": filled_empty,
         "NaN or +inf teacher_topk_logprobs": ~allowed.all(-1),
         f"teacher top-k probabilities summing above 1 + {mass_tolerance:g}": (
             total > math.log1p(mass_tolerance)

@@ -75,7 +75,8 @@ def logsumexp_log1p(x: torch.Tensor) -> torch.Tensor:
     x: [..., k] -> [...].
     """
     top, arg = x.max(dim=-1, keepdim=True)
-    rest = torch.exp(x - top).scatter(-1, arg, 0.0).sum(dim=-1)
+    shift = top.masked_fill(top == -math.inf, 0.0)  # all -inf (no term): the sum is -inf
+    rest = torch.exp(x - shift).scatter(-1, arg, 0.0).sum(dim=-1)
     return top.squeeze(-1) + torch.log1p(rest)
 
 
@@ -147,6 +148,13 @@ def topk_divergence(
     # to the reverse KL. The student's top-k logs are not floored, or a token the teacher
     # wants could not be pulled up from below the floor.
     log_p = teacher_logs.clamp_min(math.log(EPS))
+    # An empty slot (the student's log-prob -inf: no id) is no bucket: both weights 0 and
+    # both logs a finite stand-in, so that it adds exactly 0 and passes no gradient.
+    filled = student_logq_topk > -math.inf
+    if params.tail == "bucket":  # the tail bucket is always there
+        filled = torch.cat([filled, torch.ones_like(filled[..., :1])], dim=-1)
+    p, q = p.where(filled, 0.0), q.where(filled, 0.0)
+    log_p, log_q = log_p.where(filled, 0.0), log_q.where(filled, 0.0)
 
     forward_kl = (p * (log_p - log_q)).sum(-1)
     reverse_kl = (q * (log_q - log_p)).sum(-1)

@@ -84,7 +84,9 @@ def topk_kl(
             parallelism), any float dtype; the math is fp32.
         teacher_logprobs: [..., k] the teacher's log-probs at its top-k ids, normalized over
             its full vocabulary (-inf for an id the teacher rules out).
-        teacher_indices: [..., k] global vocab ids, distinct within a position.
+        teacher_indices: [..., k] global vocab ids, distinct within a position; EMPTY_INDEX
+            (-1, with a log-prob of -inf) marks a slot that holds nothing: no bucket, its
+            student mass stays in the tail (a teacher mapped from another vocabulary).
         params: the divergence options as one object.
         kl_type: "forward" KL(P||Q), "reverse" KL(Q||P), "mixed" (w * forward + (1 - w) *
             reverse, w = mixed_kl_weight) or "jsd" (beta = jsd_beta).
@@ -241,6 +243,22 @@ def _implementation(name: str) -> tuple[Callable[..., Any], Callable[..., torch.
     return topk_kl_torch_forward, torch.Tensor.mul_
 
 
+def _fill_empty_rows(
+    logprobs: torch.Tensor, indices: torch.Tensor, params: TopkKLParams
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Under tail="renormalize", a position whose slots are all empty (EMPTY_INDEX) has no
+    distribution to renormalize: it gets one slot (id 0, log-prob 0), whose renormalized
+    divergence is exactly 0 with no gradient. The tail bucket needs nothing: its empty S
+    leaves one bucket holding everything on both sides, a divergence of 0."""
+    if params.tail != "renormalize" or indices.numel() == 0:
+        return logprobs, indices
+    blank = (indices < 0).all(dim=-1, keepdim=True)
+    first = torch.zeros_like(blank).expand_as(indices).clone()
+    first[:, 0] = True
+    fill = blank & first
+    return logprobs.masked_fill(fill, 0.0), indices.masked_fill(fill, 0)
+
+
 def _topk_kl(
     student_logits: torch.Tensor,
     teacher_logprobs: torch.Tensor,
@@ -274,8 +292,9 @@ def _topk_kl(
         logits = logits.contiguous()
     if inplace_grad and logits.data_ptr() != student_logits.data_ptr():
         raise ValueError("inplace_grad needs student_logits contiguous along the vocab dim")
-    logprobs = teacher_logprobs.reshape(-1, k)
-    indices = teacher_indices.reshape(-1, k)
+    logprobs, indices = _fill_empty_rows(
+        teacher_logprobs.reshape(-1, k), teacher_indices.reshape(-1, k), params
+    )
     row_weights = None if weights is None else weights.reshape(-1).to(torch.float32)
 
     forward, scale_ = _implementation(impl)

@@ -190,6 +190,7 @@ def topk_kl_torch_forward(
     row_max, sumexp, s_topk = _stats_pass(logits, local, owned, params, compute_dtype, chunk)
     if tp_group is not None:
         row_max, sumexp, s_topk = all_reduce_vocab_stats(row_max, sumexp, s_topk, tp_group)
+    s_topk = s_topk.masked_fill(teacher_indices < 0, float("-inf"))  # empty slots: Q = 0
     div, stats, log_total, tail_coef, topk_grad = _row_terms(
         row_max, sumexp, s_topk, teacher_logprobs, params, need_grad
     )

@@ -217,23 +217,29 @@ def _topk_kl_rows_kernel(
     tail = tl.load(sumexp_ptr + 2 * rows + 1, mask=row_ok, other=0.0)
     log_total = tl.log(total)
 
-    # Teacher: log of its top-k mass as max + log1p(rest), and the tail mass.
+    # Empty slots (no id: s = -inf, set by the caller) drop out like the padding columns.
+    filled = col_ok & (s > float("-inf"))
+
+    # Teacher: log of its top-k mass as max + log1p(rest), and the tail mass. A row of -inf
+    # (every slot empty) shifts by 0 instead, where -inf - -inf would be NaN.
     a_max = tl.max(a, axis=1)
+    a_shift = tl.where(a_max > float("-inf"), a_max, 0.0)
     a_top1 = tl.argmax(a, axis=1)
     is_top1 = cols[None, :] == a_top1[:, None]
-    rest = tl.sum(tl.where(is_top1, 0.0, tl.exp(a - a_max[:, None])), axis=1)
+    rest = tl.sum(tl.where(is_top1, 0.0, tl.exp(a - a_shift[:, None])), axis=1)
     log_sum_a = _log1p(rest)  # log sum_S e^{a} = a_max + log_sum_a
     p_tail = tl.maximum(-_expm1(a_max + log_sum_a), 0.0)
 
     # Student, from s at S: log of its mass on S, and top-1 agreement with the teacher.
     s_max = tl.max(s, axis=1)
-    log_sum_s = tl.log(tl.sum(tl.exp(s - s_max[:, None]), axis=1))  # + s_max: log sum_S e^{s}
+    s_shift = tl.where(s_max > float("-inf"), s_max, 0.0)
+    log_sum_s = tl.log(tl.sum(tl.exp(s - s_shift[:, None]), axis=1))  # + s_shift: log sum_S e^s
     s_at_top1 = tl.sum(tl.where(is_top1, s, 0.0), axis=1)
     top1 = (s_at_top1 >= m).to(tl.float32)
 
     # From here on padding columns hold finite logs (0) and zero masses, so they add nothing.
     if TAIL_BUCKET:
-        ell = tl.where(col_ok, (s - m[:, None]) - log_total[:, None], 0.0)
+        ell = tl.where(filled, (s - m[:, None]) - log_total[:, None], 0.0)
         teacher_log = a
         q_tail = tail / total
         ell_t = tl.log(tl.maximum(q_tail, eps))
@@ -242,12 +248,12 @@ def _topk_kl_rows_kernel(
     else:
         # Shifted by the top-k's own max, not by m: renormalizing is shift-invariant, and s - m
         # would lose the precision of s when the top-k lies far below the row max.
-        ell = tl.where(col_ok, (s - s_max[:, None]) - log_sum_s[:, None], 0.0)
-        teacher_log = (a - a_max[:, None]) - log_sum_a[:, None]
-    q = tl.where(col_ok, tl.exp(ell), 0.0)
+        ell = tl.where(filled, (s - s_shift[:, None]) - log_sum_s[:, None], 0.0)
+        teacher_log = (a - a_shift[:, None]) - log_sum_a[:, None]
+    q = tl.where(filled, tl.exp(ell), 0.0)
     # The teacher's logs are floored, its weights are not: an id it rules out (-inf) has P = 0.
-    p = tl.where(col_ok, tl.exp(teacher_log), 0.0)
-    log_p = tl.where(col_ok, tl.maximum(teacher_log, tl.log(eps)), 0.0)
+    p = tl.where(filled, tl.exp(teacher_log), 0.0)
+    log_p = tl.where(filled, tl.maximum(teacher_log, tl.log(eps)), 0.0)
 
     fwd = tl.sum(p * (log_p - ell), axis=1)
     rev = tl.sum(q * (ell - log_p), axis=1)
@@ -276,7 +282,7 @@ def _topk_kl_rows_kernel(
             r_tail = w_forward * r_fwd + w_reverse * (ell_t - log_p_t - floored)
             g_sum += -w_forward * live * p_tail - w_reverse * floored * q_tail
 
-    student_topk_mass = tl.exp((s_max - m) + (log_sum_s - log_total))
+    student_topk_mass = tl.exp((s_shift - m) + (log_sum_s - log_total))
     tl.store(div_ptr + rows, div, mask=row_ok)
     tl.store(stats_ptr + 5 * rows, fwd, mask=row_ok)
     tl.store(stats_ptr + 5 * rows + 1, rev, mask=row_ok)
@@ -446,6 +452,7 @@ def topk_kl_triton_forward(
     )  # fmt: skip
     if tp_group is not None:
         row_max, sumexp, s_topk = all_reduce_vocab_stats(row_max, sumexp, s_topk, tp_group)
+    s_topk.masked_fill_(sorted_ids < 0, float("-inf"))  # empty slots: Q = 0
 
     tail_coef = torch.empty(n, dtype=f32, device=device)
     topk_grad = torch.empty(n, k, dtype=f32, device=device)

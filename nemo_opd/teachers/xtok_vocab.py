@@ -27,10 +27,8 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from nemo_opd.losses.checks import EMPTY_INDEX
 from nemo_opd.teachers.xtok_align import decode
-
-EMPTY_INDEX = -1
-"""The index of a top-k slot that holds nothing (its log-prob is -inf)."""
 
 
 class VocabMap:

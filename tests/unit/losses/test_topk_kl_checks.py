@@ -76,7 +76,9 @@ def test_options_as_keywords_or_as_params_but_not_both(case):
     ("mutate", "message"),
     [
         (lambda a, i: (a, i.index_fill(1, torch.tensor([2]), 50)), r"outside \[0, 50\)"),
-        (lambda a, i: (a, i.index_fill(1, torch.tensor([0]), -1)), r"outside \[0, 50\)"),
+        (lambda a, i: (a, i.index_fill(1, torch.tensor([0]), -2)), r"outside \[0, 50\)"),
+        # -1 is an empty slot, which must carry a log-prob of -inf
+        (lambda a, i: (a, i.index_fill(1, torch.tensor([0]), -1)), r"empty slot"),
         (lambda a, i: (a, torch.cat([i[:, :1], i[:, :4]], 1)), "duplicate"),
         (lambda a, i: (a.index_fill(1, torch.tensor([1]), math.nan), i), r"NaN or \+inf"),
         (lambda a, i: (a.index_fill(1, torch.tensor([1]), math.inf), i), r"NaN or \+inf"),
@@ -132,3 +134,10 @@ def test_loss_fn_validates_only_when_asked_and_only_valid_positions(case):
     with pytest.raises(ValueError, match="duplicate"):
         DistillationLossFn(validate_inputs=True)(z.view(2, 2, 50), data, 4)
     DistillationLossFn()(z.view(2, 2, 50), data, 4)  # unchecked by default: no host sync
+
+
+def test_empty_slots_pass_validation(case):
+    _, a, i = case
+    a, i = a.clone(), i.clone()
+    a[:, 3:], i[:, 3:] = -math.inf, -1  # two empty slots per position: not duplicates
+    validate_teacher_topk(a, i, 50)

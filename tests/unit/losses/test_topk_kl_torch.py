@@ -9,6 +9,7 @@ from topk_kl_testing import (
     TAIL_SWEEP,
     assert_matches_reference,
     brute_force_topk_kl,
+    check_empty_slots,
     check_jsd_endpoints_are_the_kls,
     check_teacher_ruling_out_ids,
     check_zero_weight_rows_add_nothing,
@@ -290,3 +291,9 @@ def test_weighted_sum_folds_the_weights_into_the_gradient():
 @pytest.mark.parametrize("tail", TAIL_SWEEP)
 def test_weighted_sum_rows_of_weight_zero_add_nothing(tail):
     check_zero_weight_rows_add_nothing(IMPL, tail)
+
+
+@pytest.mark.parametrize("tail", TAIL_SWEEP)
+@pytest.mark.parametrize("kl_type", KL_SWEEP)
+def test_empty_slots(kl_type, tail):
+    check_empty_slots(IMPL, kl_type, tail)

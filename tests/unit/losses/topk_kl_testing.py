@@ -237,3 +237,37 @@ def check_zero_weight_rows_add_nothing(implementation, tail, device="cpu"):
             torch.testing.assert_close(
                 z.grad[live].double(), scale * ref_grad, atol=grad_atol, rtol=grad_rtol
             )
+
+
+def check_empty_slots(implementation, kl_type, tail, device="cpu"):
+    """Empty slots (EMPTY_INDEX, log-prob -inf: row 0 one, row 1 all but one, row 2 all, row 3
+    none) give the brute force over each row's filled slots alone, the empty slots' student
+    mass in the tail; a row with no filled slot has a divergence of 0 and no gradient."""
+    from nemo_opd.losses import EMPTY_INDEX
+
+    logits, logprobs, ids = make_case(4, 301, 7, seed=31)
+    filled = torch.ones_like(ids, dtype=torch.bool)
+    filled[0, 2] = False
+    filled[1, 1:] = False
+    filled[2, :] = False
+    empty_ids = ids.masked_fill(~filled, EMPTY_INDEX)
+    empty_logprobs = logprobs.masked_fill(~filled, -math.inf)
+    options = {"kl_type": kl_type, "tail": tail}
+    args = (t.to(device) for t in (logits, empty_logprobs, empty_ids))
+    div, stats, grad = run_impl(implementation, *args, **options)
+    div_atol, div_rtol, grad_atol, grad_rtol = TOLERANCES[logits.dtype]
+    close = torch.testing.assert_close
+    for row in range(4):
+        keep = filled[row]
+        if not keep.any():
+            assert float(div[row]) == 0.0 and not grad[row].abs().any()
+            continue
+        ref, ref_grad = run_reference(
+            logits[row : row + 1], logprobs[row : row + 1, keep], ids[row : row + 1, keep],
+            **options,
+        )  # fmt: skip
+        close(div[row : row + 1].double().cpu(), ref["divergence"], atol=div_atol, rtol=div_rtol)
+        close(grad[row : row + 1].double().cpu(), ref_grad, atol=grad_atol, rtol=grad_rtol)
+        for name in ("forward_kl", "reverse_kl", "student_topk_mass", "teacher_tail_mass"):
+            value = getattr(stats, name)[row : row + 1].double().cpu()
+            close(value, ref[name], atol=max(div_atol, 1e-6), rtol=div_rtol, msg=name)
