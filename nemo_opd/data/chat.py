@@ -81,22 +81,27 @@ class ChatFormatter:
         turn: the response as the template renders it, up to and including the tokenizer's
         EOS token (where a generated turn stops), tokenized in one batched call. Returns new
         lists; `logs` are not modified."""
-        texts = []
-        for log, response in zip(logs, responses, strict=True):
-            history = [_plain(m) for m in log]
-            opening = self._render(history, True)
-            full = self._render([*history, {"role": "assistant", "content": response}], False)
-            if not full.startswith(opening):
-                raise SetupError(
-                    "the chat template renders an assistant turn that does not continue the "
-                    "prompt it follows; responses (data.response_key) need a template that does"
-                )
-            texts.append(_through_eos(full[len(opening) :], self.tokenizer.eos_token))
+        texts = [self.assistant_text(log, r) for log, r in zip(logs, responses, strict=True)]
         token_ids = self._encode_many(texts)
         return [
             [*log, {"role": "assistant", "content": response, "token_ids": ids}]
             for log, response, ids in zip(logs, responses, token_ids, strict=True)
         ]
+
+    def assistant_text(self, log: list[Message], response: str) -> str:
+        """The text the template writes for an assistant turn after `log` (which ends with the
+        assistant header): the response as the template renders it, then its end of turn up
+        to and including the tokenizer's EOS token."""
+        history = [_plain(m) for m in log]
+        opening = self._render(history, True)
+        full = self._render([*history, {"role": "assistant", "content": response}], False)
+        if not full.startswith(opening):
+            raise SetupError(
+                "the chat template renders an assistant turn that does not continue the "
+                "prompt it follows; responses (data.response_key) and a teacher with another "
+                "tokenizer need a template that does"
+            )
+        return _through_eos(full[len(opening) :], self.tokenizer.eos_token)
 
     def _new_texts(self, history: list[Message], new: list[Message]) -> list[str]:
         """The text the template adds for each new message (the last with the assistant

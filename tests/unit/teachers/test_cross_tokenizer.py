@@ -1,0 +1,159 @@
+"""CrossTokenizerTeacher around a real model teacher in this process.
+
+- With the student's own tokenizer and template it gives exactly what the teacher gives on the
+  student's rows (the identity case of the cross-tokenizer path).
+- With a byte-level tokenizer and another chat template, the teacher reads the conversation as
+  its own template writes it, grades every student token that starts on one of its token
+  boundaries with its top-k moved onto the student's ids, and its per-token log-probs of the
+  student's text sum, per turn, to its log-probability of that text and its end of turn.
+"""
+
+import math
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen3Config
+
+from nemo_opd.data.chat import ChatFormatter
+from nemo_opd.data.message_log import flatten_message_logs
+from nemo_opd.losses import EMPTY_INDEX
+from nemo_opd.teachers.base import Rollouts, TeacherNeed, TeacherScores
+from nemo_opd.teachers.cross_tokenizer import CrossTokenizerTeacher, TeacherRendering
+from nemo_opd.tiny import resolve_pretrained
+
+PROMPTS = ["What is 12 + 7?", "Mia has 36 pens and gives away 5. How many pens are left?"]
+RESPONSES = ["12 + 7 = 19. \\boxed{19}", "36 - 5 = 31. \\boxed{31}"]
+BYTE_TEMPLATE = (  # chat templates trim the newline after a block tag: "\n" as expressions
+    "{% for m in messages %}### {{ m['role'] }}:{{ '\\n' }}{{ m['content'] }}"
+    "{% if m['role'] == 'assistant' %}<eot>{% endif %}{{ '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}### assistant:{{ '\\n' }}{% endif %}"
+)
+
+
+class ModelTeacher:
+    """The Teacher interface over a Hugging Face model in this process (float32, no Ray)."""
+
+    def __init__(self, model):
+        self.model = model.eval()
+
+    @torch.no_grad()
+    def score(self, rollouts: Rollouts, need: TeacherNeed) -> TeacherScores:
+        ids, lengths = rollouts.batch["input_ids"], rollouts.batch["input_lengths"]
+        logp = torch.log_softmax(self.model(input_ids=ids).logits.float() / need.temperature, -1)
+        past = torch.arange(ids.shape[1]) >= lengths.unsqueeze(1)
+        scores = TeacherScores()
+        if need.topk:
+            values, indices = logp.topk(need.topk, dim=-1)
+            scores.topk_logprobs = values.masked_fill(past.unsqueeze(-1), 0.0)
+            scores.topk_indices = indices.to(torch.int32).masked_fill(past.unsqueeze(-1), 0)
+        if need.sampled:
+            nxt = torch.roll(ids, -1, dims=1).unsqueeze(-1)
+            scores.logprobs = logp.gather(-1, nxt).squeeze(-1).masked_fill(past, 0.0)
+        return scores
+
+    def workers(self):
+        return {}
+
+    def groups(self, metadata):
+        return {}
+
+    def take_metrics(self):
+        return {}
+
+    def shutdown(self):
+        pass
+
+
+def _byte_tokenizer() -> PreTrainedTokenizerFast:
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    wrapped = PreTrainedTokenizerFast(tokenizer_object=tok)
+    wrapped.add_special_tokens({"eos_token": "<eot>", "pad_token": "<pad>"})
+    wrapped.chat_template = BYTE_TEMPLATE
+    return wrapped
+
+
+def _random_model(vocab: int, seed: int):
+    torch.manual_seed(seed)
+    config = Qwen3Config(
+        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+    )  # fmt: skip
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(6.0)  # sharper distributions than a random init's
+    return model
+
+
+@pytest.fixture(scope="module")
+def student():
+    tokenizer = AutoTokenizer.from_pretrained(resolve_pretrained("tiny:tokenizer"))
+    formatter = ChatFormatter(tokenizer)
+    logs = []
+    for prompt, response in zip(PROMPTS, RESPONSES, strict=True):
+        log = formatter.prompt_log(prompt)
+        ids = tokenizer.encode(response, add_special_tokens=False) + [tokenizer.eos_token_id]
+        logs.append([*log, {"role": "assistant", "content": response, "token_ids": ids}])
+    batch = flatten_message_logs(logs, tokenizer.pad_token_id)
+    return tokenizer, formatter, Rollouts(batch, logs, [{} for _ in logs])
+
+
+def test_the_students_own_tokenizer_gives_the_teachers_scores_unchanged(student):
+    tokenizer, formatter, rollouts = student
+    teacher = ModelTeacher(_random_model(len(tokenizer), seed=1))
+    rendering = TeacherRendering(tokenizer, formatter)
+    crossed = CrossTokenizerTeacher(teacher, rendering, rendering.vocab_map())
+    need = TeacherNeed(topk=8, sampled=True)
+    direct, mapped = teacher.score(rollouts, need), crossed.score(rollouts, need)
+    graded = rollouts.batch["token_mask"].roll(-1, dims=1) > 0  # positions predicting a turn
+    torch.testing.assert_close(mapped.logprobs[graded], direct.logprobs[graded])
+    torch.testing.assert_close(mapped.topk_logprobs[graded], direct.topk_logprobs[graded])
+    assert torch.equal(mapped.topk_indices[graded], direct.topk_indices[graded])
+    assert not mapped.topk_indices[~graded].ne(EMPTY_INDEX).any()
+    assert crossed.take_metrics()["teacher/xtok_mapped_mass"] == pytest.approx(1.0)
+
+
+def test_a_teacher_with_another_tokenizer_and_template(student):
+    tokenizer, formatter, rollouts = student
+    byte_tok = _byte_tokenizer()
+    teacher = ModelTeacher(_random_model(len(byte_tok), seed=2))
+    rendering = TeacherRendering(tokenizer, ChatFormatter(byte_tok))
+    vocab = rendering.vocab_map()
+    rows = rendering.teacher_rows(rollouts.message_logs)
+    for row, (prompt, response) in enumerate(zip(PROMPTS, RESPONSES, strict=True)):
+        length = int(rows.batch["input_lengths"][row])
+        text = byte_tok.decode(rows.batch["input_ids"][row, :length], skip_special_tokens=False)
+        assert text == f"### user:\n{prompt}\n### assistant:\n{response}<eot>"
+
+    crossed = CrossTokenizerTeacher(teacher, rendering, vocab)
+    need = TeacherNeed(topk=8, sampled=True)
+    mapped = crossed.score(rollouts, need)
+    direct = teacher.score(Rollouts(rows.batch, rows.logs, rollouts.metadata), need)
+    width = rollouts.batch["input_ids"].shape[1]
+    source = rows.source_positions(width)
+    for row, response in enumerate(RESPONSES):
+        # the tiny tokenizer writes " + " or "12" as one token; bytes split them, so every
+        # student token starts on a byte boundary and is graded
+        turn = rollouts.batch["token_mask"][row].roll(-1) > 0
+        assert (source[row][turn] >= 0).all()
+        # the student's per-token shares sum to the teacher's log-prob of the text and <eot>
+        teacher_turn = rows.batch["token_mask"][row].roll(-1) > 0
+        assert float(mapped.logprobs[row][turn].sum()) == pytest.approx(
+            float(direct.logprobs[row][teacher_turn].sum()), rel=1e-5
+        )
+        # each graded position's ids are the teacher's candidates that name a student token
+        for position in turn.nonzero().flatten().tolist():
+            teacher_ids = direct.topk_indices[row, source[row, position]].tolist()
+            expected = {int(vocab.teacher_to_student[t]) for t in teacher_ids} - {-1}
+            got = set(mapped.topk_indices[row, position].tolist()) - {EMPTY_INDEX}
+            assert got == expected
+            kept = mapped.topk_logprobs[row, position].exp().sum()
+            assert (
+                float(kept)
+                <= float(direct.topk_logprobs[row, source[row, position]].exp().sum()) + 1e-6
+            )
+    mass = crossed.take_metrics()["teacher/xtok_mapped_mass"]
+    assert 0.0 < mass <= 1.0 and not math.isnan(mass)
