@@ -134,7 +134,7 @@ def test_a_teacher_with_another_tokenizer_and_template(student):
     direct = teacher.score(Rollouts(rows.batch, rows.logs, rollouts.metadata), need)
     width = rollouts.batch["input_ids"].shape[1]
     source = rows.source_positions(width)
-    for row, response in enumerate(RESPONSES):
+    for row in range(len(RESPONSES)):
         # the tiny tokenizer writes " + " or "12" as one token; bytes split them, so every
         # student token starts on a byte boundary and is graded
         turn = rollouts.batch["token_mask"][row].roll(-1) > 0
