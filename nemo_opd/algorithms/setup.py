@@ -32,7 +32,7 @@ from nemo_opd.algorithms.model_checks import (
     load_model_config,
 )
 from nemo_opd.algorithms.prompts import PromptSet, check_fills_one_batch, encode_prompts
-from nemo_opd.algorithms.tokenizers import check_same_vocabulary, load_tokenizer
+from nemo_opd.algorithms.tokenizers import load_tokenizer, tokenizer_difference
 from nemo_opd.config import DistillationConfig, PolicyConfig
 from nemo_opd.config.checks import overlap_problem, template_fields
 from nemo_opd.config.worker_split import WorkerSplit, worker_split
@@ -55,6 +55,7 @@ from nemo_opd.losses import DistillationLossFn, NLLLossFn, PolicyGradientLossFn
 from nemo_opd.policy.policy import Policy
 from nemo_opd.rollouts import RolloutResult, rollout_from_state
 from nemo_opd.teachers.base import Teacher
+from nemo_opd.teachers.cross_tokenizer import CrossTokenizerTeacher, TeacherRendering
 from nemo_opd.teachers.in_process import InProcessTeacher
 from nemo_opd.teachers.privileged import PrivilegedContext, PrivilegedTeacher
 from nemo_opd.teachers.routed import RoutedTeachers
@@ -168,7 +169,7 @@ def _build_run(cfg: DistillationConfig, lock: RunLock, marks: StartupMarks) -> D
     anything fails, the parts already started are shut down."""
     # Models: "tiny:*" names build (or reuse) the embedded assets here, once, on the driver.
     cfg = _resolve_model_paths(cfg)
-    tokenizer = _check_models(cfg)
+    tokenizer, renderings = _check_models(cfg)
     served = _served_teacher(cfg, tokenizer) if _is_served(cfg) else None
     init_ray(cfg.cluster)  # the command line has started it already
     marks.note("ray")
@@ -204,7 +205,8 @@ def _build_run(cfg: DistillationConfig, lock: RunLock, marks: StartupMarks) -> D
         started.append(student)
         teacher = served
         if served is None and cfg.named_teachers:
-            teacher = _start_teachers(cfg, split.training, placement, overlap_threads(cfg, device))
+            threads = overlap_threads(cfg, device)
+            teacher = _start_teachers(cfg, renderings, split.training, placement, threads)
             started.append(teacher)
         teacher = _with_privileged_context(teacher, context, formatter)
         marks.note("workers_launched")
@@ -256,25 +258,61 @@ def _build_run(cfg: DistillationConfig, lock: RunLock, marks: StartupMarks) -> D
     return run_state
 
 
-def _check_models(cfg: DistillationConfig) -> PreTrainedTokenizerBase:
-    """The student's tokenizer, after checking it against every teacher's, and the model configs
-    against each other (vocabularies, tensor-parallel sizes, top-k); SetupError on a mismatch."""
+def _check_models(
+    cfg: DistillationConfig,
+) -> tuple[PreTrainedTokenizerBase, dict[str, TeacherRendering]]:
+    """The student's tokenizer and, by section, how each teacher whose tokenizer or chat
+    template differs reads the student's text (_crossed), after checking the model configs
+    against each other (vocabularies, tensor-parallel sizes, top-k); SetupError on a
+    mismatch."""
     tokenizer = load_tokenizer(cfg.policy.tokenizer, "policy")
     local_teachers = {} if _is_served(cfg) else cfg.teacher_sections  # else: checked served
-    for section, teacher in local_teachers.items():
-        check_same_vocabulary(tokenizer, load_tokenizer(teacher.tokenizer, section))
     student_config = load_model_config(cfg.policy, "policy")
     check_tensor_parallel(cfg.policy, student_config, "policy")
+    renderings = {}
     for section, teacher in local_teachers.items():
         teacher_config = load_model_config(teacher, section)
-        check_vocab_sizes(student_config, teacher_config, len(tokenizer), section)
+        rendering = _crossed(cfg, tokenizer, section)
+        if rendering is None:
+            check_vocab_sizes(student_config, teacher_config, len(tokenizer), section)
+        else:
+            renderings[section] = rendering
+            if teacher_config.vocab_size < len(rendering.teacher):
+                raise SetupError(
+                    f"{section}.tokenizer ({len(rendering.teacher)} tokens) does not fit the "
+                    f"vocabulary of {section}.model_name ({teacher_config.vocab_size} ids): a "
+                    "teacher needs its own model's tokenizer"
+                )
         check_tensor_parallel(teacher, teacher_config, section)
     if cfg.named_teachers and cfg.distillation.topk_logits_k > student_config.vocab_size:
         raise SetupError(
             f"distillation.topk_logits_k ({cfg.distillation.topk_logits_k}) exceeds the "
             f"vocabulary size ({student_config.vocab_size})"
         )
-    return tokenizer
+    return tokenizer, renderings
+
+
+def _crossed(
+    cfg: DistillationConfig, tokenizer: PreTrainedTokenizerBase, section: str
+) -> TeacherRendering | None:
+    """How the teacher of `section` reads the student's text in its own tokens, when its
+    tokenizer or chat template differs from the student's (printed); None when it reads the
+    student's rows as they are."""
+    teacher_cfg = cfg.teacher_sections[section]
+    teacher_tokenizer = load_tokenizer(teacher_cfg.tokenizer, section)
+    difference = tokenizer_difference(tokenizer, teacher_tokenizer)
+    if difference is None:
+        return None
+    if teacher_cfg.prompt_template is not None:
+        raise SetupError(
+            f"{section}: {difference}; a teacher with another tokenizer or chat template cannot "
+            f"take a prompt of its own ({section}.prompt_template) yet: unset one of them"
+        )
+    print(
+        f"{section}: {difference}: it reads the student's text in its own tokens and chat "
+        "template (docs/cross_tokenizer.md)"
+    )
+    return TeacherRendering(tokenizer, ChatFormatter(teacher_tokenizer))
 
 
 def _privileged_template(cfg: DistillationConfig) -> str | None:
@@ -325,7 +363,11 @@ def _is_served(cfg: DistillationConfig) -> bool:
 
 
 def _start_teachers(
-    cfg: DistillationConfig, workers: int, placement: PlacementGroup, threads: int | None
+    cfg: DistillationConfig,
+    renderings: dict[str, TeacherRendering],
+    workers: int,
+    placement: PlacementGroup,
+    threads: int | None,
 ) -> Teacher:
     """The in-process teacher's workers, or with several teachers one Policy each behind
     RoutedTeachers; the teachers split one teacher's share of every training bundle (threads:
@@ -345,8 +387,23 @@ def _start_teachers(
             wait=False,
             threads=threads,
         )
-        teachers[name] = InProcessTeacher(policy, part)
+        section = "teacher" if cfg.teachers is None else f"teachers.{name}"
+        teachers[name] = _in_its_tokens(InProcessTeacher(policy, part), cfg, section, renderings)
     return teachers["teacher"] if cfg.teachers is None else RoutedTeachers(teachers)
+
+
+def _in_its_tokens(
+    teacher: Teacher,
+    cfg: DistillationConfig,
+    section: str,
+    renderings: dict[str, TeacherRendering],
+) -> Teacher:
+    """The teacher, reading the student's text in its own tokens where they differ."""
+    rendering = renderings.get(section)
+    if rendering is None:
+        return teacher
+    vocab_size = load_model_config(cfg.teacher_sections[section], section).vocab_size
+    return CrossTokenizerTeacher(teacher, rendering, rendering.vocab_map(vocab_size))
 
 
 def _served_teacher(cfg: DistillationConfig, tokenizer: PreTrainedTokenizerBase) -> ServedTeacher:

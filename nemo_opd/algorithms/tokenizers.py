@@ -1,5 +1,7 @@
-"""Loading the student's and teacher's tokenizers and checking that they agree: the teacher's
-top-k indices are used as student vocabulary ids, so both must map ids to the same tokens."""
+"""Loading the student's and teacher's tokenizers and checking whether they agree: where both
+map ids to the same tokens and their chat templates write the same text, the teacher reads the
+student's rows as they are and its top-k ids are student ids; otherwise the teacher reads the
+student's text in its own tokens (nemo_opd.teachers.cross_tokenizer)."""
 
 from pathlib import Path
 
@@ -22,6 +24,44 @@ def load_tokenizer(cfg: TokenizerConfig, section: str) -> PreTrainedTokenizerBas
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+PROBE = [
+    {"role": "user", "content": "What is 2 + 2? Answer in \\boxed{}."},
+    {"role": "assistant", "content": "2 + 2 = 4. \\boxed{4}"},
+    {"role": "user", "content": "And 3 + 3?"},
+]
+"""A conversation both chat templates render, to compare the text they write."""
+
+
+def tokenizer_difference(
+    student: PreTrainedTokenizerBase, teacher: PreTrainedTokenizerBase
+) -> str | None:
+    """None when the teacher can read the student's rows as they are (the same vocabulary,
+    special tokens and chat-template text); else what differs, in a sentence."""
+    try:
+        check_same_vocabulary(student, teacher, limit=1)
+    except SetupError as error:
+        return "its tokenizer differs from the student's (" + str(error).split("\n  ")[-1] + ")"
+    rendered = [_render(t) for t in (student, teacher)]
+    if rendered[0] != rendered[1]:
+        at = next(
+            (i for i, pair in enumerate(zip(*rendered, strict=False)) if pair[0] != pair[1]),
+            min(map(len, rendered)),
+        )
+        return (
+            "its chat template writes a conversation differently from the student's (from "
+            f"character {at}: student {rendered[0][at : at + 30]!r}, teacher "
+            f"{rendered[1][at : at + 30]!r})"
+        )
+    return None
+
+
+def _render(tokenizer: PreTrainedTokenizerBase) -> str:
+    try:
+        return tokenizer.apply_chat_template(PROBE, tokenize=False, add_generation_prompt=True)
+    except Exception as error:  # noqa: BLE001 - a template that cannot render the probe
+        return f"<cannot render: {error}>"
 
 
 def check_same_vocabulary(
