@@ -146,3 +146,33 @@ def test_routed_teachers_score_each_prompt_with_its_own(tmp_path):
     for metrics in (routed[1], routed[2]):  # every rollout of the step is some teacher's
         samples = [metrics[f"teacher/{t}/samples"] for t in ("start", "arithmetic")]
         assert sum(samples) == 16 and min(samples) > 0
+
+
+def test_a_teacher_with_its_own_chat_template_reads_its_own_rendering(tmp_path, capsys):
+    """The student's own start as the teacher, under another chat template (a "Q: " before
+    every user message): the teacher reads the student's text in its own tokens and template
+    (the cross-tokenizer path), so unlike the plain self-teacher its divergence is not 0, on
+    the same rollouts; every teacher id maps to a student id (one vocabulary)."""
+    from transformers import AutoTokenizer
+
+    from nemo_opd.tiny import resolve_pretrained
+
+    template = AutoTokenizer.from_pretrained(resolve_pretrained("tiny:tokenizer")).chat_template
+    other = template.replace("message['role'] + '\\n' + message['content']", (
+        "message['role'] + '\\nQ: ' + message['content']"
+    ))  # fmt: skip
+    assert other != template
+    (tmp_path / "template.jinja").write_text(other)
+    self_teacher = ("teacher.model_name=tiny:student", "distillation.max_num_steps=1")
+    crossed = run_loop(
+        tmp_path / "crossed",
+        "distillation_tiny.yaml",
+        *self_teacher,
+        f"teacher.tokenizer.chat_template={tmp_path / 'template.jinja'}",
+    )[1]
+    assert "its chat template writes a conversation differently" in capsys.readouterr().out
+    plain = run_loop(tmp_path / "plain", "distillation_tiny.yaml", *self_teacher)[1]
+    assert plain["train/forward_kl"] < 1e-5 < crossed["train/forward_kl"]
+    assert crossed["teacher/xtok_mapped_mass"] == pytest.approx(1.0, abs=1e-4)
+    for key in ("train/reward", "train/num_tokens"):
+        assert crossed[key] == plain[key], key
