@@ -299,6 +299,8 @@ def _crossed(
     tokenizer or chat template differs from the student's (printed); None when it reads the
     student's rows as they are."""
     teacher_cfg = cfg.teacher_sections[section]
+    if teacher_cfg.tokenizer == cfg.policy.tokenizer:  # the same files and template
+        return None
     teacher_tokenizer = load_tokenizer(teacher_cfg.tokenizer, section)
     difference = tokenizer_difference(tokenizer, teacher_tokenizer)
     if difference is None:
@@ -406,8 +408,11 @@ def _in_its_tokens(
     return CrossTokenizerTeacher(teacher, rendering, rendering.vocab_map(vocab_size))
 
 
-def _served_teacher(cfg: DistillationConfig, tokenizer: PreTrainedTokenizerBase) -> ServedTeacher:
-    """The teacher behind teacher.server, checked against the live server (SetupError)."""
+def _served_teacher(cfg: DistillationConfig, tokenizer: PreTrainedTokenizerBase) -> Teacher:
+    """The teacher behind teacher.server, checked against the live server (SetupError); one
+    whose tokenizer or chat template differs from the student's reads the student's text in
+    its own tokens (the server must tokenize as teacher.tokenizer does)."""
+    rendering = _crossed(cfg, tokenizer, "teacher")
     server = cfg.teacher.server
     teacher = ServedTeacher(
         server.base_url,
@@ -423,10 +428,12 @@ def _served_teacher(cfg: DistillationConfig, tokenizer: PreTrainedTokenizerBase)
         teacher,
         topk=cfg.distillation.topk_logits_k,
         max_sequence_length=cfg.teacher.max_total_sequence_length,
-        tokenizer=tokenizer,
+        tokenizer=tokenizer if rendering is None else rendering.teacher,
     )
     print(f"teacher: served by {teacher.shown_url} (model {teacher.model!r})")
-    return teacher
+    if rendering is None:
+        return teacher
+    return CrossTokenizerTeacher(teacher, rendering, rendering.vocab_map())
 
 
 def _load_prompts(
@@ -518,10 +525,11 @@ def _build_teacher_sampler(
 
 def _resolve_model_paths(cfg: DistillationConfig) -> DistillationConfig:
     """The config with "tiny:*" model and tokenizer names replaced by local directories (not a
-    served teacher's: its name is the one the server knows, and nothing of it is loaded here)."""
+    served teacher's model name: it is the one the server knows, and no model is loaded
+    here)."""
     update = {"policy": cfg.policy.with_names(resolve_pretrained)}
-    if cfg.teacher is not None and not _is_served(cfg):
-        update["teacher"] = cfg.teacher.with_names(resolve_pretrained)
+    if cfg.teacher is not None:
+        update["teacher"] = cfg.teacher.with_names(resolve_pretrained, model=not _is_served(cfg))
     if cfg.teachers is not None:
         update["teachers"] = {
             name: teacher.with_names(resolve_pretrained) for name, teacher in cfg.teachers.items()

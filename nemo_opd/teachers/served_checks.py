@@ -70,7 +70,8 @@ def _models(teacher: ServedTeacher) -> dict:
 
 
 def _check_tokenizer(teacher: ServedTeacher, tokenizer: PreTrainedTokenizerBase) -> None:
-    """The server tokenizes probe texts to the same ids as the student's tokenizer."""
+    """The server tokenizes probe texts to the same ids as the tokenizer the run reads the
+    teacher with."""
     root = teacher.base_url.removesuffix("/v1")
     for text in PROBE_TEXTS:
         body = {"model": teacher.model, "prompt": text, "add_special_tokens": False}
@@ -88,9 +89,10 @@ def _check_tokenizer(teacher: ServedTeacher, tokenizer: PreTrainedTokenizerBase)
         ids = tokenizer.encode(text, add_special_tokens=False)
         if served_ids != ids:
             raise SetupError(
-                f"teacher.server: the served model's tokenizer differs from the student's: "
-                f"{text!r} is {served_ids} there and {ids} here; distillation scores the "
-                "student's token ids, so both must share one vocabulary"
+                f"teacher.server: the served model's tokenizer differs from the one the run "
+                f"reads the teacher with (teacher.tokenizer, or the student's when they are "
+                f"the same): {text!r} is {served_ids} there and {ids} here; serve the model "
+                "whose tokenizer teacher.tokenizer names"
             )
 
 

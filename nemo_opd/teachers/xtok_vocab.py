@@ -83,7 +83,10 @@ class VocabMap:
             probabilities summed); ids that map nowhere dropped (their mass left to the tail);
             sorted descending, the freed slots at the end as (-inf, EMPTY_INDEX).
         """
-        student = self.teacher_to_student.to(indices.device)[indices.long()]
+        mapping = self.teacher_to_student.to(indices.device)
+        ids = indices.long()
+        inside = (ids >= 0) & (ids < mapping.shape[0])  # a padded vocabulary's ids map nowhere
+        student = torch.where(inside, mapping[ids.clamp(0, mapping.shape[0] - 1)], -1)
         values = logprobs.float().masked_fill(student < 0, float("-inf"))
         # Merge duplicates: for each slot, the log-sum-exp over the slots of the same student
         # id, kept at the first of them only.

@@ -125,6 +125,29 @@ def test_first_step_equals_the_in_process_teachers(straight, tmp_path):
     assert served["teacher/server_retries"] == 0 and "teacher/server_retries" not in local
 
 
+def test_a_served_teacher_with_its_own_chat_template(server, tmp_path):
+    """The served teacher read through another chat template (a "Q: " before every user
+    message): the run writes the teacher's rows in its own rendering and the server scores
+    them, the same rollouts as the in-process teacher with the same template."""
+    from transformers import AutoTokenizer
+
+    from nemo_opd.tiny import resolve_pretrained
+
+    template = AutoTokenizer.from_pretrained(resolve_pretrained("tiny:tokenizer")).chat_template
+    other = template.replace("message['role'] + '\\n' + message['content']", (
+        "message['role'] + '\\nQ: ' + message['content']"
+    ))  # fmt: skip
+    (tmp_path / "template.jinja").write_text(other)
+    crossed = (f"teacher.tokenizer.chat_template={tmp_path / 'template.jinja'}",)
+    url = f"teacher.server.base_url={server.base_url}"
+    assert run_loop(tmp_path / "served", url, *crossed, "checkpointing.enabled=false") == 0
+    local_args = ("teacher.server.enabled=false", "checkpointing.enabled=false", *crossed)
+    assert run_loop(tmp_path / "local", *local_args) == 0
+    served, local = read_metrics(tmp_path / "served")[1], read_metrics(tmp_path / "local")[1]
+    assert served["train/reverse_kl"] == pytest.approx(local["train/reverse_kl"], abs=1e-4)
+    assert served["teacher/xtok_mapped_mass"] == pytest.approx(1.0, abs=1e-4)
+
+
 def refused(tmp_path, capsys, *overrides: str) -> str:
     assert run_loop(tmp_path, *overrides) == EXIT_CONFIG_ERROR
     return capsys.readouterr().err
@@ -175,7 +198,8 @@ def test_a_context_shorter_than_the_runs_sequences(server, tmp_path, capsys):
     assert "with a context of 129 tokens" in err and "--max-model-len >= 201" in err
 
 
-def test_a_student_tokenizer_that_differs_from_the_servers(server, tmp_path, capsys):
+def test_a_teacher_tokenizer_that_differs_from_the_servers(server, tmp_path, capsys):
+    # teacher.tokenizer is how the run writes the teacher's rows: the server must read them so
     records = build_tiny_math_splits(TinyMathConfig(num_train=300, num_validation=5, seed=9))
     other = build_tiny_tokenizer(records["train"], 260, 2, 128)
     other.save_pretrained(tmp_path / "other")
@@ -183,9 +207,9 @@ def test_a_student_tokenizer_that_differs_from_the_servers(server, tmp_path, cap
         tmp_path,
         capsys,
         f"teacher.server.base_url={server.base_url}",
-        f"policy.tokenizer.name={tmp_path / 'other'}",
+        f"teacher.tokenizer.name={tmp_path / 'other'}",
     )
-    assert "the served model's tokenizer differs from the student's" in err
+    assert "the served model's tokenizer differs from the one the run reads the teacher" in err
 
 
 def kill_after_step(server: TeacherServer, run_dir: Path, step: int) -> threading.Thread:
