@@ -39,13 +39,21 @@ from nemo_opd.tiny.build import (
     torch_threads,
 )
 from nemo_opd.tiny.prebuilt import export_prebuilt, install_prebuilt, prebuilt_dir
-from nemo_opd.tiny.recipe import TinyRecipe, default_recipe, micro_recipe, recipe_key
+from nemo_opd.tiny.recipe import (
+    TinyRecipe,
+    default_recipe,
+    micro_recipe,
+    recipe_key,
+    xtok_recipe,
+)
 
 __all__ = ["TINY_NAMES", "TINY_PREFIX", "TinyAssets", "cache_root", "ensure_tiny_assets"]
 
 CACHE_ENV = "NEMO_OPD_CACHE"
 TINY_PREFIX = "tiny:"
-TINY_NAMES = ("teacher", "student", "tokenizer")
+TINY_NAMES = ("teacher", "student", "tokenizer", "xtok_teacher", "xtok_tokenizer")
+"""The "tiny:" names: the default assets' three, and the teacher with another tokenizer and chat
+template (xtok_recipe) with its tokenizer."""
 
 
 @dataclass(frozen=True)
@@ -223,8 +231,10 @@ def resolve_pretrained(name_or_path: str) -> str:
     """A directory or hub name that ``from_pretrained`` (or vLLM) can load.
 
     ``"tiny:teacher"``, ``"tiny:student"`` and ``"tiny:tokenizer"`` become directories of the
-    default tiny assets, installed from the shipped copy or built on first use, and cached. Any
-    other string (a hub name, a local path) is returned unchanged.
+    default tiny assets, ``"tiny:xtok_teacher"`` and ``"tiny:xtok_tokenizer"`` those of the
+    teacher with another tokenizer (xtok_recipe), each installed from the shipped copy or built
+    on first use, and cached. Any other string (a hub name, a local path) is returned
+    unchanged.
     """
     if not name_or_path.startswith(TINY_PREFIX):
         return name_or_path
@@ -232,6 +242,8 @@ def resolve_pretrained(name_or_path: str) -> str:
     if name not in TINY_NAMES:
         expected = ", ".join(TINY_PREFIX + n for n in TINY_NAMES)
         raise ValueError(f"unknown tiny asset {name_or_path!r}; expected one of {expected}")
+    if name.startswith("xtok_"):
+        return str(getattr(ensure_tiny_assets(xtok_recipe()), name.removeprefix("xtok_")))
     return str(getattr(ensure_tiny_assets(), name))
 
 
@@ -253,19 +265,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--eval", action="store_true", help="re-measure held-out accuracy")
     parser.add_argument("--micro", action="store_true", help="the seconds-long test recipe")
     parser.add_argument(
+        "--xtok", action="store_true", help="the teacher with another tokenizer (tiny:xtok_*)"
+    )
+    parser.add_argument(
         "--export-prebuilt",
         action="store_true",
         help="copy the build into the package as the shipped prebuilt assets (maintainers)",
     )
     args = parser.parse_args(argv)
-    recipe = micro_recipe() if args.micro else default_recipe()
+    recipe = micro_recipe() if args.micro else xtok_recipe() if args.xtok else default_recipe()
     assets = ensure_tiny_assets(recipe, rebuild=args.rebuild)
     if args.export_prebuilt:
-        print(f"prebuilt assets written to {export_prebuilt(assets.root)}")
+        shipped = (recipe_key(default_recipe()), recipe_key(xtok_recipe()))
+        print(f"prebuilt assets written to {export_prebuilt(assets.root, shipped)}")
     measured = {}
     if args.eval:
         with torch_threads(recipe.torch_threads), quiet_progress_bars():
-            for role in ROLES:
+            for role in (r for r in ROLES if getattr(recipe, r) is not None):
                 measured[role] = evaluate_from_disk(
                     assets, role, recipe.eval_batch_size, recipe.eval_max_new_tokens
                 )

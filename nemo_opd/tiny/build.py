@@ -142,6 +142,7 @@ def build_tiny_assets(
             tok.vocab_size,
             tok.min_frequency,
             tok.model_max_length,
+            tok.chat_style,
         )
         tokenizer.save_pretrained(out_dir / "tokenizer")
         examples = encode_sft_examples(splits["train"], tokenizer)
@@ -150,7 +151,7 @@ def build_tiny_assets(
 
         # 3. teacher and student, each trained, evaluated and saved
         models = {}
-        for role in ROLES:
+        for role in (r for r in ROLES if getattr(recipe, r) is not None):
             phase = time.perf_counter()
             models[role] = build_model_role(
                 role, recipe, tokenizer, examples, splits["validation"], out_dir, log

@@ -43,6 +43,8 @@ def file_checksums(root: Path) -> dict[str, str]:
     sums = {}
     for name in SHIPPED:
         entry = root / name
+        if not entry.exists():  # a recipe without a student
+            continue
         files = sorted(p for p in entry.rglob("*") if p.is_file()) if entry.is_dir() else [entry]
         for file in files:
             sums[file.relative_to(root).as_posix()] = hashlib.sha256(file.read_bytes()).hexdigest()
@@ -69,12 +71,16 @@ def install_prebuilt(
     log(f"installed the prebuilt tiny assets shipped with nemo_opd ({recipe_key(recipe)})")
 
 
-def export_prebuilt(assets_root: Path, root: Path = PREBUILT_ROOT) -> Path:
-    """Copy a complete build (a cache directory) into the package as the shipped copy, with its
-    checksums; returns the new directory. Other shipped keys are removed (one recipe ships)."""
+def export_prebuilt(
+    assets_root: Path, shipped_keys: tuple[str, ...], root: Path = PREBUILT_ROOT
+) -> Path:
+    """Copy a complete build (a cache directory) into the package as its shipped copy, with
+    its checksums; returns the new directory. Shipped keys not in `shipped_keys` (the recipes
+    the package ships now) are removed."""
     target = root / assets_root.name
-    if root.exists():
-        shutil.rmtree(root)
+    for old in root.iterdir() if root.exists() else []:
+        if old.is_dir() and (old == target or old.name not in shipped_keys):
+            shutil.rmtree(old)
     target.mkdir(parents=True)
     _copy_models(assets_root, target)
     shutil.copy2(assets_root / MANIFEST, target / MANIFEST)
@@ -85,4 +91,5 @@ def export_prebuilt(assets_root: Path, root: Path = PREBUILT_ROOT) -> Path:
 def _copy_models(source: Path, target: Path) -> None:
     """The shipped directories (tokenizer, teacher, student), without the manifest."""
     for name in SHIPPED[:-1]:
-        shutil.copytree(source / name, target / name)
+        if (source / name).is_dir():  # a recipe without a student has none
+            shutil.copytree(source / name, target / name)

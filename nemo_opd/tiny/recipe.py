@@ -24,6 +24,9 @@ class TokenizerRecipe:
     min_frequency: int = 2
     num_train_records: int = 20_000
     model_max_length: int = 256
+    chat_style: str | None = None
+    """The chat template: None for ChatML ("<|im_start|>user\\n...<|im_end|>"), "plain" for
+    "### user:\\n..." headers (nemo_opd.tiny.tokenizer.CHAT_TEMPLATES)."""
 
 
 @dataclass(frozen=True)
@@ -76,14 +79,15 @@ STUDENT_TRAIN = TrainRecipe(steps=2000, min_lr_ratio=1.0, seed=1)
 class TinyRecipe:
     """Task, tokenizer, teacher and student. ``torch_threads`` is part of the recipe because the
     thread count may change floating-point reduction order, hence the trained weights. The
-    student is STUDENT, trained by STUDENT_TRAIN (see their comment)."""
+    student is STUDENT, trained by STUDENT_TRAIN (see their comment); None builds no student
+    (a second teacher's recipe)."""
 
     task: TinyMathConfig = field(default_factory=TinyMathConfig)
     tokenizer: TokenizerRecipe = field(default_factory=TokenizerRecipe)
     teacher: ModelRecipe = field(default_factory=ModelRecipe)
     teacher_train: TrainRecipe = field(default_factory=TrainRecipe)
-    student: ModelRecipe = field(default_factory=lambda: STUDENT)
-    student_train: TrainRecipe = field(default_factory=lambda: STUDENT_TRAIN)
+    student: ModelRecipe | None = field(default_factory=lambda: STUDENT)
+    student_train: TrainRecipe | None = field(default_factory=lambda: STUDENT_TRAIN)
     eval_batch_size: int = 512
     eval_max_new_tokens: int = 32
     torch_threads: int = 2
@@ -91,14 +95,34 @@ class TinyRecipe:
 
 
 def recipe_key(recipe: TinyRecipe) -> str:
-    """A short stable hash of every field of the recipe."""
-    canonical = json.dumps(asdict(recipe), sort_keys=True)
+    """A short stable hash of every field of the recipe. Fields that are None are left out, so
+    that optional fields added later keep the keys of the recipes that do not set them."""
+    canonical = json.dumps(_without_none(asdict(recipe)), sort_keys=True)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:12]
+
+
+def _without_none(value):
+    if isinstance(value, dict):
+        return {k: _without_none(v) for k, v in value.items() if v is not None}
+    return value
 
 
 def default_recipe() -> TinyRecipe:
     """The recipe behind ``tiny:teacher``, ``tiny:student`` and ``tiny:tokenizer``."""
     return TinyRecipe()
+
+
+def xtok_recipe() -> TinyRecipe:
+    """The recipe behind ``tiny:xtok_teacher`` and ``tiny:xtok_tokenizer``: a teacher like the
+    default one (same task, model and training) with another tokenizer (BPE with fewer merges,
+    so other ids and other splits) and another chat template ("### user:" headers), for a
+    teacher with another tokenizer. No student: the default one distills from it."""
+    return replace(
+        default_recipe(),
+        tokenizer=TokenizerRecipe(vocab_size=320, chat_style="plain"),
+        student=None,
+        student_train=None,
+    )
 
 
 def micro_recipe() -> TinyRecipe:

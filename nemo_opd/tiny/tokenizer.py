@@ -45,6 +45,24 @@ CHAT_TEMPLATE = (
 )
 
 
+PLAIN_CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'assistant' %}"
+    "{{- '### assistant:\n' }}"
+    "{%- generation %}{{- message['content'] + '<|im_end|>' }}{%- endgeneration %}"
+    "{{- '\n' }}"
+    "{%- else %}"
+    "{{- '### ' + message['role'] + ':\n' + message['content'] + '\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '### assistant:\n' }}{%- endif %}"
+)
+
+CHAT_TEMPLATES = {None: CHAT_TEMPLATE, "plain": PLAIN_CHAT_TEMPLATE}
+"""TokenizerRecipe.chat_style -> the chat template. Both end an assistant turn with <|im_end|>
+(the eos token)."""
+
+
 def chat_corpus(records: Iterable[dict]) -> Iterator[str]:
     """Texts to train the tokenizer on: role names and message contents (specials excluded)."""
     for record in records:
@@ -77,14 +95,16 @@ def build_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int) -> Toke
     return tokenizer
 
 
-def wrap_tokenizer(tokenizer: Tokenizer, model_max_length: int) -> PreTrainedTokenizerFast:
+def wrap_tokenizer(
+    tokenizer: Tokenizer, model_max_length: int, chat_style: str | None = None
+) -> PreTrainedTokenizerFast:
     """The transformers tokenizer: special tokens, chat template, right padding by default."""
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         eos_token=IM_END,
         pad_token=PAD_TOKEN,
         additional_special_tokens=[IM_START],
-        chat_template=CHAT_TEMPLATE,
+        chat_template=CHAT_TEMPLATES[chat_style],
         model_max_length=model_max_length,
         padding_side="right",
         clean_up_tokenization_spaces=False,
@@ -92,8 +112,12 @@ def wrap_tokenizer(tokenizer: Tokenizer, model_max_length: int) -> PreTrainedTok
 
 
 def build_tiny_tokenizer(
-    records: Iterable[dict], vocab_size: int, min_frequency: int, model_max_length: int
+    records: Iterable[dict],
+    vocab_size: int,
+    min_frequency: int,
+    model_max_length: int,
+    chat_style: str | None = None,
 ) -> PreTrainedTokenizerFast:
     """Train the tokenizer on task records (``prompt`` and ``solution`` fields)."""
     bpe = build_bpe(chat_corpus(records), vocab_size, min_frequency)
-    return wrap_tokenizer(bpe, model_max_length)
+    return wrap_tokenizer(bpe, model_max_length, chat_style)

@@ -24,7 +24,7 @@ def shipped(tmp_path_factory):
         mp.setenv("NEMO_OPD_CACHE", str(cache))
         built = ensure_tiny_assets(MICRO, log=lambda _: None)
     root = tmp_path_factory.mktemp("package") / "prebuilt"
-    export_prebuilt(built.root, root)
+    export_prebuilt(built.root, (recipe_key(MICRO),), root)
     return root, built
 
 
@@ -100,3 +100,27 @@ def test_the_default_recipe_is_shipped_intact(tmp_path, monkeypatch):
     assets = ensure_tiny_assets(log=lambda _: None)
     assert assets.key == recipe_key(default_recipe())
     assert len(load_jsonl(assets.validation_file)) == default_recipe().task.num_validation
+
+
+def test_a_recipe_without_a_student_ships_and_installs(tmp_path, monkeypatch):
+    """A second teacher's recipe (student None, like xtok_recipe) exports its tokenizer and
+    teacher beside the shipped keys it is told to keep, and installs from them."""
+    from dataclasses import replace
+
+    no_student = replace(MICRO, student=None, student_train=None)
+    assert recipe_key(no_student) != recipe_key(MICRO)
+    monkeypatch.setenv("NEMO_OPD_CACHE", str(tmp_path / "build"))
+    built = ensure_tiny_assets(no_student, log=lambda _: None)
+    assert not built.student.exists() and (built.teacher / "model.safetensors").is_file()
+    root = tmp_path / "prebuilt"
+    (root / "stale").mkdir(parents=True)
+    (root / recipe_key(MICRO)).mkdir()
+    export_prebuilt(built.root, (recipe_key(MICRO), recipe_key(no_student)), root)
+    assert sorted(p.name for p in root.iterdir()) == sorted([recipe_key(MICRO), built.root.name])
+    monkeypatch.setenv("NEMO_OPD_CACHE", str(tmp_path / "install"))
+    real = tiny_prebuilt.prebuilt_dir
+    monkeypatch.setattr(tiny_assets, "prebuilt_dir", lambda r: real(r, root))
+    installed = ensure_tiny_assets(no_student, log=lambda _: None)
+    assert (installed.teacher / "model.safetensors").read_bytes() == (
+        built.teacher / "model.safetensors"
+    ).read_bytes()
