@@ -230,6 +230,7 @@ class CrossTokenizerTeacher:
         self.rendering = rendering
         self.vocab = vocab
         self._mapped: list[float] = []
+        self._graded: list[float] = []
 
     def score(self, rollouts: Rollouts, need: TeacherNeed) -> TeacherScores:
         rows = self.rendering.teacher_rows(rollouts.message_logs)
@@ -241,6 +242,9 @@ class CrossTokenizerTeacher:
                 scores.topk_logprobs, scores.topk_indices, width, self.vocab
             )
             self._note_mapped_mass(scores.topk_logprobs, out.topk_logprobs, rows, width)
+            predicting = rollouts.batch["token_mask"].roll(-1, dims=1) > 0  # the turns' tokens
+            graded = (rows.source_positions(width) >= 0) & predicting
+            self._graded.append(float(graded.sum()) / max(1.0, float(predicting.sum())))
         if scores.logprobs is not None:
             out.logprobs = rows.logprobs_to_student(scores.logprobs, width)
         return out
@@ -269,6 +273,9 @@ class CrossTokenizerTeacher:
         if self._mapped:
             metrics["teacher/xtok_mapped_mass"] = sum(self._mapped) / len(self._mapped)
             self._mapped = []
+        if self._graded:
+            metrics["teacher/xtok_graded_share"] = sum(self._graded) / len(self._graded)
+            self._graded = []
         return metrics
 
     def shutdown(self) -> None:

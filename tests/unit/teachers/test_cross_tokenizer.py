@@ -113,7 +113,9 @@ def test_the_students_own_tokenizer_gives_the_teachers_scores_unchanged(student)
     torch.testing.assert_close(mapped.topk_logprobs[graded], direct.topk_logprobs[graded])
     assert torch.equal(mapped.topk_indices[graded], direct.topk_indices[graded])
     assert not mapped.topk_indices[~graded].ne(EMPTY_INDEX).any()
-    assert crossed.take_metrics()["teacher/xtok_mapped_mass"] == pytest.approx(1.0)
+    metrics = crossed.take_metrics()
+    assert metrics["teacher/xtok_mapped_mass"] == pytest.approx(1.0)
+    assert metrics["teacher/xtok_graded_share"] == 1.0
 
 
 def test_a_teacher_with_another_tokenizer_and_template(student):
@@ -155,5 +157,41 @@ def test_a_teacher_with_another_tokenizer_and_template(student):
                 float(kept)
                 <= float(direct.topk_logprobs[row, source[row, position]].exp().sum()) + 1e-6
             )
-    mass = crossed.take_metrics()["teacher/xtok_mapped_mass"]
-    assert 0.0 < mass <= 1.0 and not math.isnan(mass)
+    metrics = crossed.take_metrics()
+    assert 0.0 < metrics["teacher/xtok_mapped_mass"] <= 1.0
+    assert metrics["teacher/xtok_graded_share"] == 1.0  # bytes are finer than every token
+    assert not math.isnan(metrics["teacher/xtok_mapped_mass"])
+
+
+def test_a_teacher_with_coarser_tokens_grades_only_its_boundaries(student):
+    """Student in bytes, teacher in the tiny BPE: a byte inside one of the teacher's tokens has
+    no teacher distribution (all slots empty); the others are graded; the log-probs still sum
+    to the teacher's log-probability of each turn."""
+    tiny, tiny_formatter, _ = student
+    byte_tok = _byte_tokenizer()
+    formatter = ChatFormatter(byte_tok)
+    logs = []
+    for prompt, response in zip(PROMPTS, RESPONSES, strict=True):
+        ids = byte_tok.encode(response, add_special_tokens=False) + [byte_tok.eos_token_id]
+        logs.append([*formatter.prompt_log(prompt), {"role": "assistant", "content": response,
+                                                       "token_ids": ids}])  # fmt: skip
+    rollouts = Rollouts(flatten_message_logs(logs, byte_tok.pad_token_id), logs, [{}, {}])
+    rendering = TeacherRendering(byte_tok, tiny_formatter)
+    crossed = CrossTokenizerTeacher(
+        ModelTeacher(_random_model(len(tiny), seed=3)), rendering, rendering.vocab_map()
+    )
+    mapped = crossed.score(rollouts, TeacherNeed(topk=8, sampled=True))
+    rows = rendering.teacher_rows(logs)
+    direct = ModelTeacher(crossed.inner.model).score(
+        Rollouts(rows.batch, rows.logs, [{}, {}]), TeacherNeed(sampled=True)
+    )
+    for row in range(len(RESPONSES)):
+        turn = rollouts.batch["token_mask"][row].roll(-1) > 0
+        teacher_turn = rows.batch["token_mask"][row].roll(-1) > 0
+        assert float(mapped.logprobs[row][turn].sum()) == pytest.approx(
+            float(direct.logprobs[row][teacher_turn].sum()), rel=1e-5
+        )
+        empty = (mapped.topk_indices[row][turn] == EMPTY_INDEX).all(-1)
+        assert 0 < int(empty.sum()) < int(turn.sum())  # "12" is one teacher token, two bytes
+    share = crossed.take_metrics()["teacher/xtok_graded_share"]
+    assert 0.3 < share < 1.0
