@@ -211,7 +211,7 @@ def print_table(assets: TinyAssets, measured: dict[str, tuple[float, float]]) ->
     if measured:
         header += f" {'acc (now)':>10} {'eval s':>7}"
     print(header)
-    for role in ROLES:
+    for role in (r for r in ROLES if r in manifest["models"]):
         entry = manifest["models"][role]
         row = (
             f"{role:<8} {entry['parameters']:>10,} {entry['heldout_accuracy']:>13.1%} "

@@ -10,7 +10,7 @@ from nemo_opd.tiny import assets as tiny_assets
 from nemo_opd.tiny import prebuilt as tiny_prebuilt
 from nemo_opd.tiny.assets import ensure_tiny_assets
 from nemo_opd.tiny.prebuilt import CHECKSUMS, PrebuiltError, export_prebuilt, prebuilt_dir
-from nemo_opd.tiny.recipe import default_recipe, micro_recipe, recipe_key
+from nemo_opd.tiny.recipe import default_recipe, micro_recipe, recipe_key, xtok_recipe
 from nemo_opd.tiny.task import load_jsonl
 
 MICRO = micro_recipe()
@@ -89,17 +89,20 @@ def _fake_build(*args):
     raise RuntimeError("fake build")
 
 
-def test_the_default_recipe_is_shipped_intact(tmp_path, monkeypatch):
-    shipped = prebuilt_dir(default_recipe())
+@pytest.mark.parametrize("recipe", [default_recipe(), xtok_recipe()], ids=["default", "xtok"])
+def test_the_shipped_recipes_are_intact(recipe, tmp_path, monkeypatch):
+    shipped = prebuilt_dir(recipe)
+    flag = " --xtok" if recipe.student is None else ""
     assert shipped is not None, (
-        "no prebuilt copy of the default recipe: run "
-        "`python -m nemo_opd.tiny --rebuild --export-prebuilt`"
+        f"no prebuilt copy of the recipe: run `python -m nemo_opd.tiny{flag} --rebuild "
+        "--export-prebuilt`"
     )
     monkeypatch.setenv("NEMO_OPD_CACHE", str(tmp_path))
     monkeypatch.setattr(tiny_assets, "build_tiny_assets", _fake_build)
-    assets = ensure_tiny_assets(log=lambda _: None)
-    assert assets.key == recipe_key(default_recipe())
-    assert len(load_jsonl(assets.validation_file)) == default_recipe().task.num_validation
+    assets = ensure_tiny_assets(recipe, log=lambda _: None)
+    assert assets.key == recipe_key(recipe)
+    assert len(load_jsonl(assets.validation_file)) == recipe.task.num_validation
+    assert (assets.teacher / "model.safetensors").is_file()
 
 
 def test_a_recipe_without_a_student_ships_and_installs(tmp_path, monkeypatch):
