@@ -310,11 +310,22 @@ def _crossed(
             f"{section}: {difference}; a teacher with another tokenizer or chat template cannot "
             f"take a prompt of its own ({section}.prompt_template) yet: unset one of them"
         )
+    rendering = TeacherRendering(tokenizer, ChatFormatter(teacher_tokenizer))
+    vocab = rendering.vocab_map(_teacher_vocab_size(cfg, section))
+    unspellable = rendering.unspellable()
     print(
         f"{section}: {difference}: it reads the student's text in its own tokens and chat "
-        "template (docs/cross_tokenizer.md)"
+        f"template (docs/cross_tokenizer.md); {vocab.coverage():.1%} of its vocabulary maps to "
+        "student tokens, the rest of its mass stays in the tail"
     )
-    return TeacherRendering(tokenizer, ChatFormatter(teacher_tokenizer))
+    if unspellable:
+        shown = ", ".join(repr(text) for text in unspellable[:5])
+        raise SetupError(
+            f"{section}: its tokenizer cannot write {len(unspellable)} of the student's tokens "
+            f"(e.g. {shown}): it would read them as its unknown token; use a teacher whose "
+            "tokenizer has byte fallback or a byte-level alphabet"
+        )
+    return rendering
 
 
 def _privileged_template(cfg: DistillationConfig) -> str | None:
@@ -404,8 +415,15 @@ def _in_its_tokens(
     rendering = renderings.get(section)
     if rendering is None:
         return teacher
-    vocab_size = load_model_config(cfg.teacher_sections[section], section).vocab_size
-    return CrossTokenizerTeacher(teacher, rendering, rendering.vocab_map(vocab_size))
+    vocab = rendering.vocab_map(_teacher_vocab_size(cfg, section))
+    return CrossTokenizerTeacher(teacher, rendering, vocab)
+
+
+def _teacher_vocab_size(cfg: DistillationConfig, section: str) -> int | None:
+    """The teacher model's vocabulary (padded ids included), where its config is local."""
+    if _is_served(cfg):
+        return None
+    return load_model_config(cfg.teacher_sections[section], section).vocab_size
 
 
 def _served_teacher(cfg: DistillationConfig, tokenizer: PreTrainedTokenizerBase) -> Teacher:
@@ -433,7 +451,7 @@ def _served_teacher(cfg: DistillationConfig, tokenizer: PreTrainedTokenizerBase)
     print(f"teacher: served by {teacher.shown_url} (model {teacher.model!r})")
     if rendering is None:
         return teacher
-    return CrossTokenizerTeacher(teacher, rendering, rendering.vocab_map())
+    return CrossTokenizerTeacher(teacher, rendering, rendering.vocab_map(None))
 
 
 def _load_prompts(

@@ -44,7 +44,7 @@ from nemo_opd.teachers.xtok_align import (
     teacher_starts,
     token_spans,
 )
-from nemo_opd.teachers.xtok_vocab import VocabMap
+from nemo_opd.teachers.xtok_vocab import VocabMap, token_bytes
 
 if TYPE_CHECKING:
     from nemo_opd.policy.policy import Policy
@@ -142,14 +142,34 @@ class TeacherRendering:
         self.student = student_tokenizer
         self.formatter = formatter
         self.teacher = formatter.tokenizer
-        self.student_specials = set(student_tokenizer.all_special_ids)
+        self._vocab_maps: dict[int, VocabMap] = {}
 
     def vocab_map(self, teacher_vocab_size: int | None = None) -> VocabMap:
-        """The teacher's vocabulary on the student's, its end of turn on the student's."""
-        specials = {}
-        if self.teacher.eos_token_id is not None and self.student.eos_token_id is not None:
-            specials[self.teacher.eos_token_id] = self.student.eos_token_id
-        return VocabMap.from_tokenizers(self.student, self.teacher, specials, teacher_vocab_size)
+        """The teacher's vocabulary on the student's, its end of turn on the student's (built
+        once: it decodes every id of both vocabularies)."""
+        size = max(len(self.teacher), teacher_vocab_size or 0)
+        if size not in self._vocab_maps:
+            specials = {}
+            if self.teacher.eos_token_id is not None and self.student.eos_token_id is not None:
+                specials[self.teacher.eos_token_id] = self.student.eos_token_id
+            self._vocab_maps[size] = VocabMap.from_tokenizers(
+                self.student, self.teacher, specials, size
+            )
+        return self._vocab_maps[size]
+
+    def unspellable(self) -> list[str]:
+        """The student tokens whose text the teacher's tokenizer cannot write (it would read
+        them as its unknown token): text the student can produce and the teacher cannot read."""
+        unknown = self.teacher.unk_token_id
+        if unknown is None:
+            return []  # byte-level or byte-fallback: every text has a spelling
+        texts = token_bytes(self.student)
+        out = []
+        for key in texts.values():
+            text = key.decode("utf-8", errors="ignore")
+            if text and unknown in self.teacher.encode(text, add_special_tokens=False):
+                out.append(text)
+        return out
 
     def teacher_rows(self, logs: list[list[Message]]) -> TeacherRows:
         rendered = [self._row(log) for log in logs]

@@ -195,3 +195,14 @@ def test_a_teacher_with_coarser_tokens_grades_only_its_boundaries(student):
         assert 0 < int(empty.sum()) < int(turn.sum())  # "12" is one teacher token, two bytes
     share = crossed.take_metrics()["teacher/xtok_graded_share"]
     assert 0.3 < share < 1.0
+
+
+def test_text_the_teacher_cannot_write_is_named(student):
+    tiny, _, _ = student
+    words = Tokenizer(models.WordLevel({"<unk>": 0, "What": 1, "is": 2}, unk_token="<unk>"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    word_tok = PreTrainedTokenizerFast(tokenizer_object=words, unk_token="<unk>")
+    word_tok.chat_template = BYTE_TEMPLATE
+    unspellable = TeacherRendering(tiny, ChatFormatter(word_tok)).unspellable()
+    assert "7" in unspellable and "What" not in unspellable
+    assert TeacherRendering(tiny, ChatFormatter(_byte_tokenizer())).unspellable() == []
