@@ -176,3 +176,31 @@ def test_a_teacher_with_its_own_chat_template_reads_its_own_rendering(tmp_path, 
     assert crossed["teacher/xtok_mapped_mass"] == pytest.approx(1.0, abs=1e-4)
     for key in ("train/reward", "train/num_tokens"):
         assert crossed[key] == plain[key], key
+
+
+def test_routed_teachers_one_with_another_tokenizer_on_megatron_tp2_packed(tmp_path):
+    """distillation_tiny_routed.yaml with its multiplication teacher swapped for the tiny
+    teacher of another tokenizer and chat template (tiny:xtok_teacher), run by megatron-core at
+    tensor parallel 2 with packed rows, beside the same-tokenizer route on DTensor: both routes
+    score their rollouts, the crossed one through its own tokens (every id it names maps)."""
+    arithmetic = "teachers.arithmetic"
+    routed = run_loop(
+        tmp_path,
+        "distillation_tiny_routed.yaml",
+        "distillation.max_num_steps=2",
+        "cluster.gpus_per_node=2",
+        "cluster.cpus_per_worker=1",
+        f"{arithmetic}.model_name=tiny:xtok_teacher",
+        f"{arithmetic}.tokenizer.name=tiny:xtok_tokenizer",
+        f"{arithmetic}.dtensor_cfg.enabled=false",
+        f"{arithmetic}.megatron_cfg.enabled=true",
+        f"{arithmetic}.megatron_cfg.tensor_model_parallel_size=2",
+        f"{arithmetic}.sequence_packing.enabled=true",
+        f"{arithmetic}.sequence_packing.logprob_mb_tokens=512",
+    )
+    for step in (1, 2):
+        samples = [routed[step][f"teacher/{t}/samples"] for t in ("start", "arithmetic")]
+        assert sum(samples) == 16 and min(samples) > 0
+        assert routed[step]["teacher/xtok_mapped_mass"] == pytest.approx(1.0, abs=1e-4)
+        assert 0.9 < routed[step]["teacher/xtok_graded_share"] <= 1.0
+        assert 0.0 < routed[step]["train/forward_kl"] < 5.0

@@ -206,3 +206,31 @@ def test_text_the_teacher_cannot_write_is_named(student):
     unspellable = TeacherRendering(tiny, ChatFormatter(word_tok)).unspellable()
     assert "7" in unspellable and "What" not in unspellable
     assert TeacherRendering(tiny, ChatFormatter(_byte_tokenizer())).unspellable() == []
+
+
+def test_the_loss_and_its_gradient_are_todays_with_one_tokenizer(student):
+    """With the student's own tokenizer the cross-tokenizer path's top-k gives the loss and
+    gradient of the teacher's own top-k, to fp32 noise."""
+    from nemo_opd.losses import DistillationLossFn, TopkKLParams
+
+    tokenizer, formatter, rollouts = student
+    teacher = ModelTeacher(_random_model(len(tokenizer), seed=4))
+    rendering = TeacherRendering(tokenizer, formatter)
+    crossed = CrossTokenizerTeacher(teacher, rendering, rendering.vocab_map())
+    need = TeacherNeed(topk=8)
+    mask = rollouts.batch["token_mask"].roll(-1, dims=1)  # positions predicting the turns
+    logits = torch.randn(*mask.shape, len(tokenizer), generator=torch.Generator().manual_seed(5))
+    results = []
+    for scores in (teacher.score(rollouts, need), crossed.score(rollouts, need)):
+        z = logits.clone().requires_grad_()
+        fields = {
+            "teacher_topk_logprobs": scores.topk_logprobs,
+            "teacher_topk_indices": scores.topk_indices,
+            "loss_mask": mask,
+        }
+        loss_fn = DistillationLossFn(params=TopkKLParams(kl_type="reverse"))
+        loss, _ = loss_fn(z, fields, float(mask.sum()))
+        loss.backward()
+        results.append((loss.detach(), z.grad))
+    torch.testing.assert_close(results[1][0], results[0][0])
+    torch.testing.assert_close(results[1][1], results[0][1])
