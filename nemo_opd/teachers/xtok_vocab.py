@@ -30,6 +30,10 @@ from transformers import PreTrainedTokenizerBase
 from nemo_opd.losses.checks import EMPTY_INDEX
 from nemo_opd.teachers.xtok_align import decode
 
+ROWS_PER_CHUNK = 1024
+"""Positions mapped at a time: a merge builds [rows, k, k] pair tensors (17 MB of floats at
+k = 64)."""
+
 
 class VocabMap:
     """teacher id -> student id, by exact token text.
@@ -81,13 +85,27 @@ class VocabMap:
             ([..., k] log-probs, [..., k] int32 student ids): each slot's teacher id moved to
             its student id; teacher ids that map to the same student id merged (their
             probabilities summed); ids that map nowhere dropped (their mass left to the tail);
-            sorted descending, the freed slots at the end as (-inf, EMPTY_INDEX).
+            sorted descending, the freed slots at the end as (-inf, EMPTY_INDEX). Computed
+            over ROWS_PER_CHUNK positions at a time (a merge compares every pair of slots).
         """
+        k = indices.shape[-1]
+        values, ids = logprobs.reshape(-1, k).float(), indices.reshape(-1, k)
+        out_values = torch.empty_like(values)
+        out_ids = torch.empty(ids.shape, dtype=torch.int32, device=ids.device)
+        for lo in range(0, values.shape[0], ROWS_PER_CHUNK):
+            hi = lo + ROWS_PER_CHUNK
+            out_values[lo:hi], out_ids[lo:hi] = self._map_rows(values[lo:hi], ids[lo:hi])
+        return out_values.reshape(logprobs.shape), out_ids.reshape(indices.shape)
+
+    def _map_rows(
+        self, values: torch.Tensor, indices: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """map_topk of [n, k] rows."""
         mapping = self.teacher_to_student.to(indices.device)
         ids = indices.long()
         inside = (ids >= 0) & (ids < mapping.shape[0])  # a padded vocabulary's ids map nowhere
         student = torch.where(inside, mapping[ids.clamp(0, mapping.shape[0] - 1)], -1)
-        values = logprobs.float().masked_fill(student < 0, float("-inf"))
+        values = values.masked_fill(student < 0, float("-inf"))
         # Merge duplicates: for each slot, the log-sum-exp over the slots of the same student
         # id, kept at the first of them only.
         same = (student.unsqueeze(-1) == student.unsqueeze(-2)) & (student >= 0).unsqueeze(-1)

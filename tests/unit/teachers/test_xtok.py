@@ -13,6 +13,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+from nemo_opd.teachers import xtok_vocab
 from nemo_opd.teachers.xtok_align import (
     align_groups,
     spread_over_groups,
@@ -183,3 +184,15 @@ def test_partial_characters_match_by_their_bytes(tokenizers):
     for byte, teacher_id in zip("🙂".encode(), emoji, strict=True):
         student_id = student.convert_tokens_to_ids(f"<0x{byte:02X}>")
         assert int(vocab.teacher_to_student[teacher_id]) == student_id
+
+
+def test_top_k_of_many_positions_is_mapped_in_chunks_alike():
+    gen = torch.Generator().manual_seed(7)
+    vocab = VocabMap(torch.randint(-1, 40, (60,), generator=gen))  # duplicates and holes
+    rows = 2 * xtok_vocab.ROWS_PER_CHUNK + 5
+    logprobs = torch.log_softmax(torch.randn(rows, 60, generator=gen), -1)
+    values, indices = logprobs.topk(8, dim=-1)
+    whole = vocab._map_rows(values, indices)
+    chunked = vocab.map_topk(values.view(rows, 1, 8), indices.view(rows, 1, 8))
+    assert torch.equal(chunked[1].view(rows, 8), whole[1])
+    assert torch.equal(chunked[0].view(rows, 8), whole[0])
