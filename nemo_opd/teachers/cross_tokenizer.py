@@ -76,10 +76,16 @@ class TeacherRows:
     """The teacher's conversations."""
     turns: list[list[TurnPair]] = field(default_factory=list)
     """Per row, its assistant turns."""
+    _sources: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
 
     def source_positions(self, width: int) -> torch.Tensor:
         """[B, width] int64: for each student position, the teacher position whose top-k
-        grades it (-1: none)."""
+        grades it (-1: none). Computed once per width."""
+        if width not in self._sources:
+            self._sources[width] = self._source_positions(width)
+        return self._sources[width]
+
+    def _source_positions(self, width: int) -> torch.Tensor:
         source = torch.full((len(self.turns), width), -1, dtype=torch.int64)
         for row, pairs in enumerate(self.turns):
             for pair in pairs:
