@@ -1,0 +1,250 @@
+"""Sweeps: one config, a grid of overrides and several seeds, run one after another.
+
+    uv run --extra cpu python benchmarks/sweep.py --config examples/configs/opd_rl_tiny.yaml \\
+        --grid policy.optimizer.lr=1e-4,3e-4,1e-3 loss_fn.ratio_clip_max=0.2,0.3 \\
+        --seeds 42 1 2 --out runs/sweep_opd_rl
+
+Each run is a fresh process of examples/run_distillation_math.py with its grid point's
+overrides (and --set's, for every run), distillation.seed, and checkpoints and logs of its own
+under OUT/runs/<name>/. Its record (overrides, seed, exit status, wall time, the validation
+accuracy at each validation step with the rollouts trained by then; final and best) is appended
+to OUT/runs.jsonl as soon as it ends. A run already recorded with exit status 0 is not run
+again, so an interrupted sweep resumes where it stopped (a failed run is run again).
+
+Then OUT/sweep.md (per grid point, over seeds: mean, min and max of the final and the best
+accuracy, mean wall time) and OUT/sweep.png (accuracy against rollouts and against wall time,
+the mean over seeds with their range, one line per grid point). The accuracy is the loop's own
+validation (`validation/accuracy`) on whatever the config validates on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import itertools
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from harness import run_meta  # noqa: E402
+
+
+def grid_points(grid: list[str]) -> list[tuple[str, ...]]:
+    """The cartesian product of "key=v1,v2,..." axes, each point as overrides ("key=v1", ...)
+    in the axes' order."""
+    axes = []
+    for axis in grid:
+        key, sep, values = axis.partition("=")
+        if not sep or not key or not values:
+            raise SystemExit(f"sweep: a grid axis is key=v1,v2,... (got {axis!r})")
+        axes.append([f"{key}={value}" for value in values.split(",")])
+    return [tuple(point) for point in itertools.product(*axes)] if axes else [()]
+
+
+def run_name(overrides: tuple[str, ...], seed: int) -> str:
+    """A stable directory name for one run."""
+    digest = hashlib.sha256("\n".join(overrides).encode()).hexdigest()[:10]
+    return f"{digest}-seed{seed}"
+
+
+def rollouts_per_step(config: str, overrides: list[str]) -> int:
+    from nemo_opd.config import load_config
+
+    loop = load_config(config, overrides).distillation
+    return loop.num_prompts_per_step * loop.num_generations_per_prompt
+
+
+def validation_points(log_dir: Path, per_step: int) -> list[dict]:
+    """{"step", "rollouts", "elapsed_s", "accuracy"} of each validation the run logged."""
+    from nemo_opd.utils.logger import read_jsonl
+
+    metrics = log_dir / "metrics.jsonl"
+    if not metrics.exists():
+        return []
+    return [
+        {
+            "step": record["step"],
+            "rollouts": record["step"] * per_step,
+            "elapsed_s": record.get("progress/elapsed_s"),
+            "accuracy": record["validation/accuracy"],
+        }
+        for record in read_jsonl(metrics)
+        if "validation/accuracy" in record
+    ]
+
+
+def run_one(args: argparse.Namespace, point: tuple[str, ...], seed: int, out: Path) -> dict:
+    """Run one grid point at one seed; its record."""
+    name = run_name(point, seed)
+    run_dir = out / "runs" / name
+    overrides = [*args.set, *point, f"distillation.seed={seed}"]
+    command = [
+        sys.executable, str(REPO / "examples" / "run_distillation_math.py"),
+        "--config", args.config, *overrides,
+        f"checkpointing.checkpoint_dir={run_dir / 'checkpoints'}",
+        f"logger.log_dir={run_dir / 'logs'}",
+    ]  # fmt: skip
+    run_dir.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    with open(run_dir / "output.log", "w") as log:
+        status = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+    points = validation_points(run_dir / "logs", rollouts_per_step(args.config, overrides))
+    accuracies = [p["accuracy"] for p in points]
+    return {
+        "name": name,
+        "overrides": list(point),
+        "seed": seed,
+        "status": status.returncode,
+        "wall_s": time.time() - started,
+        "points": points,
+        "final": accuracies[-1] if accuracies else None,
+        "best": max(accuracies) if accuracies else None,
+    }
+
+
+def read_records(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def sweep(args: argparse.Namespace) -> list[dict]:
+    """Every (grid point, seed) not yet recorded with status 0, one after another; all the
+    records of the sweep."""
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    journal = out / "runs.jsonl"
+    done = {(tuple(r["overrides"]), r["seed"]) for r in read_records(journal) if r["status"] == 0}
+    todo = [(p, s) for p in grid_points(args.grid) for s in args.seeds]
+    for index, (point, seed) in enumerate(todo, start=1):
+        label = " ".join(point) or "(the config)"
+        if (point, seed) in done:
+            print(f"[{index}/{len(todo)}] {label} seed={seed}: recorded, skipped", flush=True)
+            continue
+        print(f"[{index}/{len(todo)}] {label} seed={seed} ...", flush=True)
+        record = run_one(args, point, seed, out)
+        with open(journal, "a") as handle:
+            handle.write(json.dumps(record) + "\n")
+        shown = "-" if record["final"] is None else f"{record['final']:.1%}"
+        best = "-" if record["best"] is None else f"{record['best']:.1%}"
+        print(
+            f"    exit {record['status']} in {record['wall_s']:.0f} s: final {shown}, best "
+            f"{best} (output: {out / 'runs' / record['name'] / 'output.log'})",
+            flush=True,
+        )
+    wanted = set(todo)
+    latest = {}
+    for record in read_records(journal):
+        key = (tuple(record["overrides"]), record["seed"])
+        if key in wanted:
+            latest[key] = record  # the last record of a run that was repeated
+    return [latest[key] for key in todo if key in latest]
+
+
+def summarize(records: list[dict]) -> list[dict]:
+    """Per grid point over its finished seeds: final and best accuracy (mean, min, max), mean
+    wall time, seeds."""
+    by_point: dict[tuple[str, ...], list[dict]] = {}
+    for record in records:
+        if record["status"] == 0 and record["final"] is not None:
+            by_point.setdefault(tuple(record["overrides"]), []).append(record)
+    rows = []
+    for point, runs in by_point.items():
+        finals, bests = [r["final"] for r in runs], [r["best"] for r in runs]
+        rows.append(
+            {
+                "overrides": list(point),
+                "seeds": [r["seed"] for r in runs],
+                "final": (statistics.mean(finals), min(finals), max(finals)),
+                "best": (statistics.mean(bests), min(bests), max(bests)),
+                "wall_s": statistics.mean(r["wall_s"] for r in runs),
+            }
+        )
+    return sorted(rows, key=lambda row: -row["final"][0])
+
+
+def report(rows: list[dict], records: list[dict], out: Path) -> str:
+    """The markdown table (best grid point first), also written to OUT/sweep.md."""
+    failed = [r for r in records if r["status"] != 0]
+    lines = [
+        "| overrides | seeds | final accuracy: mean (min-max) | best: mean (min-max) | wall |",
+        "|---|---|---|---|---|",
+    ]
+    for row in rows:
+        final, best = row["final"], row["best"]
+        lines.append(
+            f"| {' '.join(row['overrides']) or '(the config)'} | {len(row['seeds'])} | "
+            f"{final[0]:.1%} ({final[1]:.1%}-{final[2]:.1%}) | "
+            f"{best[0]:.1%} ({best[1]:.1%}-{best[2]:.1%}) | {row['wall_s']:.0f} s |"
+        )
+    if failed:
+        names = ", ".join(f"{' '.join(r['overrides'])} seed={r['seed']}" for r in failed)
+        lines += ["", f"failed (exit status not 0; run again by the next sweep): {names}"]
+    text = "\n".join(lines)
+    (out / "sweep.md").write_text(text + "\n")
+    return text
+
+
+def plot(records: list[dict], out: Path) -> Path:
+    """Accuracy against rollouts and against wall time: per grid point the mean over seeds at
+    each validation, and the range."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (by_rollouts, by_time) = plt.subplots(1, 2, figsize=(11, 4.2))
+    by_point: dict[tuple[str, ...], list[dict]] = {}
+    for record in records:
+        if record["status"] == 0 and record["points"]:
+            by_point.setdefault(tuple(record["overrides"]), []).append(record)
+    for point, runs in by_point.items():
+        label = " ".join(o.split(".")[-1] for o in point) or "the config"
+        length = min(len(r["points"]) for r in runs)
+        at = [[r["points"][i] for r in runs] for i in range(length)]
+        mean = [statistics.mean(p["accuracy"] for p in ps) for ps in at]
+        low = [min(p["accuracy"] for p in ps) for ps in at]
+        high = [max(p["accuracy"] for p in ps) for ps in at]
+        rollouts = [ps[0]["rollouts"] for ps in at]
+        seconds = [statistics.mean(p["elapsed_s"] or 0.0 for p in ps) for ps in at]
+        for axes, xs in ((by_rollouts, rollouts), (by_time, seconds)):
+            (line,) = axes.plot(xs, mean, marker="o", label=label)
+            axes.fill_between(xs, low, high, color=line.get_color(), alpha=0.15)
+    by_rollouts.set_xlabel("rollouts trained")
+    by_time.set_xlabel("seconds since the run started")
+    for axes in (by_rollouts, by_time):
+        axes.set_ylabel("validation accuracy")
+        axes.grid(alpha=0.3)
+    by_rollouts.legend(fontsize=7, loc="lower right")
+    path = out / "sweep.png"
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--grid", nargs="*", default=[], help="key=v1,v2,... axes")
+    parser.add_argument("--set", nargs="*", default=[], help="overrides for every run")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[42])
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    out = Path(args.out).resolve()
+    records = sweep(args)
+    rows = summarize(records)
+    print(report(rows, records, out))
+    print(f"plot: {plot(records, out)}")
+    meta = {**run_meta(), "config": args.config, "grid": args.grid, "set": args.set}
+    (out / "sweep.json").write_text(json.dumps({"meta": meta, "summary": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
