@@ -44,7 +44,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from harness import run_meta  # noqa: E402
+from harness import pyplot, run_meta, save_figure  # noqa: E402
 
 ACCURACY_SLACK = 0.01
 """nemo_opd's final accuracy may be this much below TRL's and still count as reaching it."""
@@ -457,11 +457,7 @@ def report(results: dict, out: Path) -> str:
 
 def plot(results: dict, out: Path) -> Path:
     """Accuracy against seconds since each process started, one line per system."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     figure, axes = plt.subplots(figsize=(7, 4.2))
     colors = {"trl_gkd": "tab:orange", "trl_distillation": "tab:green", "nemo_opd": "tab:blue"}
     for system, label in SYSTEMS.items():
@@ -480,11 +476,7 @@ def plot(results: dict, out: Path) -> Path:
     axes.set_title(f"{results['settings']['rollouts']} on-policy rollouts, same machine")
     axes.grid(alpha=0.3)
     axes.legend(loc="lower right")
-    path = out / "accuracy_vs_time.png"
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
+    return save_figure(figure, out / "accuracy_vs_time.png")
 
 
 def main() -> None:

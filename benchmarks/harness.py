@@ -185,3 +185,21 @@ def write_results(out, results: dict[str, Any], table: str) -> None:
     (Path(out) / "results.json").write_text(json.dumps(results, indent=2))
     (Path(out) / "results.md").write_text(table + "\n")
     print(table)
+
+
+def pyplot():
+    """matplotlib's pyplot on the Agg backend (files only, no display)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(figure, path):
+    """Write `figure` as a PNG at `path` (tight layout), close it; returns the path."""
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    pyplot().close(figure)
+    return path

@@ -32,7 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from harness import run_meta  # noqa: E402
+from harness import pyplot, run_meta, save_figure  # noqa: E402
 
 
 def grid_points(grid: list[str]) -> list[tuple[str, ...]]:
@@ -194,11 +194,7 @@ def report(rows: list[dict], records: list[dict], out: Path) -> str:
 def plot(records: list[dict], out: Path) -> Path:
     """Accuracy against rollouts and against wall time: per grid point the mean over seeds at
     each validation, and the range."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     figure, (by_rollouts, by_time) = plt.subplots(1, 2, figsize=(11, 4.2))
     by_point: dict[tuple[str, ...], list[dict]] = {}
     for record in records:
@@ -222,11 +218,7 @@ def plot(records: list[dict], out: Path) -> Path:
         axes.set_ylabel("validation accuracy")
         axes.grid(alpha=0.3)
     by_rollouts.legend(fontsize=7, loc="lower right")
-    path = out / "sweep.png"
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
+    return save_figure(figure, out / "sweep.png")
 
 
 def main() -> None:
