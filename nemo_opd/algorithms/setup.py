@@ -272,7 +272,7 @@ def _check_models(
     renderings = {}
     for section, teacher in local_teachers.items():
         teacher_config = load_model_config(teacher, section)
-        rendering = _crossed(cfg, tokenizer, section)
+        rendering = _crossed(cfg, tokenizer, section, teacher_config.vocab_size)
         if rendering is None:
             check_vocab_sizes(student_config, teacher_config, len(tokenizer), section)
         else:
@@ -293,11 +293,15 @@ def _check_models(
 
 
 def _crossed(
-    cfg: DistillationConfig, tokenizer: PreTrainedTokenizerBase, section: str
+    cfg: DistillationConfig,
+    tokenizer: PreTrainedTokenizerBase,
+    section: str,
+    teacher_vocab_size: int | None,
 ) -> TeacherRendering | None:
-    """How the teacher of `section` reads the student's text in its own tokens, when its
-    tokenizer or chat template differs from the student's (printed); None when it reads the
-    student's rows as they are."""
+    """How the teacher of `section` (whose model has `teacher_vocab_size` ids; None for a
+    served one) reads the student's text in its own tokens, when its tokenizer or chat template
+    differs from the student's (printed); None when it reads the student's rows as they
+    are."""
     teacher_cfg = cfg.teacher_sections[section]
     if teacher_cfg.tokenizer == cfg.policy.tokenizer:  # the same files and template
         return None
@@ -310,8 +314,9 @@ def _crossed(
             f"{section}: {difference}; a teacher with another tokenizer or chat template cannot "
             f"take a prompt of its own ({section}.prompt_template) yet: unset one of them"
         )
-    rendering = TeacherRendering(tokenizer, ChatFormatter(teacher_tokenizer))
-    vocab = rendering.vocab_map(_teacher_vocab_size(cfg, section))
+    rendering = TeacherRendering(tokenizer, ChatFormatter(teacher_tokenizer), teacher_vocab_size)
+    rendering.check()
+    vocab = rendering.vocab_map()
     unspellable = rendering.unspellable()
     print(
         f"{section}: {difference}: it reads the student's text in its own tokens and chat "
@@ -401,36 +406,17 @@ def _start_teachers(
             threads=threads,
         )
         section = "teacher" if cfg.teachers is None else f"teachers.{name}"
-        teachers[name] = _in_its_tokens(InProcessTeacher(policy, part), cfg, section, renderings)
+        teacher = InProcessTeacher(policy, part)
+        rendering = renderings.get(section)
+        teachers[name] = teacher if rendering is None else CrossTokenizerTeacher(teacher, rendering)
     return teachers["teacher"] if cfg.teachers is None else RoutedTeachers(teachers)
-
-
-def _in_its_tokens(
-    teacher: Teacher,
-    cfg: DistillationConfig,
-    section: str,
-    renderings: dict[str, TeacherRendering],
-) -> Teacher:
-    """The teacher, reading the student's text in its own tokens where they differ."""
-    rendering = renderings.get(section)
-    if rendering is None:
-        return teacher
-    vocab = rendering.vocab_map(_teacher_vocab_size(cfg, section))
-    return CrossTokenizerTeacher(teacher, rendering, vocab)
-
-
-def _teacher_vocab_size(cfg: DistillationConfig, section: str) -> int | None:
-    """The teacher model's vocabulary (padded ids included), where its config is local."""
-    if _is_served(cfg):
-        return None
-    return load_model_config(cfg.teacher_sections[section], section).vocab_size
 
 
 def _served_teacher(cfg: DistillationConfig, tokenizer: PreTrainedTokenizerBase) -> Teacher:
     """The teacher behind teacher.server, checked against the live server (SetupError); one
     whose tokenizer or chat template differs from the student's reads the student's text in
     its own tokens (the server must tokenize as teacher.tokenizer does)."""
-    rendering = _crossed(cfg, tokenizer, "teacher")
+    rendering = _crossed(cfg, tokenizer, "teacher", None)
     server = cfg.teacher.server
     teacher = ServedTeacher(
         server.base_url,
@@ -451,7 +437,7 @@ def _served_teacher(cfg: DistillationConfig, tokenizer: PreTrainedTokenizerBase)
     print(f"teacher: served by {teacher.shown_url} (model {teacher.model!r})")
     if rendering is None:
         return teacher
-    return CrossTokenizerTeacher(teacher, rendering, rendering.vocab_map(None))
+    return CrossTokenizerTeacher(teacher, rendering)
 
 
 def _load_prompts(

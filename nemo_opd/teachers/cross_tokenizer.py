@@ -18,10 +18,10 @@ positions (`TeacherRows`):
 
 Positions outside the assistant turns (never trained) are 0, as past a row's end.
 
-    rendering = TeacherRendering(student_tokenizer, teacher_formatter, vocab)
+    rendering = TeacherRendering(student_tokenizer, teacher_formatter, teacher_vocab_size)
     rows = rendering.teacher_rows(message_logs)
     values, indices = teacher.get_topk_logits(rows.batch, k)    # the teacher's positions
-    values, indices = rows.topk_to_student(values, indices, width)
+    values, indices = rows.topk_to_student(values, indices, width, rendering.vocab_map())
 """
 
 from __future__ import annotations
@@ -142,26 +142,43 @@ class TeacherRendering:
     Args:
         student_tokenizer: the student's tokenizer (its ids are the rollouts').
         formatter: the teacher's ChatFormatter: its tokenizer, chat template and system prompt.
+        teacher_vocab_size: the teacher model's vocabulary, padded ids included (None: its
+            tokenizer's, as for a served teacher).
     """
 
-    def __init__(self, student_tokenizer: PreTrainedTokenizerBase, formatter: ChatFormatter):
+    def __init__(
+        self,
+        student_tokenizer: PreTrainedTokenizerBase,
+        formatter: ChatFormatter,
+        teacher_vocab_size: int | None = None,
+    ):
         self.student = student_tokenizer
         self.formatter = formatter
         self.teacher = formatter.tokenizer
-        self._vocab_maps: dict[int, VocabMap] = {}
+        self.teacher_vocab_size = teacher_vocab_size
+        self._vocab: VocabMap | None = None
 
-    def vocab_map(self, teacher_vocab_size: int | None = None) -> VocabMap:
+    def vocab_map(self) -> VocabMap:
         """The teacher's vocabulary on the student's, its end of turn on the student's (built
-        once: it decodes every id of both vocabularies)."""
-        size = max(len(self.teacher), teacher_vocab_size or 0)
-        if size not in self._vocab_maps:
+        on first use: it decodes every id of both vocabularies)."""
+        if self._vocab is None:
             specials = {}
             if self.teacher.eos_token_id is not None and self.student.eos_token_id is not None:
                 specials[self.teacher.eos_token_id] = self.student.eos_token_id
-            self._vocab_maps[size] = VocabMap.from_tokenizers(
-                self.student, self.teacher, specials, size
+            self._vocab = VocabMap.from_tokenizers(
+                self.student, self.teacher, specials, self.teacher_vocab_size
             )
-        return self._vocab_maps[size]
+        return self._vocab
+
+    def check(self) -> None:
+        """Render a probe conversation once, so that a teacher template that rewrites the
+        student's text, or a tokenizer that merges it with the end of turn, is refused at setup
+        rather than at the first step (SetupError)."""
+        opening = ChatFormatter(self.student).prompt_log("What is 2 + 2?")
+        ids = self.student.encode("2 + 2 = 4. \\boxed{4}", add_special_tokens=False)
+        if self.student.eos_token_id is not None:
+            ids.append(self.student.eos_token_id)
+        self.teacher_rows([[*opening, {"role": "assistant", "content": "", "token_ids": ids}]])
 
     def unspellable(self) -> list[str]:
         """The student tokens whose text the teacher's tokenizer cannot write (it would read
@@ -251,10 +268,10 @@ class CrossTokenizerTeacher:
     """Any teacher, reading the student's rollouts in its own tokens and answering in the
     student's positions and vocabulary (the Teacher interface)."""
 
-    def __init__(self, inner: Teacher, rendering: TeacherRendering, vocab: VocabMap) -> None:
+    def __init__(self, inner: Teacher, rendering: TeacherRendering) -> None:
         self.inner = inner
         self.rendering = rendering
-        self.vocab = vocab
+        self.vocab = rendering.vocab_map()
         self._mapped: list[float] = []
         self._graded: list[float] = []
 

@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from nemo_opd.data.chat import ChatFormatter
 from nemo_opd.data.message_log import flatten_message_logs
+from nemo_opd.errors import SetupError
 from nemo_opd.losses import EMPTY_INDEX
 from nemo_opd.teachers.base import Rollouts, TeacherNeed, TeacherScores
 from nemo_opd.teachers.cross_tokenizer import CrossTokenizerTeacher, TeacherRendering
@@ -105,7 +106,7 @@ def test_the_students_own_tokenizer_gives_the_teachers_scores_unchanged(student)
     tokenizer, formatter, rollouts = student
     teacher = ModelTeacher(_random_model(len(tokenizer), seed=1))
     rendering = TeacherRendering(tokenizer, formatter)
-    crossed = CrossTokenizerTeacher(teacher, rendering, rendering.vocab_map())
+    crossed = CrossTokenizerTeacher(teacher, rendering)
     need = TeacherNeed(topk=8, sampled=True)
     direct, mapped = teacher.score(rollouts, need), crossed.score(rollouts, need)
     graded = rollouts.batch["token_mask"].roll(-1, dims=1) > 0  # positions predicting a turn
@@ -130,7 +131,7 @@ def test_a_teacher_with_another_tokenizer_and_template(student):
         text = byte_tok.decode(rows.batch["input_ids"][row, :length], skip_special_tokens=False)
         assert text == f"### user:\n{prompt}\n### assistant:\n{response}<eot>"
 
-    crossed = CrossTokenizerTeacher(teacher, rendering, vocab)
+    crossed = CrossTokenizerTeacher(teacher, rendering)
     need = TeacherNeed(topk=8, sampled=True)
     mapped = crossed.score(rollouts, need)
     direct = teacher.score(Rollouts(rows.batch, rows.logs, rollouts.metadata), need)
@@ -177,9 +178,7 @@ def test_a_teacher_with_coarser_tokens_grades_only_its_boundaries(student):
                                                        "token_ids": ids}])  # fmt: skip
     rollouts = Rollouts(flatten_message_logs(logs, byte_tok.pad_token_id), logs, [{}, {}])
     rendering = TeacherRendering(byte_tok, tiny_formatter)
-    crossed = CrossTokenizerTeacher(
-        ModelTeacher(_random_model(len(tiny), seed=3)), rendering, rendering.vocab_map()
-    )
+    crossed = CrossTokenizerTeacher(ModelTeacher(_random_model(len(tiny), seed=3)), rendering)
     mapped = crossed.score(rollouts, TeacherNeed(topk=8, sampled=True))
     rows = rendering.teacher_rows(logs)
     direct = ModelTeacher(crossed.inner.model).score(
@@ -216,7 +215,7 @@ def test_the_loss_and_its_gradient_are_todays_with_one_tokenizer(student):
     tokenizer, formatter, rollouts = student
     teacher = ModelTeacher(_random_model(len(tokenizer), seed=4))
     rendering = TeacherRendering(tokenizer, formatter)
-    crossed = CrossTokenizerTeacher(teacher, rendering, rendering.vocab_map())
+    crossed = CrossTokenizerTeacher(teacher, rendering)
     need = TeacherNeed(topk=8)
     mask = rollouts.batch["token_mask"].roll(-1, dims=1)  # positions predicting the turns
     logits = torch.randn(*mask.shape, len(tokenizer), generator=torch.Generator().manual_seed(5))
@@ -234,3 +233,14 @@ def test_the_loss_and_its_gradient_are_todays_with_one_tokenizer(student):
         results.append((loss.detach(), z.grad))
     torch.testing.assert_close(results[1][0], results[0][0])
     torch.testing.assert_close(results[1][1], results[0][1])
+
+
+def test_a_template_that_rewrites_the_students_text_is_refused_at_setup(student):
+    tiny, _, _ = student
+    shouting = _byte_tokenizer()
+    shouting.chat_template = BYTE_TEMPLATE.replace(
+        "{{ m['content'] }}", "{{ m['content'] | upper }}"
+    )
+    with pytest.raises(SetupError, match="does not write an assistant turn's text as it is"):
+        TeacherRendering(tiny, ChatFormatter(shouting)).check()
+    TeacherRendering(tiny, ChatFormatter(_byte_tokenizer())).check()  # the verbatim one passes
