@@ -16,9 +16,11 @@ import datetime
 import json
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -203,3 +205,14 @@ def save_figure(figure, path):
     figure.savefig(path, dpi=110)
     pyplot().close(figure)
     return path
+
+
+def loop_command(config: str, run_dir: Path, overrides: Sequence[str] = ()) -> list[str]:
+    """The README's command for `config` with `overrides`, its checkpoints and logs under
+    `run_dir` (set last, so they win)."""
+    script = Path(__file__).resolve().parent.parent / "examples" / "run_distillation_math.py"
+    return [
+        sys.executable, str(script), "--config", str(config), *overrides,
+        f"checkpointing.checkpoint_dir={run_dir / 'checkpoints'}",
+        f"logger.log_dir={run_dir / 'logs'}",
+    ]  # fmt: skip

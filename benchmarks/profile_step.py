@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import bench_vs_trl  # noqa: E402
-from harness import run_meta  # noqa: E402
+from harness import loop_command, run_meta  # noqa: E402
 
 SERIALIZING = ("serialization.py", "cloudpickle", "pickle")
 TRANSFERRING = ("put_object", "get_objects", "ray.get", "_raylet", "submit_task", "_remote (")
@@ -190,11 +190,7 @@ def profile_system(system: str, args: argparse.Namespace, out: Path) -> dict:
     (work / "settings.json").write_text(json.dumps(settings))
     log = work / "run.log"
     if system == "nemo_opd":
-        command = [
-            sys.executable, "examples/run_distillation_math.py", "--config", args.config,
-            *args.overrides, f"checkpointing.checkpoint_dir={work / 'checkpoints'}",
-            f"logger.log_dir={work / 'logs'}",
-        ]  # fmt: skip
+        command = loop_command(args.config, work, args.overrides)
         metrics = work / "logs" / "metrics.jsonl"
 
         def steady() -> bool:

@@ -32,7 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from harness import pyplot, run_meta, save_figure  # noqa: E402
+from harness import loop_command, pyplot, run_meta, save_figure  # noqa: E402
 
 
 def grid_points(grid: list[str]) -> list[tuple[str, ...]]:
@@ -84,12 +84,7 @@ def run_one(args: argparse.Namespace, point: tuple[str, ...], seed: int, out: Pa
     name = run_name(point, seed)
     run_dir = out / "runs" / name
     overrides = [*args.set, *point, f"distillation.seed={seed}"]
-    command = [
-        sys.executable, str(REPO / "examples" / "run_distillation_math.py"),
-        "--config", args.config, *overrides,
-        f"checkpointing.checkpoint_dir={run_dir / 'checkpoints'}",
-        f"logger.log_dir={run_dir / 'logs'}",
-    ]  # fmt: skip
+    command = loop_command(args.config, run_dir, overrides)
     run_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()
     with open(run_dir / "output.log", "w") as log:
