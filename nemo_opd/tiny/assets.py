@@ -36,6 +36,7 @@ from nemo_opd.tiny.build import (
     ROLES,
     build_tiny_assets,
     quiet_progress_bars,
+    recipe_roles,
     torch_threads,
 )
 from nemo_opd.tiny.prebuilt import export_prebuilt, install_prebuilt, prebuilt_dir
@@ -281,7 +282,7 @@ def main(argv: list[str] | None = None) -> None:
     measured = {}
     if args.eval:
         with torch_threads(recipe.torch_threads), quiet_progress_bars():
-            for role in (r for r in ROLES if getattr(recipe, r) is not None):
+            for role in recipe_roles(recipe):
                 measured[role] = evaluate_from_disk(
                     assets, role, recipe.eval_batch_size, recipe.eval_max_new_tokens
                 )

@@ -43,6 +43,11 @@ MANIFEST = "manifest.json"
 ROLES = ("teacher", "student")
 
 
+def recipe_roles(recipe: TinyRecipe) -> tuple[str, ...]:
+    """The roles a recipe builds (a second teacher's recipe has no student)."""
+    return tuple(role for role in ROLES if getattr(recipe, role) is not None)
+
+
 @contextmanager
 def quiet_progress_bars() -> Iterator[None]:
     """Hide transformers' progress bars (e.g. "Writing model shards"); the build logs its own."""
@@ -151,7 +156,7 @@ def build_tiny_assets(
 
         # 3. teacher and student, each trained, evaluated and saved
         models = {}
-        for role in (r for r in ROLES if getattr(recipe, r) is not None):
+        for role in recipe_roles(recipe):
             phase = time.perf_counter()
             models[role] = build_model_role(
                 role, recipe, tokenizer, examples, splits["validation"], out_dir, log
