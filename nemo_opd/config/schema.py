@@ -291,7 +291,9 @@ class DataConfig(Section):
 
     val_split: str | None = None
     """Split of the validation dataset (a hub dataset with several splits); null tries
-    "validation", then "test"."""
+    "validation", then "test". tiny_math: "validation" (the 500 held-out problems) or
+    "development" (for tuning: validates on the development split and trains on train without
+    its problems, so tuning never reads the held-out split)."""
 
     prompt_key: str = Field("problem", min_length=1)
     """Column holding the prompt text."""

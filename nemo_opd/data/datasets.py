@@ -17,6 +17,7 @@ Split = Literal["train", "validation"]
 Rows = Iterable[tuple[str, object]]
 """Rows with where each is in its source ("line 42" of a JSONL file, "item 3", "row 7")."""
 VALIDATION_SPLITS = ("validation", "test")
+TINY_MATH_VAL_SPLITS = (None, "validation", "development")
 
 
 def load_prompt_records(
@@ -85,13 +86,29 @@ def _load_rows(cfg: DataConfig, split: Split) -> tuple[Rows, str]:
         return _load_local(path, key), f"{key} ({path})"
     name = cfg.dataset_name if split == "train" else (cfg.val_dataset_name or cfg.dataset_name)
     if name == "tiny_math":
-        from nemo_opd.tiny.task import load_tiny_math
-
-        return _numbered_rows(load_tiny_math(split)), f"tiny_math ({split})"
+        return _tiny_math_rows(split, cfg.val_split)
     if name is None:
         path_key = "train_path" if split == "train" else "val_path"
         raise SetupError(f"no {split} data: set data.dataset_name or data.{path_key}")
     return _load_hub(name, split, cfg.val_split), f"dataset {name!r} ({split})"
+
+
+def _tiny_math_rows(split: Split, val_split: str | None) -> tuple[Rows, str]:
+    """The embedded task's rows. data.val_split "development" is the tuning setup: validation on
+    the development split, training on train without its problems (nemo_opd/tiny/task.py);
+    null or "validation" is the held-out split and the whole train split."""
+    from nemo_opd.tiny.task import load_tiny_math
+
+    if val_split not in TINY_MATH_VAL_SPLITS:
+        raise SetupError(
+            f"data.val_split is {val_split!r}, but tiny_math validates on 'validation' (the 500 "
+            "held-out problems, the default) or 'development' (for tuning: it also trains on "
+            "train without the development problems)"
+        )
+    name = split
+    if val_split == "development":
+        name = "development_train" if split == "train" else "development"
+    return _numbered_rows(load_tiny_math(name)), f"tiny_math ({name})"
 
 
 def _load_local(path: str, key: str) -> Rows:

@@ -10,6 +10,12 @@ A record is ``{"prompt": str, "answer": "C", "solution": str, "operation": str}`
 held-out ("validation") split shares no ``(A, op, B)`` triple with the train split, so held-out
 accuracy measures arithmetic, not recall. Generation is seeded: the same config always gives
 the same records.
+
+For tuning, a development split ("development", 500 problems) is drawn by the same generator
+after train, with distinct triples none of which is held out; "development_train" is train
+without every problem that shares a triple with it. A tuning run trains on development_train
+and validates on development, so nothing it reads touches the held-out split, and train and
+validation stay exactly as they were (the assets are built from those two).
 """
 
 from __future__ import annotations
@@ -19,7 +25,10 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-SPLITS = ("train", "validation")
+SPLITS = ("train", "validation", "development", "development_train")
+DATA_SPLITS = ("train", "validation")
+"""The splits a build writes to the asset cache (the development splits are for tuning only)."""
+NUM_DEVELOPMENT = 500
 OPERATORS = ("+", "-", "*")
 OPERATION_NAMES = {"+": "addition", "-": "subtraction", "*": "multiplication"}
 
@@ -135,6 +144,29 @@ def generate_problems(config: TinyMathConfig) -> dict[str, list[Problem]]:
     """Both splits. The held-out split is drawn first with distinct triples; the train split then
     rejects every held-out triple (train may repeat its own triples: the small multiplication
     table is sampled many times)."""
+    return _draw(config)[0]
+
+
+def generate_development(config: TinyMathConfig) -> dict[str, list[Problem]]:
+    """The tuning splits: "development", NUM_DEVELOPMENT problems with distinct triples drawn
+    after train by the same generator (its stream continued), none held out; and
+    "development_train", train without every problem whose triple is in development (4,028 of
+    the default's 50,000: a development multiplication is drawn ~20 times in train)."""
+    splits, rng = _draw(config)
+    held_out = {problem.triple for problem in splits["validation"]}
+    development: list[Problem] = []
+    chosen: set[tuple[int, str, int]] = set()
+    while len(development) < NUM_DEVELOPMENT:
+        problem = sample_problem(rng, config.word_problem_fraction)
+        if problem.triple not in held_out and problem.triple not in chosen:
+            chosen.add(problem.triple)
+            development.append(problem)
+    train = [problem for problem in splits["train"] if problem.triple not in chosen]
+    return {"development": development, "development_train": train}
+
+
+def _draw(config: TinyMathConfig) -> tuple[dict[str, list[Problem]], random.Random]:
+    """Train and validation, and the generator's state after them."""
     rng = random.Random(config.seed)
     validation: list[Problem] = []
     held_out: set[tuple[int, str, int]] = set()
@@ -148,7 +180,7 @@ def generate_problems(config: TinyMathConfig) -> dict[str, list[Problem]]:
         problem = sample_problem(rng, config.word_problem_fraction)
         if problem.triple not in held_out:
             train.append(problem)
-    return {"train": train, "validation": validation}
+    return {"train": train, "validation": validation}, rng
 
 
 def build_tiny_math_splits(config: TinyMathConfig | None = None) -> dict[str, list[dict]]:
@@ -158,14 +190,17 @@ def build_tiny_math_splits(config: TinyMathConfig | None = None) -> dict[str, li
 
 
 def load_tiny_math(split: str, config: TinyMathConfig | None = None) -> list[dict]:
-    """The records of one split ("train" or "validation"), generated in memory.
+    """The records of one split (one of SPLITS), generated in memory.
 
-    The same records are written to ``data/<split>.jsonl`` in the tiny asset cache;
-    :func:`load_jsonl` reads those files.
+    The train and validation records are written to ``data/<split>.jsonl`` in the tiny asset
+    cache; :func:`load_jsonl` reads those files.
     """
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
-    return build_tiny_math_splits(config)[split]
+    if split in DATA_SPLITS:
+        return build_tiny_math_splits(config)[split]
+    problems = generate_development(config or TinyMathConfig())[split]
+    return [to_record(problem) for problem in problems]
 
 
 def save_jsonl(records: list[dict], path: str | Path) -> None:

@@ -23,6 +23,22 @@ def test_tiny_math_both_splits():
     assert not {r["prompt"] for r in train} & {r["prompt"] for r in val}
 
 
+def test_tiny_math_development_setup_never_reads_held_out():
+    tuning = DataConfig(dataset_name="tiny_math", prompt_key="prompt", val_split="development")
+    held_out = load_prompt_records(
+        DataConfig(dataset_name="tiny_math", prompt_key="prompt"), "validation"
+    )
+    dev = load_prompt_records(tuning, "validation")
+    train = load_prompt_records(tuning, "train")
+    assert len(dev) == 500
+    prompts = {r["prompt"] for r in held_out}
+    assert not prompts & {r["prompt"] for r in dev}
+    assert not prompts & {r["prompt"] for r in train}
+    assert not {r["prompt"] for r in dev} & {r["prompt"] for r in train}
+    with pytest.raises(SetupError, match="'development'"):
+        load_prompt_records(DataConfig(dataset_name="tiny_math", val_split="test"), "validation")
+
+
 def test_local_jsonl_and_parquet_with_renamed_columns(tmp_path):
     rows = [{"question": f"q{i}", "solution": i} for i in range(5)]
     cfg = DataConfig(

@@ -6,6 +6,8 @@ from nemo_opd.tiny.task import (
     OPERATORS,
     TinyMathConfig,
     build_tiny_math_splits,
+    generate_development,
+    generate_problems,
     load_jsonl,
     load_tiny_math,
     save_jsonl,
@@ -72,6 +74,26 @@ def test_splits_share_no_triple(splits):
     triples = {split: {parse(r)[:3] for r in records} for split, records in splits.items()}
     assert not triples["train"] & triples["validation"]
     assert len(triples["validation"]) == len(splits["validation"])  # held-out triples distinct
+
+
+def test_development_split_is_disjoint_and_leaves_train_and_held_out_alone(splits):
+    development = generate_development(SMALL)
+    dev = [p.triple for p in development["development"]]
+    assert len(dev) == len(set(dev)) == 500
+    held_out = {parse(r)[:3] for r in splits["validation"]}
+    train = [p.triple for p in generate_problems(SMALL)["train"]]
+    assert not set(dev) & held_out
+    # development_train is train, in order, without the development triples
+    assert [p.triple for p in development["development_train"]] == [
+        t for t in train if t not in set(dev)
+    ]
+    assert len(development["development_train"]) < len(train)
+    # the same generator: every operator, multiplications included
+    assert {op for _, op, _ in dev} == set(OPERATORS)
+    # train and validation records are the same whether or not the development split is drawn
+    assert build_tiny_math_splits(SMALL) == splits
+    records = load_tiny_math("development", SMALL)
+    assert [(parse(r)[:3]) for r in records] == dev
 
 
 def test_mix_of_phrasings_and_operators(splits):
