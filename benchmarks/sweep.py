@@ -16,7 +16,8 @@ again, so an interrupted sweep resumes where it stopped (a failed run is run aga
 
 Then OUT/sweep.md (per config and grid point, over seeds: mean, min and max of the final and
 the best accuracy, mean wall time; with `--reach A`, the rollouts and seconds each needs to
-first validate at accuracy A or more, the mean over seeds, or how many seeds never did) and
+first validate at accuracy A or more, the mean over seeds, or how many seeds never did; with
+`--at-seconds T`, the mean accuracy of each run's last validation by T seconds) and
 OUT/sweep.png (accuracy against rollouts and against wall time, the mean over seeds with their
 range, one line per config and grid point). The accuracy is the loop's own
 validation (`validation/accuracy`). A sweep tunes: with the embedded task (tiny_math) every run
@@ -190,10 +191,19 @@ def first_reaching(record: dict, accuracy: float) -> dict | None:
     return next((p for p in record["points"] if p["accuracy"] >= accuracy - 1e-9), None)
 
 
-def summarize(records: list[dict], config: str, reach: float | None = None) -> list[dict]:
+def last_by(record: dict, seconds: float) -> dict | None:
+    """The last validation point of a run at or before `seconds` since it started, or None."""
+    points = [p for p in record["points"] if (p["elapsed_s"] or 0.0) <= seconds]
+    return points[-1] if points else None
+
+
+def summarize(
+    records: list[dict], config: str, reach: float | None = None, at_seconds: float | None = None
+) -> list[dict]:
     """Per (config, grid point) over its finished seeds: final and best accuracy (mean, min,
     max), mean wall time, seeds; with `reach`, the mean rollouts and seconds to first validate
-    at that accuracy, over the seeds that did (and how many did)."""
+    at that accuracy, over the seeds that did (and how many did); with `at_seconds`, the mean
+    accuracy of the last validation by then (over the seeds that validated by then)."""
     rows = []
     for (run_config, point), runs in by_run(records, config).items():
         finals, bests = [r["final"] for r in runs], [r["best"] for r in runs]
@@ -213,6 +223,12 @@ def summarize(records: list[dict], config: str, reach: float | None = None) -> l
                 "rollouts": statistics.mean(p["rollouts"] for p in hits) if hits else None,
                 "seconds": statistics.mean(p["elapsed_s"] or 0.0 for p in hits) if hits else None,
             }
+        if at_seconds is not None:
+            by_then = [p for p in (last_by(r, at_seconds) for r in runs) if p is not None]
+            row["at_seconds"] = {
+                "seconds": at_seconds,
+                "accuracy": statistics.mean(p["accuracy"] for p in by_then) if by_then else None,
+            }
         rows.append(row)
     return sorted(rows, key=lambda row: -row["final"][0])
 
@@ -221,11 +237,15 @@ def report(rows: list[dict], records: list[dict], out: Path, split: str) -> str:
     """The markdown table (best first), also written to OUT/sweep.md."""
     failed = [r for r in records if r["status"] != 0]
     reach = rows[0].get("reach") if rows else None
+    at_seconds = rows[0].get("at_seconds") if rows else None
     header = "| run | seeds | final accuracy: mean (min-max) | best: mean (min-max) | wall |"
     rule = "|---|---|---|---|---|"
     if reach is not None:
         header += f" rollouts to {reach['accuracy']:.1%} | seconds to {reach['accuracy']:.1%} |"
         rule += "---|---|"
+    if at_seconds is not None:
+        header += f" accuracy by {at_seconds['seconds']:.0f} s |"
+        rule += "---|"
     lines = [f"Validation accuracy on the {split} split.", "", header, rule]
     for row in rows:
         final, best = row["final"], row["best"]
@@ -236,6 +256,9 @@ def report(rows: list[dict], records: list[dict], out: Path, split: str) -> str:
         )
         if reach is not None:
             line += reach_cells(row["reach"], len(row["seeds"]))
+        if at_seconds is not None:
+            accuracy = row["at_seconds"]["accuracy"]
+            line += " - |" if accuracy is None else f" {accuracy:.1%} |"
         lines.append(line)
     if failed:
         names = ", ".join(
@@ -297,6 +320,11 @@ def main() -> None:
         help="an accuracy (0-1): the table also gives the rollouts and seconds to reach it",
     )
     parser.add_argument(
+        "--at-seconds",
+        type=float,
+        help="seconds: the table also gives the accuracy of each run's last validation by then",
+    )
+    parser.add_argument(
         "--split",
         choices=("development", "held-out"),
         default="development",
@@ -306,7 +334,7 @@ def main() -> None:
     args = parser.parse_args()
     out = Path(args.out).resolve()
     records = sweep(args)
-    rows = summarize(records, args.config[0], args.reach)
+    rows = summarize(records, args.config[0], args.reach, args.at_seconds)
     print(report(rows, records, out, args.split))
     print(f"plot: {plot(records, out, args.config[0])}")
     meta = {**run_meta(), "configs": args.config, "grid": args.grid, "set": args.set}

@@ -96,6 +96,9 @@ def test_summary_and_rollouts_to_reach_an_accuracy(tmp_path):
     table = report(rows, records, tmp_path, "held-out")
     assert "| a | 2 | 55.0% (50.0%-60.0%) |" in table and "4,800 | 38 |" in table
     assert "| b | 1 |" in table and "never | never |" in table
+    by_30s = summarize(records, "a.yaml", at_seconds=30.0)  # steps 0 and 50 by then
+    assert [row["at_seconds"]["accuracy"] for row in by_30s] == [0.45, 0.35]
+    assert "accuracy by 30 s |" in report(by_30s, records, tmp_path, "held-out")
     one_missed = summarize(records[:2], "a.yaml", reach=0.6)[0]
     assert one_missed["reach"]["seeds_reached"] == 1
     assert "6,400 (1 of 2 seeds never)" in report([one_missed], records, tmp_path, "held-out")
