@@ -343,6 +343,13 @@ class MathEnvConfig(Section):
     """Seconds allowed to grade one answer; past it the answer counts as wrong and its worker
     process is killed and replaced (env/math/grader_timeouts counts them)."""
 
+    require_marked_answer: bool = True
+    """A response must state its final answer in \\boxed{} (or \\fbox{}) or after an answer
+    phrase ("answer is", "answer:"), and math-verify reads only such an answer, as TRL's
+    accuracy reward does; an unmarked response is wrong. false: an unmarked response is read
+    as math-verify reads a bare answer, its last expression, so "7 + 112 =" answers "What is
+    7 + 112?" (a reward policy-gradient training learns to exploit; docs/generation.md)."""
+
     max_answer_chars: int = Field(1000, gt=0, le=MAX_TOKENS)
     """A \\boxed{} answer (builtin: any extracted answer) longer than this counts as wrong
     without being parsed."""

@@ -60,6 +60,11 @@ _WRAPPER_RE = re.compile(r"\\(?:text|textbf|textrm|mathrm|mathbf|mbox|textup)\s*
 _THOUSANDS_RE = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 
 
+def has_answer_phrase(text: str) -> bool:
+    """Whether text states an answer in words ("answer is", "answer:", any case)."""
+    return _ANSWER_RE.search(text) is not None
+
+
 def extract_answer(text: str, max_chars: int | None = None) -> str | None:
     """The final answer of a model response, or None.
 

@@ -78,7 +78,9 @@ def _request(response: str, reference: str) -> bytes:
     return json.dumps(window).encode()
 
 
-def worker_command(grader: Grader, max_answer_chars: int, memory_mb: int) -> list[str]:
+def worker_command(
+    grader: Grader, max_answer_chars: int, memory_mb: int, marked_only: bool
+) -> list[str]:
     """The command line of a grader worker of this process."""
     return [
         sys.executable,
@@ -88,6 +90,7 @@ def worker_command(grader: Grader, max_answer_chars: int, memory_mb: int) -> lis
         f"--max-answer-chars={max_answer_chars}",
         f"--memory-mb={memory_mb}",
         f"--parent={os.getpid()}",
+        *(["--marked-only"] if marked_only else []),
     ]
 
 
@@ -101,9 +104,10 @@ class GraderPool:
         max_answer_chars: int,
         grader: Grader,
         memory_mb: int,
+        marked_only: bool = False,
     ):
         self.timeout_s = timeout_s
-        self._command = worker_command(grader, max_answer_chars, memory_mb)
+        self._command = worker_command(grader, max_answer_chars, memory_mb, marked_only)
         self._selector = selectors.DefaultSelector()
         self._report: GradeReport | None = None  # of the grade() call under way
         self._workers: list[_Worker] = []

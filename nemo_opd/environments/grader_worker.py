@@ -1,7 +1,7 @@
 """A grader worker process: grades one answer at a time for grader_pool.GraderPool.
 
     python -m nemo_opd.environments.grader_worker --grader math_verify --max-answer-chars 1000 \\
-        --memory-mb 2048 --parent PID
+        --memory-mb 2048 --parent PID [--marked-only]
 
 Protocol, one JSON line each way on stdin / stdout: it writes "ready" once its engine is loaded,
 then reads {"response": str, "reference": str} and answers [correct, how] (math_verify.grade).
@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-answer-chars", type=int, required=True)
     parser.add_argument("--memory-mb", type=int, required=True)
     parser.add_argument("--parent", type=int, required=True)
+    parser.add_argument("--marked-only", action="store_true")
     args = parser.parse_args(argv)
     _die_with_parent(args.parent)
     _limit_memory(args.memory_mb)
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
     for line in sys.stdin.buffer:
         request = json.loads(line)
         response, reference = request["response"], request["reference"]
-        verdict = grade(response, reference, args.max_answer_chars, args.grader)
+        verdict = grade(response, reference, args.max_answer_chars, args.grader, args.marked_only)
         out.write(json.dumps(verdict).encode() + b"\n")
 
 

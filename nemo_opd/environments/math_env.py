@@ -37,7 +37,12 @@ class MathEnvironment:
     def __init__(self, cfg: MathEnvConfig):
         self.cfg = cfg
         self._pool = GraderPool(
-            cfg.num_workers, cfg.timeout_s, cfg.max_answer_chars, cfg.grader, cfg.worker_memory_mb
+            cfg.num_workers,
+            cfg.timeout_s,
+            cfg.max_answer_chars,
+            cfg.grader,
+            cfg.worker_memory_mb,
+            cfg.require_marked_answer,
         )
 
     def verify_batch(self, responses: list[str], references: list[str]) -> GradeReport:

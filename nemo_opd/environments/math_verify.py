@@ -8,7 +8,15 @@ Two engines (env.math.grader):
   answers, symbolic equivalence, rounded decimals, units and percent words.
 - builtin: builtin_grader (exact numbers and normalized text, no sympy): fast and narrow.
 
-Before either, a fast path (fast_verdict) answers when the verdict is certain: the response's
+Marked answers only (marked_only; env.math.require_marked_answer, on by default): a response
+must state its final answer in a box command or after an answer phrase ("answer is",
+"answer:"), and math-verify then reads only such an answer (its anchors, as TRL's accuracy
+reward reads completions: try_extract_without_anchor=False). Without it a response is read as
+math-verify reads a bare answer, its last expression anywhere: "7 + 112 =" is then the right
+answer to "What is 7 + 112?" (sympy evaluates 7 + 112 to 119), which GRPO on the tiny task
+learned to write within 100 steps (docs/generation.md).
+
+Before either engine, a fast path (fast_verdict) answers when the verdict is certain: the response's
 one \\boxed{} holds the reference's normalized text, or both are plain numbers that are equal (or
 unequal integers). The tiny task's answers all take it.
 
@@ -34,6 +42,7 @@ from nemo_opd.environments.builtin_grader import (
     boxed_answer_too_long,
     builtin_verify,
     clean_answer,
+    has_answer_phrase,
     has_control_chars,
     nesting_depth,
     normalize,
@@ -57,37 +66,53 @@ _LATEX_MARKS = ("$", "\\(", "\\[", *BOX_COMMANDS)
 
 
 def verify(
-    response: str, reference: str, max_answer_chars: int, grader: Grader = "math_verify"
+    response: str,
+    reference: str,
+    max_answer_chars: int,
+    grader: Grader = "math_verify",
+    marked_only: bool = False,
 ) -> bool:
     """Whether the final answer of a model response equals the reference answer.
 
     reference: as datasets give it: a bare answer ("12", "\\frac{1}{2}"), LaTeX ("$[0, 1)$"), or
     a whole solution whose answer is in \\boxed{} (MATH's solution column); it is parsed like the
-    response. Answers longer than max_answer_chars are wrong. Never raises: any error counts as
-    wrong. In-process and without a time limit (see the module docstring).
+    response. Answers longer than max_answer_chars are wrong. With marked_only, a response
+    whose answer is not in a box command or after an answer phrase is wrong (the module
+    docstring). Never raises: any error counts as wrong. In-process and without a time limit
+    (see the module docstring).
     """
-    return grade(response, reference, max_answer_chars, grader)[0]
+    return grade(response, reference, max_answer_chars, grader, marked_only)[0]
 
 
 def grade(
-    response: str, reference: str, max_answer_chars: int, grader: Grader = "math_verify"
+    response: str,
+    reference: str,
+    max_answer_chars: int,
+    grader: Grader = "math_verify",
+    marked_only: bool = False,
 ) -> tuple[bool, str]:
-    """(correct, how): verify()'s verdict and what gave it: "fast" (refused by a bound, or
-    fast_verdict), "builtin" or "math_verify"."""
+    """(correct, how): verify()'s verdict and what gave it: "fast" (refused by a bound or for an
+    unmarked answer, or fast_verdict), "builtin" or "math_verify"."""
     if not isinstance(response, str) or not isinstance(reference, str):
         return False, "fast"
     try:
         window = answer_window(response, max_answer_chars)
-        if window is None:
+        if window is None or (marked_only and not has_marked_answer(window)):
             return False, "fast"
         verdict = fast_verdict(window, reference, max_answer_chars)
         if verdict is not None:
             return verdict, "fast"
         if grader == "builtin":
             return builtin_verify(window, reference, max_answer_chars), "builtin"
-        return math_verify_engine(window, reference), "math_verify"
+        return math_verify_engine(window, reference, marked_only), "math_verify"
     except Exception:  # untrusted input: a bug here must not crash training
         return False, grader
+
+
+def has_marked_answer(response: str) -> bool:
+    """Whether a response states an answer where a reader looks for one: in a box command or
+    after an answer phrase."""
+    return any(command in response for command in BOX_COMMANDS) or has_answer_phrase(response)
 
 
 def fast_verdict(response: str, reference: str, max_answer_chars: int) -> bool | None:
@@ -140,17 +165,25 @@ def _plain_number(answer: str) -> Fraction | None:
     return Fraction(text) if _PLAIN_NUMBER_RE.fullmatch(text) else None
 
 
-def math_verify_engine(window: str, reference: str) -> bool:
-    """math-verify's verdict on a response's answer_window."""
+def math_verify_engine(window: str, reference: str, marked_only: bool = False) -> bool:
+    """math-verify's verdict on a response's answer_window; with marked_only it reads only an
+    answer at one of its anchors (a box, "final answer is", ...)."""
     # Imported here: the driver imports this module for its names; only grader workers grade.
-    from math_verify import parse
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse
     from math_verify import verify as math_verify_verify
 
     gold = _reference_window(reference)
     if gold is None:
         return False
     gold_parsed = parse(gold, parsing_timeout=None)
-    predicted = parse(window, parsing_timeout=None)
+    if marked_only:
+        anchored = [
+            LatexExtractionConfig(try_extract_without_anchor=False),
+            ExprExtractionConfig(try_extract_without_anchor=False),
+        ]
+        predicted = parse(window, extraction_config=anchored, parsing_timeout=None)
+    else:
+        predicted = parse(window, parsing_timeout=None)
     return bool(math_verify_verify(gold_parsed, predicted, timeout_seconds=None))
 
 

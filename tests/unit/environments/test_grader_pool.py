@@ -162,3 +162,14 @@ def test_closed_pool():
     assert not any(psutil.pid_exists(pid) for pid in pids)
     with pytest.raises(RuntimeError, match="closed"):
         pool.grade(["1"], ["1"])
+
+
+def test_marked_answers_only_through_the_workers(pool):
+    unmarked, marked = "7 + 112 =", r"7 + 112 = 119. \boxed{119}"
+    assert pool.grade([unmarked, marked], ["119", "119"]).verdicts == [True, True]
+    strict = GraderPool(1, TIMEOUT_S, 1000, "math_verify", MEMORY_MB, marked_only=True)
+    try:
+        report = strict.grade([unmarked, marked, "The answer is 7 + 112."], ["119"] * 3)
+        assert report.verdicts == [False, True, True] and report.fast >= 1
+    finally:
+        strict.close()

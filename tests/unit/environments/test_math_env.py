@@ -38,7 +38,10 @@ MIXED = [
     ),
     (conversation("\\boxed{" + "9" * 5000 + "}"), {"answer": "9"}, False),
     (conversation("\\boxed{9^9^9^9}"), {"answer": 7}, False),
-    (conversation("so $x \\in [-2, 7]$"), {"answer": "$-2 \\leq x \\leq 7$"}, True),
+    (conversation("so the answer is $x \\in [-2, 7]$"), {"answer": "$-2 \\leq x \\leq 7$"}, True),
+    # an answer that is not marked (box, answer phrase) is wrong, even where math-verify would
+    # evaluate it to the reference (env.math.require_marked_answer, the default)
+    (conversation("7 + 112 ="), {"answer": "119"}, False),
 ]
 
 
@@ -48,7 +51,7 @@ def run_mixed(environment: MathEnvironment) -> EnvironmentStep:
     step = environment.step(logs, meta)
     assert len(step.rewards) == len(step.done) == len(step.next_messages) == len(MIXED)
     assert step.rewards == [1.0 if ok else 0.0 for _, _, ok in MIXED]
-    assert [m["attempts"] for m in step.metadata] == [1, 1, 3, 1, 2, 1, 1, 1]
+    assert [m["attempts"] for m in step.metadata] == [1, 1, 3, 1, 2, 1, 1, 1, 1]
     assert [m["answer"] for m in step.metadata] == [m["answer"] for m in meta]
     assert "attempts" not in MIXED[0][1]  # the caller's metadata is not mutated
     return step
@@ -58,10 +61,11 @@ def test_mixed_batch_without_retry(env):
     step = run_mixed(env)
     assert step.done == [True] * len(MIXED)
     assert step.next_messages == [None] * len(MIXED)
-    # settled without math-verify: the fraction, the 5000-digit box, the empty reply
+    # settled without math-verify: the pair, the retried box, the 5000-digit box, and (no
+    # marked answer) the empty reply and the restated question
     assert step.metrics == {
-        "graded": 8.0,
-        "fast_path": 3.0,
+        "graded": 9.0,
+        "fast_path": 5.0,
         "grader_timeouts": 0.0,
         "grader_crashes": 0.0,
     }

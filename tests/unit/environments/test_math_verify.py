@@ -193,6 +193,23 @@ def test_engines():
     assert grade(r"\boxed{x+1}", "1+x", 1000, "builtin") == (False, "builtin")
 
 
+@pytest.mark.parametrize("grader", ["math_verify", "builtin"])
+def test_marked_answers_only(grader):
+    # What GRPO on the tiny task learned to write with math-verify's default reading: the
+    # question restated, which sympy evaluates to the reference.
+    assert verify("7 + 112 =", "119", 1000) and verify("7 + 112 = 119.", "119", 1000)
+    for response in ("7 + 112 =", "7 + 112 = 119.", "119", "$119$", ""):
+        assert grade(response, "119", 1000, grader, marked_only=True) == (False, "fast")
+    for response in (
+        r"7 + 112 = 119. \boxed{119}",
+        "The answer is 119.",
+        "Answer: $119$",
+    ):
+        assert verify(response, "119", 1000, grader, marked_only=True), response
+    # math-verify reads the marked answer, not the last expression
+    assert not verify("The answer is 120, not 7 + 112.", "119", 1000, grader, marked_only=True)
+
+
 def test_max_answer_chars():
     long = "1" * 50
     assert verify(f"\\boxed{{{long}}}", long, 50)
