@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from harness import loop_records, run_meta, write_results  # noqa: E402
 
 CONFIGS = {
-    "tiny": "examples/configs/distillation_tiny.yaml",
+    "tiny": "examples/configs/distillation_tiny_100.yaml",
     "served": "examples/configs/distillation_tiny_served_teacher.yaml",
 }
 TEACHER_PHASES = ("teacher_topk", "teacher_logprobs")

@@ -11,7 +11,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import bench_vs_trl  # noqa: E402
 
-TINY = str(REPO / "examples/configs/distillation_tiny.yaml")
+TINY = str(REPO / "examples/configs/distillation_tiny_100.yaml")
 
 
 def test_settings_match_the_config():
