@@ -70,22 +70,29 @@ def rollouts_per_step(config: str, overrides: list[str]) -> int:
 
 
 def validation_points(log_dir: Path, per_step: int) -> list[dict]:
-    """{"step", "rollouts", "elapsed_s", "accuracy"} of each validation the run logged."""
+    """{"step", "rollouts", "elapsed_s", "accuracy"} of each validation the run logged.
+    "rollouts" counts the rows trained by then: the steps' `rollout/samples` (a supervised or
+    off-policy step trains each dataset response once, not per_step copies), per_step a step
+    where a run did not log it."""
     from nemo_opd.utils.logger import read_jsonl
 
     metrics = log_dir / "metrics.jsonl"
     if not metrics.exists():
         return []
-    return [
-        {
-            "step": record["step"],
-            "rollouts": record["step"] * per_step,
-            "elapsed_s": record.get("progress/elapsed_s"),
-            "accuracy": record["validation/accuracy"],
-        }
-        for record in read_jsonl(metrics)
-        if "validation/accuracy" in record
-    ]
+    points, trained = [], 0
+    for record in read_jsonl(metrics):
+        if record["step"] > 0:
+            trained += int(record.get("rollout/samples", per_step))
+        if "validation/accuracy" in record:
+            points.append(
+                {
+                    "step": record["step"],
+                    "rollouts": trained,
+                    "elapsed_s": record.get("progress/elapsed_s"),
+                    "accuracy": record["validation/accuracy"],
+                }
+            )
+    return points
 
 
 def run_one(

@@ -49,7 +49,9 @@ def test_a_sweep_runs_its_grid_once_and_resumes_without_running_again(tmp_path):
         )
         assert config["data"]["val_split"] == "development"
         assert 0.0 <= record["final"] <= 1.0 and record["best"] == record["final"]
-        assert record["points"][-1]["rollouts"] == 16  # 8 prompts x 2 samples, one step
+    # rows trained: 8 prompts x 2 samples in one step; the supervised step trains each of its 8
+    # reference solutions once
+    assert [r["points"][-1]["rollouts"] for r in records] == [16, 8]
     again = _sweep(tmp_path)
     assert again.returncode == 0 and again.stdout.count("recorded, skipped") == 2
     assert len((tmp_path / "runs.jsonl").read_text().splitlines()) == 2
