@@ -149,7 +149,7 @@ def sweep(args: argparse.Namespace) -> list[dict]:
     done = {run_key(r, args.config[0]) for r in read_records(journal) if r["status"] == 0}
     todo = [(c, p, s) for c in args.config for p in grid_points(args.grid) for s in args.seeds]
     for index, (config, point, seed) in enumerate(todo, start=1):
-        label = " ".join([Path(config).stem, *point])
+        label = label_of(config, point)
         if (config, point, seed) in done:
             print(f"[{index}/{len(todo)}] {label} seed={seed}: recorded, skipped", flush=True)
             continue
