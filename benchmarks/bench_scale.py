@@ -15,7 +15,8 @@ Three implementations:
     trl        TRL's GKD (trl.experimental.gkd.GKDTrainer.generalized_jsd_loss, beta 0: the
                forward KL), which takes the student's and the teacher's whole [N, V] logits;
                its teacher path is the teacher's logits and log-softmax the loss reads
-The loss is the top-k forward KL (k = --k, bucket tail), the default objective of the tiny run.
+The loss is the top-k forward KL (k = --k, bucket tail), the default objective of the tiny run,
+with the implementation a run picks ("auto": the fused Triton kernel on CUDA, torch on CPU).
 
 Each (implementation, path, N) runs in a process of its own, which measures its peak memory
 above what its inputs hold: on CPU the peak resident set (VmHWM) minus the resident set once
@@ -108,7 +109,7 @@ def run_once(args, inputs: dict) -> None:
         )
         loss.backward()
         return
-    loss_fn = DistillationLossFn(params=TopkKLParams(kl_type="forward"), implementation="torch")
+    loss_fn = DistillationLossFn(params=TopkKLParams(kl_type="forward"), implementation="auto")
     fields, count = inputs["fields"], float(n)
     if args.impl == "unchunked":
         loss, _ = loss_fn(_linear(h, w).unsqueeze(0), fields, count)

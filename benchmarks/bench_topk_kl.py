@@ -23,10 +23,13 @@ Candidates:
 
 Ours run with both tails: "renormalize" computes NeMo-RL's divergence (the like-for-like
 comparison), "bucket" our default (reported beside it; it also streams the logits once more).
-For the fused kernel the table gives the achieved bandwidth of its forward: the bytes its
-vocabulary passes move (bucket: the logits read twice and the gradient written once;
-renormalize: the logits read once and the gradient written once) over the forward time, against
-the device's peak (--peak-gbps, or a small table by device name).
+For the fused kernel the table gives the bytes its vocabulary passes must move over its total
+time, and that as a fraction of the traffic bound: those bytes at the device-to-device copy
+bandwidth measured in the same run (a large tensor copy, bytes read plus written). The passes
+over [N, V] in the logits' dtype: bucket reads the logits twice and writes the gradient once
+(6 N V bytes in bf16), renormalize reads once and writes once; the per_token path's backward
+reads and writes the gradient once more. --block-v sweeps the kernel's vocabulary block on the
+training path (rows "triton bv=B"; the default is the heuristic's choice).
 """
 
 import argparse
@@ -38,9 +41,6 @@ import torch
 from harness import Measurement, device_name, format_table, measure, write_json
 
 from nemo_opd.losses import KL_TYPES, TAILS, TopkKLParams, topk_kl, topk_kl_weighted_sum
-
-PEAK_GBPS = {"H200": 4800.0, "H100 PCIe": 2000.0, "H100 NVL": 3900.0, "H100": 3350.0}
-"""Peak HBM bandwidth in GB/s by device-name fragment, most specific first (SXM for H100)."""
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 IMPLS = ("triton", "torch", "nemo_rl_reimpl")
@@ -118,16 +118,59 @@ def make_case(n, vocab, k, dtype, device, seed=0):
     return logits, top.values, top.indices, weights
 
 
-def bandwidth_columns(row: Measurement, n: int, vocab: int, itemsize: int, tail: str, peak_gbps):
-    """Achieved bandwidth of the fused kernel's forward: its vocabulary passes move
-    (3 for bucket, 2 for renormalize) * itemsize * N * V bytes."""
-    if row.name != "triton" or row.forward_ms is None:
+def vocab_passes(tail: str, path: str) -> int:
+    """Passes over [N, V] in the logits' dtype the fused kernel must make (module docstring)."""
+    return (3 if tail == "bucket" else 2) + (2 if path == "per_token" else 0)
+
+
+def bandwidth_columns(row: Measurement, passes: int, itemsize: int, copy_gbps: float | None):
+    """The kernel's achieved bandwidth (the bytes its passes must move over its total time) and
+    its fraction of the traffic bound at the measured copy bandwidth."""
+    if row.total_ms is None:
         return
-    passes = 3 if tail == "bucket" else 2
-    gbps = passes * itemsize * n * vocab / (row.forward_ms * 1e-3) / 1e9
-    row.extra["fwd GB/s"] = gbps
-    if peak_gbps:
-        row.extra["% of HBM peak"] = 100.0 * gbps / peak_gbps
+    n, vocab = row.case["N"], row.case["V"]
+    gbps = passes * itemsize * n * vocab / (row.total_ms * 1e-3) / 1e9
+    row.extra["GB/s"] = gbps
+    if copy_gbps:
+        row.extra["% of bound"] = 100.0 * gbps / copy_gbps
+
+
+def copy_bandwidth_gbps(device: torch.device, gib: float = 2.0, iters: int = 20) -> float:
+    """Device-to-device copy bandwidth in GB/s (bytes read plus written), CUDA-event median of
+    `iters` copies of a `gib` GiB tensor after warm-up."""
+    import statistics
+
+    src = torch.empty(int(gib * 2**30) // 4, dtype=torch.float32, device=device).uniform_()
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        torch.cuda.synchronize(device)
+        times.append(start.elapsed_time(end))
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * gib * 2**30 / (statistics.median(times) * 1e-3) / 1e9
+
+
+def block_sweep_candidate(block_v: int, params: TopkKLParams):
+    """The fused kernel's training path (weights folded into the gradient in forward, which
+    writes the gradient) at a given vocabulary block."""
+    from nemo_opd.ops.topk_kl_triton import topk_kl_triton_forward
+
+    def forward(x: Inputs):
+        logits = x.logits.detach()
+        div, _, grad = topk_kl_triton_forward(
+            logits, x.teacher_logprobs, x.teacher_ids, params, row_weights=x.weights,
+            block_v=block_v,
+        )  # fmt: skip
+        return (div * x.weights).sum(), grad
+
+    return forward
 
 
 def parse_args(argv=None):
@@ -147,7 +190,10 @@ def parse_args(argv=None):
     parser.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--iters", type=int, default=10)
-    parser.add_argument("--peak-gbps", type=float, default=None)
+    parser.add_argument(
+        "--block-v", type=int, nargs="*", default=[],
+        help="also time the fused kernel's training path at these vocabulary blocks",
+    )  # fmt: skip
     parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args(argv)
     if args.quick:
@@ -178,7 +224,9 @@ def main(argv=None) -> int:
         print("no CUDA device: run with --device cpu --quick for a smoke run", file=sys.stderr)
         return 2
     name = device_name(device)
-    peak = args.peak_gbps or next((v for k, v in PEAK_GBPS.items() if k in name), None)
+    copy_gbps = copy_bandwidth_gbps(device) if device.type == "cuda" else None
+    if copy_gbps:
+        print(f"# device-to-device copy: {copy_gbps:.0f} GB/s (read + write)", flush=True)
     base = TopkKLParams(
         kl_type=args.kl_type,
         mixed_kl_weight=args.mixed_kl_weight,
@@ -206,16 +254,29 @@ def main(argv=None) -> int:
                             impl, case, make_inputs, candidate(impl, path, params), backward,
                             device=device, warmup=args.warmup, iters=args.iters,
                         )  # fmt: skip
-                        if device.type == "cuda":
-                            itemsize = logits.element_size()
-                            bandwidth_columns(row, n, args.vocab, itemsize, tail, peak)
+                        if device.type == "cuda" and impl == "triton":
+                            passes = vocab_passes(tail, path)
+                            bandwidth_columns(row, passes, logits.element_size(), copy_gbps)
                         rows.append(row)
+            for tail in args.tails if "triton" in impls else ():
+                params = dataclasses.replace(base, tail=tail)
+                for block_v in args.block_v:
+                    case = {"N": n, "V": args.vocab, "k": k, "path": "training", "tail": tail}
+                    row = measure(
+                        f"triton bv={block_v}", case, make_inputs,
+                        block_sweep_candidate(block_v, params), lambda inputs, out: None,
+                        device=device, warmup=args.warmup, iters=args.iters,
+                    )  # fmt: skip
+                    if device.type == "cuda":
+                        passes = vocab_passes(tail, "training")
+                        bandwidth_columns(row, passes, logits.element_size(), copy_gbps)
+                    rows.append(row)
             del logits, logprobs, ids, weights
 
     print(f"# top-k KL ({args.kl_type}, {args.dtype} logits) on {name}")
-    print(format_table(rows, extra_columns=["fwd GB/s", "% of HBM peak"]))
+    print(format_table(rows, extra_columns=["GB/s", "% of bound"]))
     if args.json:
-        meta = {"device": name, "peak_gbps": peak, "args": vars(args)}
+        meta = {"device": name, "copy_gbps": copy_gbps, "args": vars(args)}
         write_json(args.json, rows, meta)
     return 0
 

@@ -1,0 +1,324 @@
+"""A training engine built in this process (world size 1, no Ray), as a worker builds it.
+
+    # throughput at Qwen3-1.7B's shape (random weights, bf16): training tokens/s unpacked and
+    # packed, teacher top-k tokens/s, peak memory
+    python benchmarks/bench_engine.py throughput --device cuda --json engine.json
+    # the tiny task's models: one teacher top-k phase and two training steps, as JSON
+    python benchmarks/bench_engine.py parity --device cpu --json cpu.json
+    python benchmarks/bench_engine.py parity --device cuda --backend megatron --json mcore.json
+    # compare two parity runs (exit status 1 when they disagree)
+    python benchmarks/bench_engine.py compare cpu.json mcore.json
+
+throughput: a Qwen3 model of --shape (qwen3-1.7b: hidden 2048, 28 layers, 16 heads, 8 KV
+heads, head_dim 128, MLP 6144, vocabulary 151936, tied embeddings; tiny: a 2-layer model for a
+smoke run) is saved with random weights, then loaded by the engine (DTensorEngine or
+MegatronEngine, --backend) exactly as a worker loads a checkpoint. A batch of --rows rows with
+lengths drawn uniformly from [--seq / 4, --seq] and a random teacher top-k (k = --k) is trained
+on with DistillationLossFn (the fused kernel on CUDA, `implementation="auto"`), first in
+padded microbatches of --micro rows, then sequence-packed (microbatches of --micro x --seq
+tokens); tokens/s counts the rows' real tokens over the median wall time of --repeats calls of
+Engine.train (one optimizer step each) after one warm-up call. The teacher phase times
+Engine.get_topk_logits on the same batch. Peak memory is torch.cuda.max_memory_allocated
+during each phase. Packing and padding share one engine (its microbatching setting is switched
+between the phases; weights keep training).
+
+parity: the tiny task's prebuilt teacher and student in float32: the teacher's top-k on a
+seeded batch, then two training steps of the student on it (the distillation loss on the
+teacher's top-k). compare checks losses, gradient norms and the teacher's top-k log-probs to
+a relative 1e-3 and the top-k ids to 99% agreement (ties may order differently on another
+device).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+SHAPES = {
+    "qwen3-1.7b": dict(
+        hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
+        num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True,
+        max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6,
+    ),
+    "tiny": dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, vocab_size=1024, tie_word_embeddings=True,
+        max_position_embeddings=512, rms_norm_eps=1e-6,
+    ),
+}  # fmt: skip
+PARITY_RTOL = 1e-3
+PARITY_ID_AGREEMENT = 0.99
+
+
+def build_engine(model_dir: str, device: torch.device, backend: str, precision: str, **policy):
+    """An engine of world size 1 in this process: the process group (gloo on CPU, nccl on
+    CUDA) and the meshes, then the backend's engine with an optimizer (frozen when
+    `policy` says optimizer=None)."""
+    import torch.distributed as dist
+
+    from nemo_opd.config import PolicyConfig
+    from nemo_opd.distributed.parallel_dims import ParallelDims
+    from nemo_opd.distributed.process_group import find_free_port, init_distributed
+
+    if not dist.is_initialized():
+        init_distributed(0, 1, "127.0.0.1", find_free_port(), device.type, timeout_s=120)
+    raw = {
+        "model_name": model_dir,
+        "tokenizer": {"name": model_dir},
+        "precision": precision,
+        "max_grad_norm": 1.0,
+        "optimizer": {"lr": 1e-5, "weight_decay": 0.01},
+        "scheduler": {"warmup_steps": 0},
+        **policy,
+    }
+    if backend == "megatron":
+        raw["dtensor_cfg"] = {"enabled": False}
+        raw["megatron_cfg"] = {"enabled": True}
+    cfg = PolicyConfig.model_validate(raw)
+    dims = ParallelDims(world_size=1, device_type=device.type)
+    dims.build_mesh()
+    with_optimizer = cfg.optimizer is not None
+    if backend == "megatron":
+        from nemo_opd.policy.engines.megatron import MegatronEngine
+
+        return MegatronEngine(cfg, dims, device, with_optimizer, total_steps=100)
+    from nemo_opd.policy.engines.dtensor import DTensorEngine
+
+    return DTensorEngine(cfg, dims, device, with_optimizer, total_steps=100)
+
+
+def make_batch(rows: int, seq: int, vocab: int, k: int, seed: int, min_len: int) -> dict:
+    """Right-padded rows of lengths in [min_len, seq] (the first one full), every position
+    after the first graded, and a random teacher top-k over the vocabulary."""
+    from nemo_opd.data.batching import TensorBatch
+
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(min_len, seq + 1, (rows,), generator=gen)
+    lengths[0] = seq
+    positions = torch.arange(seq)
+    valid = positions < lengths.unsqueeze(1)
+    ids = torch.where(valid, torch.randint(1, vocab, (rows, seq), generator=gen), 0)
+    scores = torch.randn(rows, seq, k, generator=gen) * 2
+    values = torch.log_softmax(scores, -1) - 0.05  # the teacher's top-k holds 95% of the mass
+    indices = torch.stack([torch.randperm(vocab, generator=gen)[:k] for _ in range(64)])
+    indices = indices[torch.randint(0, 64, (rows, seq), generator=gen)]
+    return TensorBatch(
+        input_ids=ids,
+        input_lengths=lengths,
+        token_mask=((positions >= 1) & valid).float(),
+        sample_mask=torch.ones(rows),
+        teacher_topk_logprobs=values.sort(-1, descending=True).values,
+        teacher_topk_indices=indices.to(torch.int32),
+    )
+
+
+def save_random_model(shape: str, root: Path, device: torch.device, seed: int = 0) -> str:
+    """A Qwen3 model of `shape` with random weights saved in bf16 under root (built on
+    `device`, which is fast on a GPU); returns its directory."""
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    torch.manual_seed(seed)
+    config = Qwen3Config(**SHAPES[shape])
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    path = root / shape
+    model.save_pretrained(path)
+    del model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return str(path)
+
+
+def timed(device: torch.device, call, repeats: int) -> tuple[float, float]:
+    """(median seconds of `repeats` calls after one warm-up, peak memory GiB over them)."""
+    call()
+    sync(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        sync(device)
+        times.append(time.perf_counter() - start)
+    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    return statistics.median(times), peak
+
+
+def gib(peak: float | None) -> str:
+    return "" if peak is None else f", peak {peak:.1f} GiB"
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def throughput(args) -> dict:
+    """Training (padded, packed) and teacher top-k tokens/s of one engine (module docstring)."""
+    from nemo_opd.losses import DistillationLossFn, TopkKLParams
+
+    device = torch.device(args.device)
+    with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
+        start = time.perf_counter()
+        model_dir = save_random_model(args.shape, Path(tmp), device)
+        saved = time.perf_counter() - start
+        micro_tokens = args.micro * args.seq
+        engine = build_engine(
+            model_dir, device, args.backend, args.precision,
+            train_global_batch_size=args.rows, train_micro_batch_size=args.micro,
+            logprob_batch_size=args.micro, max_total_sequence_length=args.seq,
+            logits_chunk_tokens=args.chunk,
+        )  # fmt: skip
+        built = time.perf_counter() - start - saved
+    vocab = SHAPES[args.shape]["vocab_size"]
+    batch = make_batch(args.rows, args.seq, vocab, args.k, seed=1, min_len=max(2, args.seq // 4))
+    tokens = int(batch["input_lengths"].sum())
+    loss_fn = DistillationLossFn(params=TopkKLParams(kl_type="reverse"), implementation="auto")
+    record = {
+        "shape": args.shape, "backend": args.backend, "precision": args.precision,
+        "rows": args.rows, "seq": args.seq, "micro": args.micro, "k": args.k,
+        "tokens": tokens, "logits_chunk_tokens": args.chunk,
+        "save_s": round(saved, 2), "build_s": round(built, 2),
+    }  # fmt: skip
+    padded = engine.cfg
+    packing = {"enabled": True, "train_mb_tokens": micro_tokens, "logprob_mb_tokens": micro_tokens}
+    packed = padded.model_copy(
+        update={"sequence_packing": padded.sequence_packing.model_copy(update=packing)}
+    )
+    losses = []
+
+    def train():
+        losses.append(engine.train(batch, loss_fn, args.rows)["loss"][0])
+
+    for label, cfg in (("padded", padded), ("packed", packed)):
+        engine.cfg = cfg
+        seconds, peak = timed(device, train, args.repeats)
+        record[f"train_{label}_tokens_per_s"] = round(tokens / seconds, 1)
+        record[f"train_{label}_peak_gib"] = None if peak is None else round(peak, 2)
+        print(f"train {label}: {tokens / seconds:,.0f} tokens/s{gib(peak)}", flush=True)
+    record["losses"] = losses
+    engine.cfg = packed
+    seconds, peak = timed(device, lambda: engine.get_topk_logits(batch, args.k), args.repeats)
+    record["teacher_topk_tokens_per_s"] = round(tokens / seconds, 1)
+    record["teacher_topk_peak_gib"] = None if peak is None else round(peak, 2)
+    print(f"teacher top-k: {tokens / seconds:,.0f} tokens/s{gib(peak)}", flush=True)
+    if not all(torch.isfinite(torch.tensor(losses))):
+        raise SystemExit(f"non-finite training loss: {losses}")
+    return record
+
+
+def parity(args) -> dict:
+    """The tiny task's teacher top-k and two student training steps (module docstring)."""
+    import torch.distributed as dist
+
+    from nemo_opd.losses import DistillationLossFn, TopkKLParams
+    from nemo_opd.tiny import resolve_pretrained
+
+    device = torch.device(args.device)
+    k, rows, seq = 8, 8, 48
+    common = dict(
+        train_global_batch_size=rows // 2, train_micro_batch_size=2, logprob_batch_size=4,
+        max_total_sequence_length=seq, logits_chunk_tokens=32,
+    )  # fmt: skip
+    teacher_dir = str(resolve_pretrained("tiny:teacher"))
+    student_dir = str(resolve_pretrained("tiny:student"))
+    from transformers import AutoConfig
+
+    vocab = AutoConfig.from_pretrained(student_dir).vocab_size
+    batch = make_batch(rows, seq, vocab, k, seed=3, min_len=12)
+    teacher = build_engine(
+        teacher_dir, device, args.backend, "float32", **common, optimizer=None, scheduler=None
+    )
+    values, indices = teacher.get_topk_logits(batch, k)
+    del teacher
+    batch["teacher_topk_logprobs"], batch["teacher_topk_indices"] = values, indices
+    torch.manual_seed(0)
+    student = build_engine(student_dir, device, args.backend, "float32", **common)
+    loss_fn = DistillationLossFn(params=TopkKLParams(kl_type="reverse"), implementation="auto")
+    history = student.train(batch, loss_fn, rows // 2)
+    dist.barrier()
+    return {
+        "backend": args.backend,
+        "device": args.device,
+        "teacher_topk_logprobs": values.tolist(),
+        "teacher_topk_indices": indices.tolist(),
+        "loss": history["loss"],
+        "grad_norm": history["grad_norm"],
+    }
+
+
+def compare(paths: list[Path]) -> int:
+    """Print how two parity records differ; 0 when within PARITY_RTOL / PARITY_ID_AGREEMENT."""
+    a, b = (json.loads(Path(p).read_text()) for p in paths)
+    checks = []
+    for name in ("loss", "grad_norm", "teacher_topk_logprobs"):
+        x, y = (
+            torch.tensor(a[name], dtype=torch.float64),
+            torch.tensor(b[name], dtype=torch.float64),
+        )
+        rel = float((x - y).norm() / y.norm().clamp(min=1e-12))
+        checks.append((name, f"relative difference {rel:.2e}", rel <= PARITY_RTOL))
+    ids_a, ids_b = torch.tensor(a["teacher_topk_indices"]), torch.tensor(b["teacher_topk_indices"])
+    agreement = float((ids_a == ids_b).float().mean())
+    checks.append(("teacher_topk_indices", f"agreement {agreement:.4f}", agreement >= 0.99))
+    label = f"{a['backend']}/{a['device']} vs {b['backend']}/{b['device']}"
+    for name, text, ok in checks:
+        print(f"{label}  {name:22} {text:32} {'pass' if ok else 'FAIL'}")
+    print(f"{label}  losses {a['loss']} vs {b['loss']}")
+    return 0 if all(ok for _, _, ok in checks) else 1
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="mode", required=True)
+    for mode in ("throughput", "parity"):
+        p = sub.add_parser(mode)
+        p.add_argument("--device", default="cuda")
+        p.add_argument("--backend", default="dtensor", choices=["dtensor", "megatron"])
+        p.add_argument("--json", type=Path)
+        if mode == "throughput":
+            p.add_argument("--shape", default="qwen3-1.7b", choices=sorted(SHAPES))
+            p.add_argument("--precision", default="bfloat16")
+            p.add_argument("--rows", type=int, default=16)
+            p.add_argument("--seq", type=int, default=2048)
+            p.add_argument("--micro", type=int, default=2)
+            p.add_argument("--k", type=int, default=64)
+            p.add_argument("--chunk", type=int, default=1024, help="logits_chunk_tokens")
+            p.add_argument("--repeats", type=int, default=2)
+            p.add_argument("--tmp", default=None, help="where the random model is saved")
+    p = sub.add_parser("compare")
+    p.add_argument("records", type=Path, nargs=2)
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.mode == "compare":
+        return compare(args.records)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("no CUDA device: use --device cpu", file=sys.stderr)
+        return 2
+    record = throughput(args) if args.mode == "throughput" else parity(args)
+    record["device_name"] = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    if args.json:
+        args.json.write_text(json.dumps(record, indent=1))
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
