@@ -29,7 +29,11 @@ bandwidth measured in the same run (a large tensor copy, bytes read plus written
 over [N, V] in the logits' dtype: bucket reads the logits twice and writes the gradient once
 (6 N V bytes in bf16), renormalize reads once and writes once; the per_token path's backward
 reads and writes the gradient once more. --block-v sweeps the kernel's vocabulary block on the
-training path (rows "triton bv=B"; the default is the heuristic's choice).
+training path (rows "triton bv=B"; the default is the heuristic's choice). --inplace adds the
+training path with inplace_grad (rows "triton inplace": the gradient written over the logits,
+DistillationLossFn(inplace_grad=True)), whose extra memory is O(N k). --profile prints, for the
+first N and k, torch.profiler's table of one training-path call per tail: where the time goes,
+kernel by kernel, and the host's share.
 """
 
 import argparse
@@ -79,6 +83,15 @@ def nemo_rl_reimpl(logits, teacher_logprobs, teacher_ids, params: TopkKLParams) 
 
 def candidate(impl: str, path: str, params: TopkKLParams):
     """forward(inputs) of one candidate on one path: the [N] divergence or the scalar loss."""
+    if impl == "triton inplace":
+
+        def training(x: Inputs) -> torch.Tensor:
+            return topk_kl_weighted_sum(
+                x.logits, x.teacher_logprobs, x.teacher_ids, x.weights, params=params,
+                implementation="triton", inplace_grad=True,
+            )[0]  # fmt: skip
+
+        return training
     if impl == "nemo_rl_reimpl":
 
         def per_token(x: Inputs) -> torch.Tensor:
@@ -105,6 +118,25 @@ def candidate(impl: str, path: str, params: TopkKLParams):
 def backward(inputs: Inputs, out: torch.Tensor) -> None:
     """A scalar loss: loss.backward(); a per-position divergence: a gradient of ones."""
     out.backward(torch.ones_like(out))
+
+
+def profile_training_path(make_inputs, params: TopkKLParams, device, iters: int = 5) -> str:
+    """torch.profiler's table (by device time) of `iters` training-path calls of the fused
+    kernel, after a warm-up call."""
+    from torch.profiler import ProfilerActivity, profile
+
+    forward = candidate("triton", "training", params)
+    backward(inputs := make_inputs(), forward(inputs))
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(iters):
+            inputs = make_inputs()
+            backward(inputs, forward(inputs))
+            del inputs
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    return prof.key_averages().table(sort_by=sort, row_limit=14, max_name_column_width=44)
 
 
 def make_case(n, vocab, k, dtype, device, seed=0):
@@ -188,6 +220,8 @@ def parse_args(argv=None):
     parser.add_argument("--tails", nargs="+", default=["renormalize", "bucket"], choices=TAILS)
     parser.add_argument("--paths", nargs="+", default=list(PATHS), choices=PATHS)
     parser.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS)
+    parser.add_argument("--inplace", action="store_true", help="add the inplace_grad path")
+    parser.add_argument("--profile", action="store_true", help="profile the training path")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument(
@@ -246,7 +280,8 @@ def main(argv=None) -> int:
             for path in args.paths:
                 for tail in args.tails:
                     params = dataclasses.replace(base, tail=tail)
-                    for impl in impls:
+                    inplace = ["triton inplace"] if args.inplace and path == "training" else []
+                    for impl in impls + (inplace if "triton" in impls else []):
                         if impl == "nemo_rl_reimpl" and tail != "renormalize":
                             continue  # NeMo-RL has no tail bucket
                         case = {"N": n, "V": args.vocab, "k": k, "path": path, "tail": tail}
@@ -254,7 +289,7 @@ def main(argv=None) -> int:
                             impl, case, make_inputs, candidate(impl, path, params), backward,
                             device=device, warmup=args.warmup, iters=args.iters,
                         )  # fmt: skip
-                        if device.type == "cuda" and impl == "triton":
+                        if device.type == "cuda" and impl.startswith("triton"):
                             passes = vocab_passes(tail, path)
                             bandwidth_columns(row, passes, logits.element_size(), copy_gbps)
                         rows.append(row)
@@ -271,6 +306,11 @@ def main(argv=None) -> int:
                         passes = vocab_passes(tail, "training")
                         bandwidth_columns(row, passes, logits.element_size(), copy_gbps)
                     rows.append(row)
+            if args.profile and (n, k) == (args.n[0], args.k[0]):
+                for tail in args.tails if "triton" in impls else ():
+                    params = dataclasses.replace(base, tail=tail)
+                    print(f"# profile: the fused kernel's training path, N={n} k={k} {tail}")
+                    print(profile_training_path(make_inputs, params, device), flush=True)
             del logits, logprobs, ids, weights
 
     print(f"# top-k KL ({args.kl_type}, {args.dtype} logits) on {name}")

@@ -93,7 +93,7 @@ if [[ $DRY == 1 ]]; then
     DEVICE=cpu
     KERNEL_ENV=(env TRITON_INTERPRET=1)
     KERNEL_TESTS=(-k "test_odd_shapes or test_gpu or (test_matches_brute_force and reverse-bucket)")
-    TOPK_ARGS=(--device cpu --quick --block-v 128 256)
+    TOPK_ARGS=(--device cpu --quick --block-v 128 256 --inplace --profile)
     SCALE_ARGS=(--device cpu --vocab 4096 --hidden 64 --tokens 64 --k 16 --chunk 32 --repeats 1)
     ENGINE_ARGS=(--device cpu --shape tiny --precision float32 --rows 4 --seq 64 --micro 2 --k 8
         --chunk 32 --repeats 1)
@@ -103,7 +103,7 @@ else
     KERNEL_ENV=(env)
     KERNEL_TESTS=()
     TOPK_ARGS=(--device cuda --vocab 151936 --k 64 128 --n 4096 16384 --dtype bf16
-        --block-v 1024 2048 4096 8192)
+        --block-v 1024 2048 4096 8192 --inplace --profile)
     SCALE_ARGS=(--device cuda --vocab 151936 --hidden 2048 --tokens 4096 16384 --k 64
         --chunk 1024 --repeats 3 --memory-gb 0)
     ENGINE_ARGS=(--device cuda --shape qwen3-1.7b --precision bfloat16 --rows 16 --seq 2048
@@ -125,7 +125,7 @@ step a_kernel 110 60 "${KERNEL_ENV[@]}" bash -c "
     '$PY' benchmarks/gpu_lane_report.py junit '$RES/kernel.xml'
     exit \$status"
 
-step b_topk 100 70 "${KERNEL_ENV[@]}" "$PY" benchmarks/bench_topk_kl.py "${TOPK_ARGS[@]}" \
+step b_topk 100 120 "${KERNEL_ENV[@]}" "$PY" benchmarks/bench_topk_kl.py "${TOPK_ARGS[@]}" \
     --paths training --json "$RES/topk_kl.json"
 
 step c_scale 80 20 "$PY" benchmarks/bench_scale.py "${SCALE_ARGS[@]}" --impls chunked unchunked \

@@ -23,7 +23,8 @@ Performance notes for the GPU (not yet measured, see docs/benchmarks.md): the vo
 read the logits in BLOCK_V-wide coalesced chunks (fp32 accumulation, one exp per logit per
 pass); pass 1 also spends k * BLOCK_V integer compares per row marking S lanes, and a serial
 cursor of k scalar loads that hit L1/L2. Block sizes come from a plain heuristic
-(`_vocab_block`), since @triton.autotune does not run in the interpreter.
+(`_vocab_block`, set from a sweep on an H200), since @triton.autotune does not run in the
+interpreter.
 
 The math (docs/loss.md has the long form)
 -----------------------------------------
@@ -385,9 +386,16 @@ def _check_runnable(logits: torch.Tensor) -> None:
         raise ValueError("the Triton kernel needs logits contiguous along the vocab dim")
 
 
-def _vocab_block(vocab: int, block_v: int | None) -> tuple[int, int]:
-    """(BLOCK_V, num_warps): up to 4096 logits per step, 8 warps for the large blocks."""
-    block = block_v if block_v is not None else min(4096, triton.next_power_of_2(vocab))
+def _vocab_block(vocab: int, block_v: int | None, tail_bucket: bool = False) -> tuple[int, int]:
+    """(BLOCK_V, num_warps) of the vocabulary passes.
+
+    Measured on an H200 at V = 151,936 (docs/benchmarks.md, the block sweep): with the tail
+    bucket, pass 1 marks the top-k lanes of each block with k block-wide compares, a cost that
+    grows with the block, so 1,024 logits per step (4 warps) is fastest; without it (renormalize)
+    larger blocks win, 8,192 (8 warps).
+    """
+    default = 1024 if tail_bucket else 8192
+    block = block_v if block_v is not None else min(default, triton.next_power_of_2(vocab))
     return block, (8 if block >= 2048 else 4)
 
 
@@ -438,9 +446,9 @@ def topk_kl_triton_forward(
     sorted_ids, order = torch.sort(teacher_indices, dim=-1)
     sorted_ids = sorted_ids.to(torch.int32).contiguous()
     a = teacher_logprobs.to(f32).gather(1, order).contiguous()
-    block, num_warps = _vocab_block(vocab, block_v)
-    block_k = triton.next_power_of_2(k)
     tail_bucket = params.tail == "bucket"
+    block, num_warps = _vocab_block(vocab, block_v, tail_bucket)
+    block_k = triton.next_power_of_2(k)
     inv_tau = 1.0 / params.temperature
 
     row_max = torch.empty(n, dtype=f32, device=device)
