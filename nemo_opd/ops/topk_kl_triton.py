@@ -21,10 +21,10 @@ inplace_grad).
 
 Performance notes for the GPU (not yet measured, see docs/benchmarks.md): the vocab passes
 read the logits in BLOCK_V-wide coalesced chunks (fp32 accumulation, one exp per logit per
-pass); pass 1 also spends k * BLOCK_V integer compares per row marking S lanes, and a serial
-cursor of k scalar loads that hit L1/L2. Block sizes come from a plain heuristic
-(`_vocab_block`, set from a sweep on an H200), since @triton.autotune does not run in the
-interpreter.
+pass); pass 1 takes the S part out of each block's sum with k-wide work, and marks S lanes with
+block-wide compares only in the rare blocks where that subtraction would cancel. Block sizes
+come from a plain heuristic (`_vocab_block`, set from a sweep on an H200), since
+@triton.autotune does not run in the interpreter.
 
 The math (docs/loss.md has the long form)
 -----------------------------------------
@@ -130,9 +130,12 @@ def _topk_kl_stats_kernel(
     over the local shard, and s at the ids of S owned by the shard (0 elsewhere). A shard row
     of -inf only gives m = the lowest finite float and T = U = 0.
 
-    idx_ptr holds the row's global ids sorted ascending, so the ids falling in a block of the
-    vocab are the next ones in that order: a cursor walks them once per row (k steps in all)
-    to mark the block's S lanes, which are left out of U.
+    U block by block: the block's sum minus the part of its S ids (k lanes, not BLOCK_V), unless
+    that part is over half the block's sum, where the subtraction would lose relative precision:
+    then the block's non-S lanes are summed directly. idx_ptr holds the row's global ids sorted
+    ascending, so a cursor started at the block's first id walks exactly the block's ids to mark
+    their lanes. Blocks that hold most of their own mass in S are few (the student's top ids),
+    so the block-wide marking, whose cost grows with k * BLOCK_V, is paid rarely.
     """
     row = tl.program_id(0).to(tl.int64)
     z_row = z_ptr + row * z_row_stride
@@ -151,23 +154,30 @@ def _topk_kl_stats_kernel(
     m = _FLOAT32_LOWEST
     total = 0.0
     tail = 0.0
-    cursor = 0
-    next_id = tl.load(idx_row) - vocab_start
     for v0 in range(0, V, BLOCK_V):
         offs = v0 + lanes
         x = tl.load(z_row + offs, mask=offs < V, other=float("-inf")).to(tl.float32) * inv_tau
         m_new = tl.maximum(m, tl.max(x, axis=0))
         e = tl.exp(x - m_new)
         alpha = tl.exp(m - m_new)
-        total = total * alpha + tl.sum(e, axis=0)
+        block_sum = tl.sum(e, axis=0)
+        total = total * alpha + block_sum
         if TAIL_BUCKET:
-            in_s = offs < 0
-            while next_id < v0 + BLOCK_V:
-                in_s = in_s | (offs == next_id)
-                cursor += 1
-                nxt = tl.load(idx_row + cursor, mask=cursor < K, other=_INDEX_SENTINEL)
-                next_id = tl.where(cursor < K, nxt - vocab_start, _INDEX_SENTINEL)
-            tail = tail * alpha + tl.sum(tl.where(in_s, 0.0, e), axis=0)
+            in_block = owned & (local >= v0) & (local < v0 + BLOCK_V)
+            s_part = tl.sum(tl.where(in_block, tl.exp(z_topk - m_new), 0.0), axis=0)
+            block_tail = block_sum - s_part
+            if s_part > 0.5 * block_sum:
+                in_s = offs < 0
+                cursor = tl.sum(((cols < K) & (local < v0)).to(tl.int32), axis=0)
+                first = tl.load(idx_row + cursor, mask=cursor < K, other=_INDEX_SENTINEL)
+                next_id = tl.where(cursor < K, first - vocab_start, _INDEX_SENTINEL)
+                while next_id < v0 + BLOCK_V:
+                    in_s = in_s | (offs == next_id)
+                    cursor += 1
+                    nxt = tl.load(idx_row + cursor, mask=cursor < K, other=_INDEX_SENTINEL)
+                    next_id = tl.where(cursor < K, nxt - vocab_start, _INDEX_SENTINEL)
+                block_tail = tl.sum(tl.where(in_s, 0.0, e), axis=0)
+            tail = tail * alpha + block_tail
         m = m_new
     tl.store(row_max_ptr + row, m)
     tl.store(sumexp_ptr + 2 * row, total)
@@ -387,15 +397,10 @@ def _check_runnable(logits: torch.Tensor) -> None:
 
 
 def _vocab_block(vocab: int, block_v: int | None, tail_bucket: bool = False) -> tuple[int, int]:
-    """(BLOCK_V, num_warps) of the vocabulary passes.
-
-    Measured on an H200 at V = 151,936 (docs/benchmarks.md, the block sweep): with the tail
-    bucket, pass 1 marks the top-k lanes of each block with k block-wide compares, a cost that
-    grows with the block, so 1,024 logits per step (4 warps) is fastest; without it (renormalize)
-    larger blocks win, 8,192 (8 warps).
-    """
-    default = 1024 if tail_bucket else 8192
-    block = block_v if block_v is not None else min(default, triton.next_power_of_2(vocab))
+    """(BLOCK_V, num_warps) of the vocabulary passes: 8,192 logits per step with 8 warps, the
+    fastest of a sweep on an H200 at V = 151,936 for either tail (docs/benchmarks.md)."""
+    del tail_bucket  # the same block for both tails since pass 1 marks S lanes only rarely
+    block = block_v if block_v is not None else min(8192, triton.next_power_of_2(vocab))
     return block, (8 if block >= 2048 else 4)
 
 
