@@ -314,7 +314,10 @@ def _crossed(
             f"{section}: {difference}; a teacher with another tokenizer or chat template cannot "
             f"take a prompt of its own ({section}.prompt_template) yet: unset one of them"
         )
-    rendering = TeacherRendering(tokenizer, ChatFormatter(teacher_tokenizer), teacher_vocab_size)
+    system_prompt = read_text_file(cfg.data.system_prompt_file, "data.system_prompt_file")
+    rendering = TeacherRendering(
+        tokenizer, ChatFormatter(teacher_tokenizer), teacher_vocab_size, system_prompt
+    )
     rendering.check()
     vocab = rendering.vocab_map()
     unspellable = rendering.unspellable()

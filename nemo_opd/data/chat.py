@@ -117,12 +117,27 @@ class ChatFormatter:
             rendered = full
         return texts
 
+    def closing_text(self, history: list[Message]) -> str:
+        """The text the template writes after an assistant turn's content when the turn
+        follows `history`: its end of turn, up to and including the tokenizer's EOS token if
+        there (found by rendering a placeholder content, so that a template that trims or
+        rewrites content does not hide it). SetupError if the template drops the content."""
+        turn = {"role": "assistant", "content": PLACEHOLDER}
+        rendered = self._render([*[_plain(m) for m in history], turn], False)
+        at = rendered.rfind(PLACEHOLDER)
+        if at < 0:
+            raise SetupError(
+                "the chat template does not write an assistant turn's content: a teacher with "
+                "another tokenizer needs one that does (teacher.tokenizer.chat_template)"
+            )
+        return _through_eos(rendered[at + len(PLACEHOLDER) :], self.tokenizer.eos_token)
+
     def _turn_closing(self, assistant: Message) -> str:
         """Template text after the generated ids of an assistant turn: what the template writes
         after the content ("<|im_end|>\\n"), minus the part the model already generated."""
-        rendered = self._render([{"role": "user", "content": ""}, _plain(assistant)], False)
-        content = assistant["content"]
-        tail = rendered[rendered.rfind(content) + len(content) :] if content else rendered
+        rendered = self._render([{"role": "user", "content": ""}, _plain_turn()], False)
+        at = rendered.rfind(PLACEHOLDER)
+        tail = rendered[at + len(PLACEHOLDER) :] if at >= 0 else rendered
         generated = self.tokenizer.decode(assistant["token_ids"][-4:], skip_special_tokens=False)
         for cut in range(len(tail), 0, -1):
             if generated.endswith(tail[:cut]):
@@ -139,6 +154,15 @@ class ChatFormatter:
 
     def _encode_many(self, texts: list[str]) -> list[list[int]]:
         return self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+
+
+PLACEHOLDER = "NEMOOPDCONTENT"
+"""Stands for an assistant turn's content where only the template's own text around it is
+wanted: no whitespace to trim, no markup to rewrite."""
+
+
+def _plain_turn() -> Message:
+    return {"role": "assistant", "content": PLACEHOLDER}
 
 
 def _through_eos(text: str, eos: str | None) -> str:

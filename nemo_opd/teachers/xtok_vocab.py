@@ -28,7 +28,6 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from nemo_opd.losses.checks import EMPTY_INDEX
-from nemo_opd.teachers.xtok_align import decode
 
 ROWS_PER_CHUNK = 1024
 """Positions mapped at a time: a merge builds [rows, k, k] pair tensors (17 MB of floats at
@@ -53,17 +52,24 @@ class VocabMap:
         specials: dict[int, int] | None = None,
         teacher_vocab_size: int | None = None,
     ) -> VocabMap:
-        """The map of every teacher id to the student id with the same text; `specials`
-        ({teacher id: student id}) pairs special tokens (say, the ends of turn).
-        teacher_vocab_size: the teacher model's (padded) vocabulary, when larger than its
-        tokenizer's (ids past the tokenizer's map nowhere)."""
+        """The map of every teacher id to the student token its text starts with (module
+        docstring); `specials` ({teacher id: student id}) pairs special tokens (the ends of
+        turn). teacher_vocab_size: the teacher model's (padded) vocabulary, when larger than
+        its tokenizer's (ids past the tokenizer's map nowhere)."""
+        student_bytes, teacher_bytes = token_bytes(student), token_bytes(teacher)
         by_bytes: dict[bytes, int] = {}
-        for student_id, key in token_bytes(student).items():
+        for student_id, key in student_bytes.items():
             by_bytes.setdefault(key, student_id)
         size = max(len(teacher), teacher_vocab_size or 0)
         mapping = torch.full((size,), -1, dtype=torch.int64)
-        for teacher_id, key in token_bytes(teacher).items():
-            mapping[teacher_id] = by_bytes.get(key, -1)
+        texts: dict[int, str] = {}
+        for teacher_id, key in teacher_bytes.items():
+            try:
+                texts[teacher_id] = key.decode("utf-8")
+            except UnicodeDecodeError:  # part of a character: only the same bytes can say
+                mapping[teacher_id] = by_bytes.get(key, -1)
+        for teacher_id, first in zip(texts, implied_tokens(student, texts.values()), strict=True):
+            mapping[teacher_id] = first
         for teacher_id, student_id in (specials or {}).items():
             mapping[teacher_id] = student_id
         return cls(mapping)
@@ -120,30 +126,140 @@ class VocabMap:
         return merged.gather(-1, order), ids.gather(-1, order).to(torch.int32)
 
 
+CONTINUATIONS = ("", "0", " ", "a")
+"""What a teacher token's text is tried with, to find a student token of the same bytes that
+the student writes there (a token such as " = " exists only before a digit)."""
+
+
+def implied_tokens(student: PreTrainedTokenizerBase, texts) -> list[int]:
+    """For each text, the student token that a continuation starting with it begins with: the
+    student token of exactly its bytes where the student writes the text (alone or before
+    one of CONTINUATIONS) with that token, else the first token of the student's own encoding
+    of the text (Qwen's "1" for Llama 3's "121": Qwen writes digits one by one), else -1."""
+    texts = list(texts)
+    known = token_bytes(student)
+    out = first_tokens(student, texts, known)
+    whole = [f >= 0 and known[f] == t.encode() for f, t in zip(out, texts, strict=True)]
+    for continuation in CONTINUATIONS[1:]:
+        open_ = [index for index, done in enumerate(whole) if not done]
+        tried = [texts[index] + continuation for index in open_]
+        for index, first in zip(open_, first_tokens(student, tried, known), strict=True):
+            if first >= 0 and known[first] == texts[index].encode():
+                out[index], whole[index] = first, True
+    return out
+
+
+def first_tokens(
+    tokenizer: PreTrainedTokenizerBase, texts: list[str], known: dict[int, bytes]
+) -> list[int]:
+    """For each text, the first token of the tokenizer's own encoding of it, or -1 where that
+    token is not a prefix of the text's bytes. A SentencePiece tokenizer reads each text after
+    a newline, as running text (else its word-initial "▁" would stand for a space the text does
+    not have). Control strings in the texts are text. One batched call into the tokenizer's
+    Rust core."""
+    context = "\n" if _vocabulary_style(tokenizer) == "sentencepiece" else ""
+    backend = tokenizer.backend_tokenizer
+    was = backend.encode_special_tokens
+    backend.encode_special_tokens = True
+    try:
+        encodings = backend.encode_batch(
+            [context + text for text in texts], add_special_tokens=False
+        )
+    finally:
+        backend.encode_special_tokens = was
+    out = []
+    for text, encoding in zip(texts, encodings, strict=True):
+        first = -1
+        for token, (start, _) in zip(encoding.ids, encoding.offsets, strict=True):
+            if start >= len(context):  # the first token of the text itself
+                prefix = known.get(token)
+                if start == len(context) and prefix and text.encode().startswith(prefix):
+                    first = token
+                break
+        out.append(first)
+    return out
+
+
 def token_bytes(tokenizer: PreTrainedTokenizerBase) -> dict[int, bytes]:
-    """{id: its bytes} for every id but the special tokens: the UTF-8 of the text it adds after
-    a plain context token where that is whole characters; a byte-level token's bytes (GPT-2's
-    byte alphabet) or a byte-fallback token's byte (`<0xHH>`) where it is part of one."""
+    """{id: its bytes} for every id but the special tokens, read from the vocabulary: GPT-2's
+    byte alphabet for a byte-level BPE, "▁" as a space and `<0xHH>` as one byte for a
+    SentencePiece vocabulary; for any other tokenizer, the UTF-8 of the text a token adds when
+    decoded after a plain context token (a token that is part of a character is then left
+    out). One pass over the vocabulary: a second or two at 150k tokens."""
+    special = special_ids(tokenizer)
+    style = _vocabulary_style(tokenizer)
+    vocab = {
+        index: piece
+        for piece, index in tokenizer.get_vocab().items()
+        if index not in special or (style == "sentencepiece" and _is_byte_piece(piece))
+    }
+    if style == "byte_level":
+        alphabet = _byte_alphabet()
+        return {
+            index: bytes(alphabet[c] for c in piece)
+            if all(c in alphabet for c in piece)
+            else piece.encode()  # an added token written as text
+            for index, piece in vocab.items()
+        }
+    if style == "sentencepiece":
+        return {index: _piece_bytes(piece) for index, piece in vocab.items()}
+    return _decoded_bytes(tokenizer, sorted(vocab))
+
+
+def special_ids(tokenizer: PreTrainedTokenizerBase) -> set[int]:
+    """The ids of the tokenizer's special tokens: those it names (eos, pad, ...) and every
+    added token marked special (control tokens such as <|im_start|> or [INST])."""
+    added = getattr(tokenizer, "added_tokens_decoder", {})
+    return set(tokenizer.all_special_ids) | {i for i, t in added.items() if t.special}
+
+
+def _vocabulary_style(tokenizer: PreTrainedTokenizerBase) -> str:
+    decoder = repr(getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None))
+    if "ByteLevel" in decoder:
+        return "byte_level"
+    if "▁" in decoder or "Metaspace" in decoder:
+        return "sentencepiece"
+    return "other"
+
+
+def _is_byte_piece(piece: str) -> bool:
+    return len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">")
+
+
+def _piece_bytes(piece: str) -> bytes:
+    if _is_byte_piece(piece):
+        return bytes([int(piece[3:5], 16)])
+    return piece.replace("▁", " ").encode()
+
+
+def _decoded_bytes(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> dict[int, bytes]:
     context = tokenizer.encode("a", add_special_tokens=False)[:1]
     base = decode(tokenizer, context)
-    special = set(tokenizer.all_special_ids)
-    byte_level = "ByteLevel" in repr(getattr(tokenizer.backend_tokenizer, "decoder", None))
-    alphabet = _byte_alphabet() if byte_level else {}
+    texts = tokenizer.batch_decode(
+        [[*context, i] for i in ids], skip_special_tokens=False, clean_up_tokenization_spaces=False
+    )
     keys = {}
-    for token_id in range(len(tokenizer)):
-        if token_id in special:
-            continue
-        after = decode(tokenizer, [*context, token_id])
+    for index, after in zip(ids, texts, strict=True):
         text = after[len(base) :] if after.startswith(base) else ""
         if text and "\ufffd" not in text:
-            keys[token_id] = text.encode("utf-8")
-            continue
-        piece = tokenizer.convert_ids_to_tokens(token_id)
-        if byte_level and piece and all(char in alphabet for char in piece):
-            keys[token_id] = bytes(alphabet[char] for char in piece)
-        elif piece and len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
-            keys[token_id] = bytes([int(piece[3:5], 16)])
+            keys[index] = text.encode("utf-8")
     return keys
+
+
+def is_byte_complete(tokenizer: PreTrainedTokenizerBase) -> bool:
+    """Whether the tokenizer can write any text without its unknown token: a byte-level BPE,
+    or a model with byte fallback."""
+    if _vocabulary_style(tokenizer) == "byte_level":
+        return True
+    model = getattr(getattr(tokenizer, "backend_tokenizer", None), "model", None)
+    return bool(getattr(model, "byte_fallback", False))
+
+
+def decode(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> str:
+    """The text of `ids`, special tokens included and nothing cleaned up."""
+    return tokenizer.decode(
+        list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
+    )
 
 
 def _byte_alphabet() -> dict[str, int]:
