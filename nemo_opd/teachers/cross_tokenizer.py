@@ -176,10 +176,13 @@ class TeacherRows:
             return
         next_ids = self.batch["input_ids"].roll(-1, dims=1)  # the token each position predicts
         hit = indices.long() == next_ids.unsqueeze(-1)
-        token_lp = torch.where(hit, values.float(), float("-inf")).amax(-1)  # [B, S_t]
-        running = torch.nn.functional.pad(token_lp.cumsum(1), (1, 0))
-        total = running[rows, firsts + counts] - running[rows, firsts]
-        total = torch.nan_to_num(total, nan=float("-inf"))
+        token_lp = torch.where(hit, values.float(), 0.0).sum(-1)  # [B, S_t]
+        missing = (~hit.any(-1)).long()
+        running = torch.nn.functional.pad(token_lp.double().cumsum(1), (1, 0))
+        misses = torch.nn.functional.pad(missing.cumsum(1), (1, 0))
+        total = (running[rows, firsts + counts] - running[rows, firsts]).float()
+        unknown = misses[rows, firsts + counts] > misses[rows, firsts]
+        total = total.masked_fill(unknown, float("-inf"))
         out_values[rows, positions] = float("-inf")
         out_ids[rows, positions] = EMPTY_INDEX
         known = total > float("-inf")
