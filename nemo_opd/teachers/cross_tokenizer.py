@@ -67,6 +67,20 @@ emoji, and control strings as text, which templates and tokenizers each treat th
 
 
 @dataclass
+class _Content:
+    """An assistant turn's content as the student wrote it."""
+
+    ids: list[int]
+    """The student's content ids (its end-of-turn token apart)."""
+    lengths: list[int]
+    """[n_s] each id's bytes in the text."""
+    text: str
+    """The text, up to its last whole character."""
+    end_of_turn: bool
+    """The student closed the turn."""
+
+
+@dataclass
 class TurnPair:
     """One assistant turn on both sides: where its tokens sit in each row and how they align."""
 
@@ -157,13 +171,15 @@ class TeacherRows:
         and vocabulary (empty slots where the teacher has no distribution; one slot, the
         sampled token's chain-rule log-prob, where it spans several teacher tokens)."""
         source = self.source_positions(width)
-        has = source >= 0
-        picked = source.clamp_min(0).unsqueeze(-1).expand(-1, -1, values.shape[-1])
-        moved_values = values.float().gather(1, picked)
-        moved_ids = indices.long().gather(1, picked)
-        out_values, out_ids = vocab.map_topk(moved_values, moved_ids)
-        out_values = out_values.masked_fill(~has.unsqueeze(-1), float("-inf"))
-        out_ids = out_ids.masked_fill(~has.unsqueeze(-1), EMPTY_INDEX)
+        k = values.shape[-1]
+        out_values = torch.full((len(self.turns), width, k), float("-inf"))
+        out_ids = torch.full((len(self.turns), width, k), EMPTY_INDEX, dtype=torch.int32)
+        rows, positions = (source >= 0).nonzero(as_tuple=True)  # only the graded positions
+        teacher_positions = source[rows, positions]
+        mapped = vocab.map_topk(
+            values[rows, teacher_positions].float(), indices[rows, teacher_positions].long()
+        )
+        out_values[rows, positions], out_ids[rows, positions] = mapped
         self._write_chains(values, indices, width, out_values, out_ids)
         return out_values, out_ids
 
@@ -303,13 +319,18 @@ class TeacherRendering:
 
     def teacher_rows(self, logs: list[list[Message]]) -> TeacherRows:
         """The teacher's rows of these conversations; one its template cannot render is a
-        single padding token with no turns (not graded, counted in `unrendered`)."""
+        single padding token with no turns (not graded, counted in `unrendered`). Every
+        assistant turn's text is tokenized for the teacher in one batched call (the
+        tokenizer's Rust core, on all cores)."""
+        contents = [[self._content(m) for m in log if m["role"] == "assistant"] for log in logs]
+        encoded = self._encode([c for row in contents for c in row])
         rendered, unrendered = [], 0
         pad = self.teacher.pad_token_id
         pad = pad if pad is not None else (self.teacher.eos_token_id or 0)
-        for log in logs:
+        for log, row_contents in zip(logs, contents, strict=True):
+            pairs = list(zip(row_contents, (next(encoded) for _ in row_contents), strict=True))
             try:
-                rendered.append(self._row(log))
+                rendered.append(self._row(log, pairs))
             except Exception:  # noqa: BLE001 - never a crash mid-run: this row is not graded
                 unrendered += 1
                 rendered.append(([{"role": "user", "content": "", "token_ids": [pad]}], []))
@@ -321,7 +342,15 @@ class TeacherRendering:
             unrendered=unrendered,
         )
 
-    def _row(self, log: list[Message]) -> tuple[list[Message], list[TurnPair]]:
+    def _row(
+        self, log: list[Message], contents: list[tuple[_Content, tuple]] | None = None
+    ) -> tuple[list[Message], list[TurnPair]]:
+        """One conversation for the teacher; `contents`: each assistant turn's content and its
+        teacher encoding (computed here when not given)."""
+        if contents is None:
+            mine = [self._content(m) for m in log if m["role"] == "assistant"]
+            contents = list(zip(mine, self._encode(mine), strict=True))
+        turn_contents = iter(contents)
         teacher_log: list[Message] = []
         turns: list[TurnPair] = []
         student_at = 0
@@ -335,7 +364,10 @@ class TeacherRendering:
                 teacher_log = self.formatter.extend(teacher_log, pending)
                 pending = []
             teacher_at = sum(len(m["token_ids"]) for m in teacher_log)
-            turn, pair = self._assistant_turn(teacher_log, message, student_at, teacher_at)
+            content, encoding = next(turn_contents)
+            turn, pair = self._assistant_turn(
+                teacher_log, content, encoding, student_at, teacher_at
+            )
             teacher_log = [*teacher_log, turn]
             turns.append(pair)
             student_at += len(message["token_ids"])
@@ -343,9 +375,9 @@ class TeacherRendering:
             teacher_log = self.formatter.extend(teacher_log, pending)
         return teacher_log, turns
 
-    def _assistant_turn(
-        self, history: list[Message], message: Message, student_at: int, teacher_at: int
-    ) -> tuple[Message, TurnPair]:
+    def _content(self, message: Message) -> _Content:
+        """An assistant turn's content as the student wrote it: its ids (the end of turn
+        apart), each id's byte length, and its text (whole characters)."""
         ids = list(message["token_ids"])
         end_of_turn = bool(ids) and ids[-1] in self.student_ends
         content_ids = ids[:-1] if end_of_turn else ids
@@ -354,17 +386,37 @@ class TeacherRendering:
         data = b"".join(pieces)
         if self._strip_lead and data.startswith(b" "):  # the decoder drops it: not the text
             data, lengths[0] = data[1:], lengths[0] - 1
-        text = _whole_characters(data)
+        return _Content(content_ids, lengths, _whole_characters(data), end_of_turn)
+
+    def _encode(self, contents: list[_Content]):
+        """An iterator of (teacher ids, character offsets) for each content's text, control
+        strings read as text."""
+        if not contents:
+            return iter([])
         encoded = self.teacher(
-            text, add_special_tokens=False, split_special_tokens=True, return_offsets_mapping=True
+            [c.text for c in contents],
+            add_special_tokens=False,
+            split_special_tokens=True,
+            return_offsets_mapping=True,
         )
-        teacher_ids = encoded["input_ids"]
+        return zip(encoded["input_ids"], encoded["offset_mapping"], strict=True)
+
+    def _assistant_turn(
+        self,
+        history: list[Message],
+        content: _Content,
+        encoding: tuple,
+        student_at: int,
+        teacher_at: int,
+    ) -> tuple[Message, TurnPair]:
+        teacher_ids, offsets = encoding
+        text = content.text
         t_pieces = [self._teacher_bytes.get(i, b"") for i in teacher_ids]
         if b"".join(t_pieces) == text.encode():
             t_starts = running_starts([len(piece) for piece in t_pieces])
         else:  # the teacher's tokenizer normalized the text: place its tokens by offsets
-            t_starts = char_starts([tuple(o) for o in encoded["offset_mapping"]], text)
-        s_starts = running_starts(lengths)
+            t_starts = char_starts(offsets, text)
+        s_starts = running_starts(content.lengths)
         source = sources(s_starts, t_starts)
         several = _spans_several(source, s_starts, t_starts)
         source[several == 0] = -1  # ends inside a later teacher token: no signal
@@ -377,10 +429,10 @@ class TeacherRendering:
             several,
             s_group,
             t_group,
-            content_ids,
-            end_of_turn and teacher_end is not None,
+            content.ids,
+            content.end_of_turn and teacher_end is not None,
         )
-        turn = {"role": "assistant", "content": text, "token_ids": teacher_ids + closing}
+        turn = {"role": "assistant", "content": text, "token_ids": list(teacher_ids) + closing}
         return turn, pair
 
     def _closing(self, history: list[Message]) -> tuple[list[int], int | None]:

@@ -44,13 +44,16 @@ def char_starts(offsets: Sequence[tuple[int, int]], text: str) -> np.ndarray:
     offsets (into the text before its normalization), INSIDE for a token that starts at the
     same character as the one before it (the rest of a character split over several tokens),
     then the text's byte length."""
-    char_bytes = running_starts([len(c.encode()) for c in text])
-    starts = np.empty(len(offsets) + 1, dtype=np.int64)
+    points = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+    widths = 1 + (points >= 0x80) + (points >= 0x800) + (points >= 0x10000)
+    char_bytes = running_starts(widths)
+    firsts = np.asarray([start for start, _ in offsets], dtype=np.int64)
+    starts = np.empty(len(firsts) + 1, dtype=np.int64)
     starts[-1] = char_bytes[-1]
-    previous = -1
-    for index, (start, _) in enumerate(offsets):
-        starts[index] = INSIDE if start == previous else char_bytes[start]
-        previous = start
+    starts[:-1] = char_bytes[firsts]
+    repeated = np.zeros(len(firsts), dtype=bool)
+    repeated[1:] = firsts[1:] == firsts[:-1]
+    starts[:-1][repeated] = INSIDE
     return starts
 
 

@@ -29,9 +29,8 @@ from transformers import PreTrainedTokenizerBase
 
 from nemo_opd.losses.checks import EMPTY_INDEX
 
-ROWS_PER_CHUNK = 1024
-"""Positions mapped at a time: a merge builds [rows, k, k] pair tensors (17 MB of floats at
-k = 64)."""
+ROWS_PER_CHUNK = 16384
+"""Positions mapped at a time (bounds the temporaries: a few [rows, k] tensors)."""
 
 
 class VocabMap:
@@ -92,7 +91,7 @@ class VocabMap:
             its student id; teacher ids that map to the same student id merged (their
             probabilities summed); ids that map nowhere dropped (their mass left to the tail);
             sorted descending, the freed slots at the end as (-inf, EMPTY_INDEX). Computed
-            over ROWS_PER_CHUNK positions at a time (a merge compares every pair of slots).
+            over ROWS_PER_CHUNK positions at a time.
         """
         k = indices.shape[-1]
         values, ids = logprobs.reshape(-1, k).float(), indices.reshape(-1, k)
@@ -106,24 +105,25 @@ class VocabMap:
     def _map_rows(
         self, values: torch.Tensor, indices: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """map_topk of [n, k] rows."""
+        """map_topk of [n, k] rows: the slots sorted by student id, each run of one id summed
+        into its first slot (O(k log k) per row), then sorted by probability."""
         mapping = self.teacher_to_student.to(indices.device)
         ids = indices.long()
         inside = (ids >= 0) & (ids < mapping.shape[0])  # a padded vocabulary's ids map nowhere
         student = torch.where(inside, mapping[ids.clamp(0, mapping.shape[0] - 1)], -1)
-        values = values.masked_fill(student < 0, float("-inf"))
-        # Merge duplicates: for each slot, the log-sum-exp over the slots of the same student
-        # id, kept at the first of them only.
-        same = (student.unsqueeze(-1) == student.unsqueeze(-2)) & (student >= 0).unsqueeze(-1)
-        merged = torch.where(same, values.unsqueeze(-2), float("-inf")).logsumexp(dim=-1)
-        k = student.shape[-1]
-        earlier = torch.ones(k, k, dtype=torch.bool, device=student.device).tril(-1)
-        first = ~(same & earlier).any(dim=-1)
-        keep = first & (student >= 0) & (merged > float("-inf"))
-        merged = merged.masked_fill(~keep, float("-inf"))
-        ids = student.masked_fill(~keep, EMPTY_INDEX)
-        order = merged.argsort(dim=-1, descending=True, stable=True)
-        return merged.gather(-1, order), ids.gather(-1, order).to(torch.int32)
+        student = student.masked_fill(values == float("-inf"), -1)
+        unmapped = torch.iinfo(torch.int64).max  # sorts after every id
+        key, order = torch.where(student >= 0, student, unmapped).sort(dim=-1, stable=True)
+        probs = values.gather(-1, order).exp()
+        starts = torch.ones_like(key, dtype=torch.bool)
+        starts[:, 1:] = key[:, 1:] != key[:, :-1]
+        group = starts.long().cumsum(-1) - 1  # [n, k] the run of each sorted slot
+        totals = torch.zeros_like(probs).scatter_add_(-1, group, probs)
+        group_ids = torch.full_like(key, unmapped).scatter_(-1, group, key)
+        merged = totals.log().masked_fill(group_ids == unmapped, float("-inf"))
+        merged_ids = group_ids.masked_fill(group_ids == unmapped, EMPTY_INDEX)
+        by_mass = merged.argsort(dim=-1, descending=True, stable=True)
+        return merged.gather(-1, by_mass), merged_ids.gather(-1, by_mass).to(torch.int32)
 
 
 CONTINUATIONS = ("", "0", " ", "a")
@@ -138,8 +138,13 @@ def implied_tokens(student: PreTrainedTokenizerBase, texts) -> list[int]:
     of the text (Qwen's "1" for Llama 3's "121": Qwen writes digits one by one), else -1."""
     texts = list(texts)
     known = token_bytes(student)
+    spelled = set(known.values())
     out = first_tokens(student, texts, known)
-    whole = [f >= 0 and known[f] == t.encode() for f, t in zip(out, texts, strict=True)]
+    # done: the student wrote the text as one token, or has no token of exactly its bytes
+    whole = [
+        (f >= 0 and known[f] == t.encode()) or t.encode() not in spelled
+        for f, t in zip(out, texts, strict=True)
+    ]
     for continuation in CONTINUATIONS[1:]:
         open_ = [index for index, done in enumerate(whole) if not done]
         tried = [texts[index] + continuation for index in open_]
