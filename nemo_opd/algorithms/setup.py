@@ -306,7 +306,9 @@ def _crossed(
     if teacher_cfg.tokenizer == cfg.policy.tokenizer:  # the same files and template
         return None
     teacher_tokenizer = load_tokenizer(teacher_cfg.tokenizer, section)
-    difference = tokenizer_difference(tokenizer, teacher_tokenizer)
+    student_kwargs = cfg.policy.tokenizer.chat_template_kwargs
+    teacher_kwargs = teacher_cfg.tokenizer.chat_template_kwargs
+    difference = tokenizer_difference(tokenizer, teacher_tokenizer, student_kwargs, teacher_kwargs)
     if difference is None:
         return None
     if teacher_cfg.prompt_template is not None:
@@ -315,9 +317,8 @@ def _crossed(
             f"take a prompt of its own ({section}.prompt_template) yet: unset one of them"
         )
     system_prompt = read_text_file(cfg.data.system_prompt_file, "data.system_prompt_file")
-    rendering = TeacherRendering(
-        tokenizer, ChatFormatter(teacher_tokenizer), teacher_vocab_size, system_prompt
-    )
+    teacher_formatter = ChatFormatter(teacher_tokenizer, template_kwargs=teacher_kwargs)
+    rendering = TeacherRendering(tokenizer, teacher_formatter, teacher_vocab_size, system_prompt)
     rendering.check()
     vocab = rendering.vocab_map()
     unspellable = rendering.unspellable()
@@ -452,6 +453,7 @@ def _load_prompts(
         tokenizer,
         read_text_file(cfg.data.prompt_file, "data.prompt_file"),
         read_text_file(cfg.data.system_prompt_file, "data.system_prompt_file"),
+        cfg.policy.tokenizer.chat_template_kwargs,
     )
     max_prompt = cfg.data.max_input_seq_length or cfg.policy.max_total_sequence_length - 1
     template = _privileged_template(cfg)

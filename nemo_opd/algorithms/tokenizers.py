@@ -35,12 +35,16 @@ PROBE = [
 
 
 def tokenizer_difference(
-    student: PreTrainedTokenizerBase, teacher: PreTrainedTokenizerBase
+    student: PreTrainedTokenizerBase,
+    teacher: PreTrainedTokenizerBase,
+    student_kwargs: dict | None = None,
+    teacher_kwargs: dict | None = None,
 ) -> str | None:
     """None when the teacher can read the student's rows as they are (the same ids for the
     same tokens, and the same chat-template text); else what differs, in a sentence. Special
     token names alone (eos_token, pad_token, bos_token) do not matter here: the teacher scores
-    the student's ids, whatever each tokenizer calls its end of sequence."""
+    the student's ids, whatever each tokenizer calls its end of sequence. The kwargs: each
+    side's chat-template variables (tokenizer.chat_template_kwargs)."""
     differing = _vocabulary_differences(student, teacher, limit=1)
     if differing:
         total = max(len(student), len(teacher))
@@ -48,7 +52,7 @@ def tokenizer_difference(
             f"its vocabulary differs from the student's ({len(teacher):,} tokens against "
             f"{len(student):,}; first difference: {differing[0]}; of {total:,} ids compared)"
         )
-    rendered = [_render(t) for t in (student, teacher)]
+    rendered = [_render(student, student_kwargs), _render(teacher, teacher_kwargs)]
     if rendered[0] != rendered[1]:
         at = next(
             (i for i, pair in enumerate(zip(*rendered, strict=False)) if pair[0] != pair[1]),
@@ -62,9 +66,11 @@ def tokenizer_difference(
     return None
 
 
-def _render(tokenizer: PreTrainedTokenizerBase) -> str:
+def _render(tokenizer: PreTrainedTokenizerBase, kwargs: dict | None) -> str:
     try:
-        return tokenizer.apply_chat_template(PROBE, tokenize=False, add_generation_prompt=True)
+        return tokenizer.apply_chat_template(
+            PROBE, tokenize=False, add_generation_prompt=True, **(kwargs or {})
+        )
     except Exception as error:  # noqa: BLE001 - a template that cannot render the probe
         return f"<cannot render: {error}>"
 

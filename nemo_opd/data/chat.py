@@ -27,6 +27,8 @@ class ChatFormatter:
         prompt_template: the user message, with "{}" replaced by the record's prompt; None uses
             the prompt as is.
         system_prompt: a system message placed first; None for no system message.
+        template_kwargs: variables for the chat template (policy.tokenizer.chat_template_kwargs,
+            e.g. {"enable_thinking": False}); None for none.
     """
 
     def __init__(
@@ -34,6 +36,7 @@ class ChatFormatter:
         tokenizer: PreTrainedTokenizerBase,
         prompt_template: str | None = None,
         system_prompt: str | None = None,
+        template_kwargs: dict | None = None,
     ) -> None:
         if tokenizer.chat_template is None:
             raise SetupError(
@@ -45,6 +48,7 @@ class ChatFormatter:
         self.tokenizer = tokenizer
         self.prompt_template = prompt_template
         self.system_prompt = system_prompt
+        self.template_kwargs = dict(template_kwargs or {})
 
     def prompt_log(self, prompt: str) -> list[Message]:
         """The opening messages (system?, user) with the assistant header appended to the last
@@ -146,7 +150,10 @@ class ChatFormatter:
 
     def _render(self, messages: list[Message], add_generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt
+            messages,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            **self.template_kwargs,
         )
 
     def _encode(self, text: str) -> list[int]:

@@ -499,6 +499,7 @@ class CrossTokenizerTeacher:
         self.vocab = rendering.vocab_map()
         self._mapped: list[float] = []
         self._graded: list[float] = []
+        self._chained: list[float] = []
         self._unrendered = 0
 
     def score(self, rollouts: Rollouts, need: TeacherNeed) -> TeacherScores:
@@ -511,19 +512,24 @@ class CrossTokenizerTeacher:
             out.topk_logprobs, out.topk_indices = rows.topk_to_student(
                 scores.topk_logprobs, scores.topk_indices, width, self.vocab
             )
-            self._note_mapped_mass(scores.topk_logprobs, out.topk_logprobs, rows, width)
+            chained = torch.zeros(len(rows.turns), width, dtype=torch.bool)
+            chain_rows, chain_positions, *_ = rows.chains(width)
+            chained[chain_rows, chain_positions] = True
+            self._note_mapped_mass(scores.topk_logprobs, out.topk_logprobs, rows, chained)
             predicting = rollouts.batch["token_mask"].roll(-1, dims=1) > 0  # the turns' tokens
             graded = (rows.source_positions(width) >= 0) & predicting
             self._graded.append(float(graded.sum()) / max(1.0, float(predicting.sum())))
+            self._chained.append(float((chained & graded).sum()) / max(1.0, float(graded.sum())))
         if scores.logprobs is not None:
             out.logprobs = rows.logprobs_to_student(scores.logprobs, width)
         return out
 
-    def _note_mapped_mass(self, before, after, rows: TeacherRows, width: int) -> None:
+    def _note_mapped_mass(self, before, after, rows: TeacherRows, chained) -> None:
         """The share of the teacher's top-k mass that maps to student ids, over the graded
-        positions (teacher/xtok_mapped_mass)."""
-        source = rows.source_positions(width)
-        graded = source >= 0
+        positions that read a whole distribution (not the chained ones:
+        teacher/xtok_mapped_mass)."""
+        source = rows.source_positions(chained.shape[1])
+        graded = (source >= 0) & ~chained
         if not graded.any():
             return
         total = before.float().gather(
@@ -546,6 +552,9 @@ class CrossTokenizerTeacher:
         if self._graded:
             metrics["teacher/xtok_graded_share"] = sum(self._graded) / len(self._graded)
             self._graded = []
+        if self._chained:
+            metrics["teacher/xtok_chained_share"] = sum(self._chained) / len(self._chained)
+            self._chained = []
         metrics["teacher/xtok_unrendered_rows"] = float(self._unrendered)
         self._unrendered = 0
         return metrics

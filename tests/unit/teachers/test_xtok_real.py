@@ -249,3 +249,20 @@ def test_a_row_that_cannot_be_rendered_is_counted_not_raised(real_tokenizer):
     batch = flatten_message_logs([good, bad], student.pad_token_id)
     assert Rollouts(batch, [good, bad], [{}, {}]).batch["input_ids"].shape[0] == 2
     assert torch.is_tensor(rows.batch["input_ids"])
+
+
+def test_chat_template_kwargs_reach_every_rendering(real_tokenizer):
+    """policy.tokenizer.chat_template_kwargs ({enable_thinking: false}): the prompts end with
+    Qwen3's empty think block, the teacher reads the student's text after it, and a template
+    rendered with other variables is another template to setup."""
+    qwen = real_tokenizer("qwen3")
+    no_thinking = {"enable_thinking": False}
+    opening = ChatFormatter(qwen, template_kwargs=no_thinking).prompt_log(PROMPT)
+    assert qwen.decode(opening[-1]["token_ids"]).endswith("<think>\n\n</think>\n\n")
+    student = real_tokenizer("llama3")
+    teacher = ChatFormatter(qwen, template_kwargs=no_thinking)
+    rows = TeacherRendering(student, teacher).teacher_rows(_logs(student, ["Four."]))
+    text = qwen.decode(rows.batch["input_ids"][0, : int(rows.batch["input_lengths"][0])])
+    assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\nFour.<|im_end|>")
+    assert tokenizer_difference(qwen, qwen, None, no_thinking) is not None
+    assert tokenizer_difference(qwen, qwen, no_thinking, no_thinking) is None
