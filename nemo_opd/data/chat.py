@@ -55,10 +55,18 @@ class ChatFormatter:
         message's tokens, ready for generation."""
         return self.prompt_logs([prompt])[0]
 
-    def prompt_logs(self, prompts: list[str]) -> list[list[Message]]:
+    def prompt_logs(
+        self, prompts: list[str], conversations: list[list[Message] | None] | None = None
+    ) -> list[list[Message]]:
         """prompt_log of every prompt, tokenized in one batched call (a dataset's worth of
-        prompts at setup)."""
-        openings = [self._opening(prompt) for prompt in prompts]
+        prompts at setup). conversations: per prompt, its chat-format messages when the
+        dataset gives them (a `messages` column: the opening as written, after the system
+        prompt unless it has its own), else None."""
+        conversations = conversations or [None] * len(prompts)
+        openings = [
+            self._opening(prompt) if messages is None else self._conversation(messages)
+            for prompt, messages in zip(prompts, conversations, strict=True)
+        ]
         texts = [text for messages in openings for text in self._new_texts([], messages)]
         token_ids = iter(self._encode_many(texts))
         return [[dict(m, token_ids=next(token_ids)) for m in messages] for messages in openings]
@@ -69,6 +77,12 @@ class ChatFormatter:
         if self.system_prompt is not None:
             messages.insert(0, {"role": "system", "content": self.system_prompt})
         return messages
+
+    def _conversation(self, messages: list[Message]) -> list[Message]:
+        opening = [_plain(m) for m in messages]
+        if self.system_prompt is not None and opening[0]["role"] != "system":
+            opening.insert(0, {"role": "system", "content": self.system_prompt})
+        return opening
 
     def extend(self, log: list[Message], new: list[Message]) -> list[Message]:
         """`log` followed by `new` (non-assistant messages), the last one ending with the
