@@ -120,8 +120,10 @@ class VocabMap:
         group = starts.long().cumsum(-1) - 1  # [n, k] the run of each sorted slot
         totals = torch.zeros_like(probs).scatter_add_(-1, group, probs)
         group_ids = torch.full_like(key, unmapped).scatter_(-1, group, key)
-        merged = totals.log().masked_fill(group_ids == unmapped, float("-inf"))
-        merged_ids = group_ids.masked_fill(group_ids == unmapped, EMPTY_INDEX)
+        empty = group_ids == unmapped
+        # log(0) takes a slow path on CPUs: the unused slots are set to 1 first
+        merged = totals.masked_fill(empty, 1.0).log_().masked_fill_(empty, float("-inf"))
+        merged_ids = group_ids.masked_fill(empty, EMPTY_INDEX)
         by_mass = merged.argsort(dim=-1, descending=True, stable=True)
         return merged.gather(-1, by_mass), merged_ids.gather(-1, by_mass).to(torch.int32)
 

@@ -17,6 +17,7 @@ privileged-context teacher. The runs share this process's imports and Ray.
   (the per-teacher divergence at step 0 shows which), with metrics per teacher.
 """
 
+import math
 from pathlib import Path
 
 import pytest
@@ -204,3 +205,54 @@ def test_routed_teachers_one_with_another_tokenizer_on_megatron_tp2_packed(tmp_p
         assert routed[step]["teacher/xtok_mapped_mass"] == pytest.approx(1.0, abs=1e-4)
         assert 0.9 < routed[step]["teacher/xtok_graded_share"] <= 1.0
         assert 0.0 < routed[step]["train/forward_kl"] < 5.0
+
+
+def _tiny_model_with(tokenizer, config, path: Path) -> str:
+    """A tiny random model of `config`'s architecture with a real tokenizer's vocabulary,
+    saved with that tokenizer (float32, tied embeddings)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def test_real_vocabularies_qwen3_student_llama3_teacher(tmp_path):
+    """The loop end to end with real vocabularies: a Qwen3-architecture student at Qwen3's
+    151,936 ids with Qwen3's tokenizer and template, a Llama-architecture teacher at Llama 3's
+    128,256 with Llama 3's, both tiny and random, in process: a few steps run, the teacher
+    reads the student's rollouts in its own tokens and its top-k reaches the student's ids."""
+    pytest.importorskip("dashscope", reason="the real vocabularies' packages: uv sync --group dev")
+    import sys
+
+    from transformers import LlamaConfig, Qwen3Config
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    import real_tokenizers
+
+    shape = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                 num_key_value_heads=1, head_dim=16, max_position_embeddings=256,
+                 tie_word_embeddings=True)  # fmt: skip
+    qwen, llama = real_tokenizers.load("qwen3"), real_tokenizers.load("llama3")
+    student = _tiny_model_with(qwen, Qwen3Config(vocab_size=151936, **shape), tmp_path / "s")
+    teacher_config = LlamaConfig(
+        vocab_size=128256, bos_token_id=128000, eos_token_id=128009, **shape
+    )
+    teacher = _tiny_model_with(llama, teacher_config, tmp_path / "t")
+    metrics = run_loop(
+        tmp_path / "run",
+        "distillation_tiny.yaml",
+        "distillation.max_num_steps=2",
+        f"policy.model_name={student}",
+        f"policy.tokenizer.name={student}",
+        f"teacher.model_name={teacher}",
+        f"teacher.tokenizer.name={teacher}",
+    )
+    for step in (1, 2):
+        assert 0.0 < metrics[step]["teacher/xtok_graded_share"] <= 1.0
+        assert 0.5 < metrics[step]["teacher/xtok_mapped_mass"] <= 1.0 + 1e-4
+        assert metrics[step]["teacher/xtok_unrendered_rows"] == 0.0
+        assert math.isfinite(metrics[step]["train/loss"])
