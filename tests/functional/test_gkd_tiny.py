@@ -17,7 +17,12 @@ privileged-context teacher. The runs share this process's imports and Ray.
   (the per-teacher divergence at step 0 shows which), with metrics per teacher.
 """
 
+import contextlib
 import math
+import signal
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -224,10 +229,9 @@ def test_real_vocabularies_qwen3_student_llama3_teacher(tmp_path):
     """The loop end to end with real vocabularies: a Qwen3-architecture student at Qwen3's
     151,936 ids with Qwen3's tokenizer and template, a Llama-architecture teacher at Llama 3's
     128,256 with Llama 3's, both tiny and random, in process: a few steps run, the teacher
-    reads the student's rollouts in its own tokens and its top-k reaches the student's ids."""
+    reads the student's rollouts in its own tokens and its top-k reaches the student's ids;
+    then the same with the teacher served by vLLM's OpenAI-compatible server."""
     pytest.importorskip("dashscope", reason="the real vocabularies' packages: uv sync --group dev")
-    import sys
-
     from transformers import LlamaConfig, Qwen3Config
 
     sys.path.insert(0, str(ROOT / "tests"))
@@ -244,17 +248,51 @@ def test_real_vocabularies_qwen3_student_llama3_teacher(tmp_path):
         vocab_size=128256, bos_token_id=128000, eos_token_id=128009, **shape
     )
     teacher = _tiny_model_with(llama, teacher_config, tmp_path / "t")
-    metrics = run_loop(
-        tmp_path / "run",
-        "distillation_tiny.yaml",
-        "distillation.max_num_steps=2",
+    models = (
         f"policy.model_name={student}",
         f"policy.tokenizer.name={student}",
         f"teacher.model_name={teacher}",
         f"teacher.tokenizer.name={teacher}",
     )
-    for step in (1, 2):
-        assert 0.0 < metrics[step]["teacher/xtok_graded_share"] <= 1.0
-        assert 0.5 < metrics[step]["teacher/xtok_mapped_mass"] <= 1.0 + 1e-4
-        assert metrics[step]["teacher/xtok_unrendered_rows"] == 0.0
-        assert math.isfinite(metrics[step]["train/loss"])
+    in_process = run_loop(
+        tmp_path / "run", "distillation_tiny.yaml", "distillation.max_num_steps=2", *models
+    )
+    with _served_teacher(CONFIGS / "distillation_tiny_served_teacher.yaml", models) as url:
+        served = run_loop(
+            tmp_path / "served",
+            "distillation_tiny_served_teacher.yaml",
+            "distillation.max_num_steps=2",
+            f"teacher.server.base_url={url}",
+            *models,
+        )
+    for metrics in (in_process, served):
+        for step in (1, 2):
+            assert 0.0 < metrics[step]["teacher/xtok_graded_share"] <= 1.0
+            assert 0.5 < metrics[step]["teacher/xtok_mapped_mass"] <= 1.0 + 1e-4
+            assert metrics[step]["teacher/xtok_unrendered_rows"] == 0.0
+            assert math.isfinite(metrics[step]["train/loss"])
+
+
+@contextlib.contextmanager
+def _served_teacher(config: Path, overrides):
+    """`python -m nemo_opd.teacher_server` for `config` with `overrides` on a free loopback
+    port, in its own process group; yields its base URL."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    command = [sys.executable, "-m", "nemo_opd.teacher_server", "--config", str(config)]
+    process = subprocess.Popen(
+        [*command, "--port", str(port), *overrides],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        if not any(line.startswith("teacher server ready") for line in process.stdout):
+            pytest.fail(f"the teacher server did not start (status {process.poll()})")
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            process.wait(60)
