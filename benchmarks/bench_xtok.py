@@ -6,7 +6,9 @@ Mistral SentencePiece <- Qwen3; the tokenizers built offline by tests/real_token
   setup      seconds and resident memory added by what setup builds: the byte tables, the
              vocabulary map, the spelling check and the probe (TeacherRendering, vocab_map,
              unspellable, check); the share of the teacher's vocabulary that maps.
-  driver     seconds per student position of what the driver does per step: render the rows
+  driver     microseconds per student position (CPU time of the driver's process, one torch
+             thread; all its
+             threads, and wall time) of what the driver does per step: render the rows
              for the teacher and align them (teacher_rows), move a top-k of width k onto the
              student's positions and vocabulary (topk_to_student, the teacher's top-k random)
              and spread sampled log-probs (logprobs_to_student); rows of --length tokens of
@@ -83,31 +85,46 @@ def _setup(student, teacher) -> tuple[TeacherRendering, dict]:
 
 def _driver(rendering: TeacherRendering, logs, k: int) -> dict:
     width = max(sum(len(m["token_ids"]) for m in log) for log in logs)
-    start = time.perf_counter()
+    clock = _Clock()
     rows = rendering.teacher_rows(logs)
-    rendered = time.perf_counter()
+    render = clock.lap()
     shape = rows.batch["input_ids"].shape
     gen = torch.Generator().manual_seed(0)
     values = torch.log_softmax(torch.randn(*shape, k, generator=gen), -1)
     indices = torch.randint(0, len(rendering.teacher), (*shape, k), generator=gen)
-    moved = time.perf_counter()
+    clock.lap()
     rows.topk_to_student(values, indices.int(), width, rendering.vocab_map())
     rows.logprobs_to_student(values[..., 0], width)
-    done = time.perf_counter()
+    move = clock.lap()
     positions = sum(len(log[-1]["token_ids"]) for log in logs)
     source = rows.source_positions(width)
     graded = sum(
         int((source[row, len(log[0]["token_ids"]) - 1 : width - 1] >= 0).sum())
         for row, log in enumerate(logs)
     )
+    per = 1e6 / positions
     return {
         "positions": positions,
-        "render_align_us_per_position": round((rendered - start) / positions * 1e6, 2),
-        "topk_logprobs_us_per_position": round((done - moved) / positions * 1e6, 2),
-        "driver_us_per_position": round(((rendered - start) + (done - moved)) / positions * 1e6, 2),
+        "render_align_cpu_us": round(render[1] * per, 2),
+        "render_align_wall_us": round(render[0] * per, 2),
+        "topk_move_cpu_us": round(move[1] * per, 2),
+        "topk_move_wall_us": round(move[0] * per, 2),
         "graded_share": round(graded / positions, 4),
         "unrendered_rows": rows.unrendered,
     }
+
+
+class _Clock:
+    """Wall and CPU (this process, all threads) seconds since the last lap."""
+
+    def __init__(self) -> None:
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+
+    def lap(self) -> tuple[float, float]:
+        wall, cpu = time.perf_counter(), time.process_time()
+        out = (wall - self.wall, cpu - self.cpu)
+        self.wall, self.cpu = wall, cpu
+        return out
 
 
 def main() -> None:
@@ -117,7 +134,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=64)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)  # CPU time per position without the thread pool's spinning
     results = []
     for student_name, teacher_name in PAIRS:
         student, teacher = real_tokenizers.load(student_name), real_tokenizers.load(teacher_name)
