@@ -266,3 +266,31 @@ def test_chat_template_kwargs_reach_every_rendering(real_tokenizer):
     assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\nFour.<|im_end|>")
     assert tokenizer_difference(qwen, qwen, None, no_thinking) is not None
     assert tokenizer_difference(qwen, qwen, no_thinking, no_thinking) is None
+
+
+@pytest.mark.parametrize(("student_name", "teacher_name"), PAIRS)
+def test_sampled_log_probs_sum_to_the_teachers_per_turn(student_name, teacher_name, real_tokenizer):
+    """OPD as RL: the student's per-token shares of each turn sum to the teacher's
+    log-probability of its content and its end of turn (the chain rule), on hostile text."""
+    student, teacher = real_tokenizer(student_name), real_tokenizer(teacher_name)
+    logs = _logs(student, HOSTILE_TEXTS)
+    rows = TeacherRendering(student, ChatFormatter(teacher)).teacher_rows(logs)
+    logprobs = -torch.rand(
+        rows.batch["input_ids"].shape, generator=torch.Generator().manual_seed(0)
+    )
+    width = max(sum(len(m["token_ids"]) for m in log) for log in logs)
+    shares = rows.logprobs_to_student(logprobs, width)
+    for row, log in enumerate(logs):
+        s_start = sum(len(m["token_ids"]) for m in log[:-1])
+        t_start = sum(len(m["token_ids"]) for m in rows.logs[row][:-1])
+        t_content = len(rows.logs[row][-1]["token_ids"]) - len(rendering_closing(rows, row))
+        expected = float(logprobs[row, t_start - 1 : t_start - 1 + t_content].sum())
+        got = float(shares[row, s_start - 1 : s_start - 1 + len(log[-1]["token_ids"])].sum())
+        assert got == pytest.approx(expected, rel=1e-4), row
+
+
+def rendering_closing(rows, row):
+    """The teacher's ids after its end-of-turn token (the template's text after it)."""
+    ids = rows.logs[row][-1]["token_ids"]
+    pair = rows.turns[row][-1]
+    return ids[pair.num_teacher + 1 :]
