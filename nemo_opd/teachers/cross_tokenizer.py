@@ -56,7 +56,13 @@ from nemo_opd.teachers.xtok_align import (
     sources,
     spread_over_groups,
 )
-from nemo_opd.teachers.xtok_vocab import VocabMap, is_byte_complete, special_ids, token_bytes
+from nemo_opd.teachers.xtok_vocab import (
+    ByteTable,
+    VocabMap,
+    is_byte_complete,
+    special_ids,
+    token_bytes,
+)
 
 if TYPE_CHECKING:
     from nemo_opd.policy.policy import Policy
@@ -72,8 +78,8 @@ class _Content:
 
     ids: list[int]
     """The student's content ids (its end-of-turn token apart)."""
-    lengths: list[int]
-    """[n_s] each id's bytes in the text."""
+    lengths: np.ndarray
+    """[n_s] int64: each id's bytes in the text."""
     text: str
     """The text, up to its last whole character."""
     end_of_turn: bool
@@ -248,7 +254,8 @@ class TeacherRendering:
         self.system_prompt = system_prompt
         self._vocab: VocabMap | None = None
         self._student_bytes = _bytes_by_id(student_tokenizer)
-        self._teacher_bytes = token_bytes(self.teacher)
+        self._student_table = ByteTable(self._student_bytes)
+        self._teacher_table = ByteTable(token_bytes(self.teacher))
         self._closings: dict[tuple[str, ...], tuple[list[int], int | None]] = {}
         self._teacher_special = special_ids(self.teacher)
         self._strip_lead = _decoder_strips_a_space(student_tokenizer)
@@ -381,25 +388,23 @@ class TeacherRendering:
         ids = list(message["token_ids"])
         end_of_turn = bool(ids) and ids[-1] in self.student_ends
         content_ids = ids[:-1] if end_of_turn else ids
-        pieces = [self._student_bytes.get(i, b"") for i in content_ids]
-        lengths = [len(piece) for piece in pieces]
-        data = b"".join(pieces)
+        lengths = self._student_table.byte_lengths(content_ids)
+        data = self._student_table.join(content_ids)
         if self._strip_lead and data.startswith(b" "):  # the decoder drops it: not the text
             data, lengths[0] = data[1:], lengths[0] - 1
         return _Content(content_ids, lengths, _whole_characters(data), end_of_turn)
 
     def _encode(self, contents: list[_Content]):
         """An iterator of (teacher ids, character offsets) for each content's text, control
-        strings read as text."""
-        if not contents:
-            return iter([])
-        encoded = self.teacher(
-            [c.text for c in contents],
-            add_special_tokens=False,
-            split_special_tokens=True,
-            return_offsets_mapping=True,
-        )
-        return zip(encoded["input_ids"], encoded["offset_mapping"], strict=True)
+        strings read as text: one batched call into the tokenizer's Rust core."""
+        backend = self.teacher.backend_tokenizer
+        was = backend.encode_special_tokens
+        backend.encode_special_tokens = True
+        try:
+            encoded = backend.encode_batch([c.text for c in contents], add_special_tokens=False)
+        finally:
+            backend.encode_special_tokens = was
+        return ((e.ids, e.offsets) for e in encoded)
 
     def _assistant_turn(
         self,
@@ -411,9 +416,8 @@ class TeacherRendering:
     ) -> tuple[Message, TurnPair]:
         teacher_ids, offsets = encoding
         text = content.text
-        t_pieces = [self._teacher_bytes.get(i, b"") for i in teacher_ids]
-        if b"".join(t_pieces) == text.encode():
-            t_starts = running_starts([len(piece) for piece in t_pieces])
+        if self._teacher_table.join(teacher_ids) == text.encode():
+            t_starts = running_starts(self._teacher_table.byte_lengths(teacher_ids))
         else:  # the teacher's tokenizer normalized the text: place its tokens by offsets
             t_starts = char_starts(offsets, text)
         s_starts = running_starts(content.lengths)

@@ -24,6 +24,7 @@ turn -> the student's).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
@@ -211,6 +212,46 @@ def token_bytes(tokenizer: PreTrainedTokenizerBase) -> dict[int, bytes]:
     if style == "sentencepiece":
         return {index: _piece_bytes(piece) for index, piece in vocab.items()}
     return _decoded_bytes(tokenizer, sorted(vocab))
+
+
+class ByteTable:
+    """Every id's bytes in one flat buffer, so that a sequence's byte lengths and its bytes are
+    numpy gathers rather than a Python step per token.
+
+    Args:
+        by_id: {id: bytes}; ids not in it have no bytes.
+    """
+
+    def __init__(self, by_id: dict[int, bytes]) -> None:
+        size = max(by_id, default=-1) + 1
+        self.lengths = np.zeros(size + 1, dtype=np.int64)  # the last: ids out of range
+        for index, key in by_id.items():
+            self.lengths[index] = len(key)
+        self.starts = np.zeros(size + 1, dtype=np.int64)
+        np.cumsum(self.lengths[:-1], out=self.starts[1:])
+        self.buffer = np.frombuffer(
+            b"".join(by_id.get(i, b"") for i in range(size)) or b"\0", dtype=np.uint8
+        )
+
+    def ids(self, ids) -> np.ndarray:
+        """[n] int64 row numbers of `ids` (out-of-range ids: the empty last row)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        return np.where((ids >= 0) & (ids < len(self.lengths) - 1), ids, len(self.lengths) - 1)
+
+    def byte_lengths(self, ids) -> np.ndarray:
+        """[n] int64: the bytes of each id."""
+        return self.lengths[self.ids(ids)]
+
+    def join(self, ids) -> bytes:
+        """The bytes of `ids`, one after the other."""
+        rows = self.ids(ids)
+        lengths = self.lengths[rows]
+        total = int(lengths.sum())
+        if total == 0:
+            return b""
+        ends = np.cumsum(lengths)
+        offsets = np.repeat(self.starts[rows] - (ends - lengths), lengths)
+        return self.buffer[offsets + np.arange(total)].tobytes()
 
 
 def special_ids(tokenizer: PreTrainedTokenizerBase) -> set[int]:
