@@ -318,7 +318,13 @@ def _crossed(
         )
     system_prompt = read_text_file(cfg.data.system_prompt_file, "data.system_prompt_file")
     teacher_formatter = ChatFormatter(teacher_tokenizer, template_kwargs=teacher_kwargs)
-    rendering = TeacherRendering(tokenizer, teacher_formatter, teacher_vocab_size, system_prompt)
+    rendering = TeacherRendering(
+        tokenizer,
+        teacher_formatter,
+        teacher_vocab_size,
+        system_prompt,
+        max_length=teacher_cfg.max_total_sequence_length,
+    )
     rendering.check()
     vocab = rendering.vocab_map()
     unspellable = rendering.unspellable()

@@ -25,7 +25,10 @@ teacher's answers come back in the student's positions (`TeacherRows`):
 
 A response that is not whole UTF-8 (cut inside a character) is read up to its last whole
 character. A conversation the teacher's template cannot render (say, roles it refuses) is not
-graded at all and counted (`teacher/xtok_unrendered_rows`); the run goes on. Positions outside
+graded at all and counted (`teacher/xtok_unrendered_rows`); one longer in the teacher's tokens
+than the teacher's longest row (teacher.max_total_sequence_length: a teacher with finer tokens
+writes more of them) is cut there, graded up to the cut and counted
+(`teacher/xtok_truncated_rows`); the run goes on. Positions outside
 the assistant turns (never trained) are 0, as past a row's end.
 
     rendering = TeacherRendering(student_tokenizer, teacher_formatter, teacher_vocab_size)
@@ -109,9 +112,22 @@ class TurnPair:
     end_of_turn: bool
     """Both sides close the turn: the student's end-of-turn token and the teacher's."""
 
+    kept: int = -1
+    """Teacher content tokens inside the row (-1: all); see cut_at."""
+
     @property
     def num_student(self) -> int:
         return len(self.source)
+
+    def cut_at(self, length: int) -> None:
+        """Keep only what a teacher row cut to `length` tokens can say: student tokens whose
+        teacher tokens all lie inside it, the end of turn if its token does, and sampled
+        log-probs only for the groups wholly inside (the rest of the turn is not graded)."""
+        kept = int(np.clip(length - self.teacher_start, 0, self.num_teacher))
+        inside = (self.source >= 0) & (self.source + np.maximum(self.spans_several, 1) <= kept)
+        self.source = np.where(inside, self.source, -1)
+        self.end_of_turn = self.end_of_turn and self.teacher_start + self.num_teacher < length
+        self.kept = kept
 
     @property
     def num_teacher(self) -> int:
@@ -130,6 +146,8 @@ class TeacherRows:
     """Per row, its assistant turns."""
     unrendered: int = 0
     """Rows the teacher's template could not render (not graded)."""
+    truncated: int = 0
+    """Rows cut at the teacher's longest row (graded up to the cut)."""
     _sources: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
 
     def source_positions(self, width: int) -> torch.Tensor:
@@ -219,8 +237,13 @@ class TeacherRows:
         for row, pairs in enumerate(self.turns):
             for pair in pairs:
                 first = pair.teacher_start
-                token_lp = table[row, first - 1 : first - 1 + pair.num_teacher]
+                token_lp = np.zeros(pair.num_teacher)
+                kept = pair.num_teacher if pair.kept < 0 else pair.kept
+                token_lp[:kept] = table[row, first - 1 : first - 1 + kept]
                 shares = spread_over_groups(pair.student_group, pair.teacher_group, token_lp)
+                if kept < pair.num_teacher:  # a group with a token past the row's end: unknown
+                    cut_groups = np.unique(pair.teacher_group[kept:])
+                    shares[np.isin(pair.student_group, cut_groups)] = 0.0
                 at = pair.student_start - 1
                 out[row, at : at + pair.num_student] = shares
                 if pair.end_of_turn:
@@ -237,7 +260,10 @@ class TeacherRendering:
         formatter: the teacher's ChatFormatter: its tokenizer, chat template and system prompt.
         teacher_vocab_size: the teacher model's vocabulary, padded ids included (None: its
             tokenizer's, as for a served teacher).
-        system_prompt: the run's system prompt (data.system_prompt), in setup's probe.
+        system_prompt: the run's system prompt (data.system_prompt_file), in setup's probe.
+        max_length: the longest row the teacher scores (teacher.max_total_sequence_length):
+            a conversation longer in the teacher's tokens is cut there, the rest of it not
+            graded, and counted (`truncated`); None: no limit.
     """
 
     def __init__(
@@ -246,8 +272,10 @@ class TeacherRendering:
         formatter: ChatFormatter,
         teacher_vocab_size: int | None = None,
         system_prompt: str | None = None,
+        max_length: int | None = None,
     ):
         self.student = student_tokenizer
+        self.max_length = max_length
         self.formatter = formatter
         self.teacher = formatter.tokenizer
         self.teacher_vocab_size = teacher_vocab_size
@@ -296,11 +324,11 @@ class TeacherRendering:
         except SetupError:
             raise
         except Exception as error:  # noqa: BLE001 - a template's own exception
-            shown = "with a system message" if self.system_prompt is not None else ""
+            shown = " with a system message" if self.system_prompt is not None else ""
             raise SetupError(
-                f"the teacher's chat template cannot render a conversation {shown} like the "
+                f"the teacher's chat template cannot render a conversation{shown} like the "
                 f"run's ({type(error).__name__}: {error}); set teacher.tokenizer.chat_template "
-                "to one that does, or change data.system_prompt"
+                "to one that does, or change data.system_prompt_file"
             ) from error
 
     def _student_opening(self) -> list[Message]:
@@ -309,7 +337,8 @@ class TeacherRendering:
         )
 
     def _probe_opening(self) -> list[Message]:
-        return ChatFormatter(self.teacher).prompt_log("What is 2 + 2?")
+        formatter = ChatFormatter(self.teacher, template_kwargs=self.formatter.template_kwargs)
+        return formatter.prompt_log("What is 2 + 2?")
 
     def unspellable(self) -> list[str]:
         """The student tokens whose text the teacher's tokenizer cannot write (it would read
@@ -331,22 +360,27 @@ class TeacherRendering:
         tokenizer's Rust core, on all cores)."""
         contents = [[self._content(m) for m in log if m["role"] == "assistant"] for log in logs]
         encoded = self._encode([c for row in contents for c in row])
-        rendered, unrendered = [], 0
+        rendered, unrendered, truncated = [], 0, 0
         pad = self.teacher.pad_token_id
         pad = pad if pad is not None else (self.teacher.eos_token_id or 0)
         for log, row_contents in zip(logs, contents, strict=True):
             pairs = list(zip(row_contents, (next(encoded) for _ in row_contents), strict=True))
             try:
-                rendered.append(self._row(log, pairs))
+                teacher_log, turns = self._row(log, pairs)
             except Exception:  # noqa: BLE001 - never a crash mid-run: this row is not graded
                 unrendered += 1
-                rendered.append(([{"role": "user", "content": "", "token_ids": [pad]}], []))
+                teacher_log, turns = [{"role": "user", "content": "", "token_ids": [pad]}], []
+            if self.max_length is not None and _length(teacher_log) > self.max_length:
+                teacher_log = _cut(teacher_log, turns, self.max_length)
+                truncated += 1
+            rendered.append((teacher_log, turns))
         teacher_logs = [log for log, _ in rendered]
         return TeacherRows(
             batch=flatten_message_logs(teacher_logs, pad),
             logs=teacher_logs,
             turns=[turns for _, turns in rendered],
             unrendered=unrendered,
+            truncated=truncated,
         )
 
     def _row(
@@ -453,6 +487,24 @@ class TeacherRendering:
         return self._closings[key]
 
 
+def _length(log: list[Message]) -> int:
+    return sum(len(m["token_ids"]) for m in log)
+
+
+def _cut(log: list[Message], turns: list[TurnPair], length: int) -> list[Message]:
+    """The conversation's first `length` tokens (messages past them dropped, the one across
+    cut), its turns cut to match (TurnPair.cut_at)."""
+    out, left = [], length
+    for message in log:
+        if left <= 0:
+            break
+        out.append(dict(message, token_ids=list(message["token_ids"][:left])))
+        left -= len(out[-1]["token_ids"])
+    for pair in turns:
+        pair.cut_at(length)
+    return out
+
+
 def _spans_several(source: np.ndarray, student: np.ndarray, teacher: np.ndarray) -> np.ndarray:
     """[n_s] int64: for each graded student token, how many teacher tokens from the one at its
     start it covers: 1 where it ends inside or at the end of that first one, the count where
@@ -505,10 +557,12 @@ class CrossTokenizerTeacher:
         self._graded: list[float] = []
         self._chained: list[float] = []
         self._unrendered = 0
+        self._truncated = 0
 
     def score(self, rollouts: Rollouts, need: TeacherNeed) -> TeacherScores:
         rows = self.rendering.teacher_rows(rollouts.message_logs)
         self._unrendered += rows.unrendered
+        self._truncated += rows.truncated
         scores = self.inner.score(Rollouts(rows.batch, rows.logs, rollouts.metadata), need)
         width = rollouts.batch["input_ids"].shape[1]
         out = TeacherScores()
@@ -560,7 +614,8 @@ class CrossTokenizerTeacher:
             metrics["teacher/xtok_chained_share"] = sum(self._chained) / len(self._chained)
             self._chained = []
         metrics["teacher/xtok_unrendered_rows"] = float(self._unrendered)
-        self._unrendered = 0
+        metrics["teacher/xtok_truncated_rows"] = float(self._truncated)
+        self._unrendered = self._truncated = 0
         return metrics
 
     def shutdown(self) -> None:

@@ -294,3 +294,26 @@ def rendering_closing(rows, row):
     ids = rows.logs[row][-1]["token_ids"]
     pair = rows.turns[row][-1]
     return ids[pair.num_teacher + 1 :]
+
+
+def test_a_conversation_too_long_in_the_teachers_tokens_is_cut_and_counted(real_tokenizer):
+    """A Llama 3 student writes a long number in thirds of the tokens a Qwen teacher needs:
+    past the teacher's longest row the turn is not graded (no top-k, no end of turn, no share
+    of a group the row does not hold), before it as usual."""
+    student, teacher = real_tokenizer("llama3"), real_tokenizer("qwen3")
+    logs = _logs(student, ["1234567890" * 12])
+    full = TeacherRendering(student, ChatFormatter(teacher)).teacher_rows(logs)
+    length = int(full.batch["input_lengths"][0])
+    limit = length - 60
+    cut = TeacherRendering(student, ChatFormatter(teacher), max_length=limit).teacher_rows(logs)
+    assert cut.truncated == 1 and int(cut.batch["input_lengths"][0]) == limit
+    width = sum(len(m["token_ids"]) for m in logs[0])
+    before, after = full.source_positions(width)[0], cut.source_positions(width)[0]
+    kept = after >= 0
+    assert kept.any() and (after[kept] == before[kept]).all()
+    assert int(after.max()) < limit - 1 and int(before.max()) >= limit
+    logprobs = -torch.ones(full.batch["input_ids"].shape)
+    shares = cut.logprobs_to_student(logprobs[:, :limit], width)[0]
+    start = sum(len(m["token_ids"]) for m in logs[0][:-1])
+    turn = shares[start - 1 : width - 1]
+    assert (turn[: int(kept.sum())] < 0).all() and (turn[-1] == 0).all()
