@@ -323,7 +323,8 @@ def _crossed(
         teacher_formatter,
         teacher_vocab_size,
         system_prompt,
-        max_length=teacher_cfg.max_total_sequence_length,
+        # a served teacher refuses rows past its context; in-process ones score any length
+        max_length=teacher_cfg.max_total_sequence_length if _is_served(cfg) else None,
     )
     rendering.check()
     vocab = rendering.vocab_map()

@@ -26,7 +26,7 @@ teacher's answers come back in the student's positions (`TeacherRows`):
 A response that is not whole UTF-8 (cut inside a character) is read up to its last whole
 character. A conversation the teacher's template cannot render (say, roles it refuses) is not
 graded at all and counted (`teacher/xtok_unrendered_rows`); one longer in the teacher's tokens
-than the teacher's longest row (teacher.max_total_sequence_length: a teacher with finer tokens
+than a served teacher's context (teacher.max_total_sequence_length: a teacher with finer tokens
 writes more of them) is cut there, graded up to the cut and counted
 (`teacher/xtok_truncated_rows`); the run goes on. Positions outside
 the assistant turns (never trained) are 0, as past a row's end.
@@ -261,9 +261,10 @@ class TeacherRendering:
         teacher_vocab_size: the teacher model's vocabulary, padded ids included (None: its
             tokenizer's, as for a served teacher).
         system_prompt: the run's system prompt (data.system_prompt_file), in setup's probe.
-        max_length: the longest row the teacher scores (teacher.max_total_sequence_length):
-            a conversation longer in the teacher's tokens is cut there, the rest of it not
-            graded, and counted (`truncated`); None: no limit.
+        max_length: the longest row the teacher scores (a served teacher's context,
+            teacher.max_total_sequence_length): a conversation longer in the teacher's tokens
+            is cut there, the rest of it not graded, and counted (`truncated`); None: no
+            limit (an in-process teacher scores any length).
     """
 
     def __init__(
