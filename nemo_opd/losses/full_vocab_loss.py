@@ -16,7 +16,9 @@ chunk, so [N, V] exists for neither model:
     loss = sum_{b,t} loss_mask[b, t] * divergence[b, t] / global_valid_toks   (as the top-k loss)
 """
 
+import dataclasses
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -64,6 +66,22 @@ class FullVocabDistillationLossFn:
         self.k = k
         self.teacher_temperature = teacher_temperature or params.temperature
         self.implementation = implementation
+
+    @classmethod
+    def from_config(
+        cls, loss_cfg: Any, *, k: int, teacher_temperature: float | None = None
+    ) -> "FullVocabDistillationLossFn":
+        """Build from the loss_fn config section (kl_type, mixed_kl_weight, jsd_beta, tail,
+        temperature, implementation, support); k: the student's top-k size."""
+        names = [field.name for field in dataclasses.fields(TopkKLParams)]
+        params = TopkKLParams(**{name: getattr(loss_cfg, name) for name in names})
+        return cls(
+            params=params,
+            support=loss_cfg.support,
+            k=k,
+            teacher_temperature=teacher_temperature,
+            implementation=loss_cfg.implementation,
+        )
 
     @property
     def input_fields(self) -> tuple[str, ...]:
