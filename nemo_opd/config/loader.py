@@ -60,6 +60,7 @@ from nemo_opd.config.interpolation import interpolated_keys, resolve_interpolati
 from nemo_opd.config.key_paths import keys_at
 from nemo_opd.config.overrides import apply_overrides
 from nemo_opd.config.schema import DistillationConfig
+from nemo_opd.config.secrets import redact_user_info
 
 # -------- the steps -------------------------------------------------------------------------------
 
@@ -317,7 +318,7 @@ def _explain(item: Mapping[str, Any], loc: tuple[str | int, ...]) -> str:
     if kind == "missing":
         return "required key is missing"
     if kind in ("model_type", "model_attributes_type", "dict_type"):
-        return f"must be a section (a mapping of keys); got {show(value)}"
+        return f"must be a section (a mapping of keys); got {_shown(value)}"
     message = re.sub(r"^(Input|String|Value|List|Tuple) should ", "must ", item["msg"])
     message = message.removeprefix("Value error, ").replace(", got a ", ", not a ")
     hint = ""
@@ -325,7 +326,13 @@ def _explain(item: Mapping[str, Any], loc: tuple[str | int, ...]) -> str:
         choices = re.findall(r"'([^']*)'", item.get("ctx", {}).get("expected", ""))
         match = closest(value, choices)
         hint = f" (did you mean '{match}'?)" if match else ""
-    return f"{message}; got {show(value)}{hint}"
+    return f"{message}; got {_shown(value)}{hint}"
+
+
+def _shown(value: Any) -> str:
+    """A wrong value as a message echoes it: a string without what may be a URL's user-info
+    (a malformed URL has no scheme for the command line's redaction to see)."""
+    return show(redact_user_info(value) if isinstance(value, str) else value)
 
 
 def _unknown_key(key: str, valid: list[str]) -> str:

@@ -131,6 +131,21 @@ CASES = {
     "back-off 1e300": [TINY, "teacher.server.retry_backoff_s=1e300", "--print-config"],
     "a file URL": [TINY, "teacher.server.base_url=file:///etc/passwd", "--print-config"],
     "no scheme": [TINY, "teacher.server.base_url=host:8000/v1", "--print-config"],
+    "user-info, no scheme": [
+        TINY,
+        f"teacher.server.base_url=alice:{SECRET}@host/v1",
+        "--print-config",
+    ],
+    "user-info, a space": [
+        TINY,
+        f"teacher.server.base_url='http://alice:{SECRET} x@host/v1'",
+        "--print-config",
+    ],
+    "user-info, a port that is not one": [
+        TINY,
+        f"teacher.server.base_url='http://alice:{SECRET}?@host/v1'",
+        "--print-config",
+    ],
     # 6. scale
     "400,000 key parts": [TINY, "++" + ".".join(["a"] * 400_000) + "=1", "--print-config"],
     "a 1 MB key": [TINY, "++" + "k" * 1_000_000 + "=1", "--print-config"],
@@ -193,8 +208,9 @@ def test_ten_thousand_teachers_or_unknown_keys(tmp_path):
     assert "(10,000 problems)" in message and message.rstrip().endswith("... and 9,980 more")
 
 
-def test_user_info_in_a_url_is_never_printed(tmp_path):
-    url = f"http://user:{SECRET}@127.0.0.1:9/v1"
+@pytest.mark.parametrize("password", [SECRET, f"p@{SECRET}"])  # httpx sends p@... whole
+def test_user_info_in_a_url_is_never_printed(tmp_path, password):
+    url = f"http://user:{password}@127.0.0.1:9/v1"
     served = ["teacher.server.enabled=true", f"teacher.server.base_url={url}"]
     printed = run_cli(tmp_path, [TINY, *served, "--print-config"])
     assert printed["status"] == 0 and printed["err"] == ""
