@@ -132,12 +132,16 @@ message and exit status 2, in bounded time and memory (each case below is a test
   `{}`: no conversion, format specification, attribute or item), literal braces doubled,
   checked with a dry run of the real call when the config loads.
 
-Secrets never leave the process: user-info in a URL (`http://user:password@host/...`) and a
-served teacher's API key (`teacher.server.api_key_env` names the environment variable holding
-it; the key is never in the config) are redacted (`***`) in `--print-config`, in every error
-message, in `run_config.json`, TensorBoard and W&B. A config printed with a redacted URL does
-not load back to the same URL; every other printed config does (a test round-trips each
-shipped config and strings YAML would read as something else, such as `'1e5'`).
+Secrets never leave the process: user-info in a URL (`http://user:password@host/...`, up to
+the last `@` before the path, as httpx reads it) and a served teacher's API key
+(`teacher.server.api_key_env` names the environment variable holding it; the key is never in
+the config) are redacted (`***`) in `--print-config`, in every error message (a malformed URL
+is echoed without anything before its last `@`), in `run_config.json`, TensorBoard and W&B.
+W&B is told not to record the command line (which it saves by default, overrides and their
+secrets included), the git state or the code: a run holds the redacted config, the metrics and
+the sample rollouts. A config printed with a redacted URL does not load back to the same URL;
+every other printed config does (a test round-trips each shipped config and strings YAML would
+read as something else, such as `'1e5'`).
 
 ## Keys
 

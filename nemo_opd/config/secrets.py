@@ -10,9 +10,11 @@ Two kinds of secret:
   its text is replaced by `***` wherever it appears.
 
 Applied where text leaves the process: `--print-config`, every error message the command line
-prints, the logger's run_config.json, its TensorBoard text and its W&B config, and the served
-teacher's messages. Environment variables never enter a config at all (`${oc.env:...}` is
-refused: nemo_opd.config.interpolation).
+prints, the logger's run_config.json, its TensorBoard text and its W&B config and run name, and
+the served teacher's messages. What W&B would record of the process on its own (the command
+line, whose overrides can hold a secret) it is told not to (nemo_opd.utils.logger's
+WANDB_SETTINGS). Environment variables never enter a config at all (no `${oc.env:...}`, however
+spelled: nemo_opd.config.interpolation).
 """
 
 import re
