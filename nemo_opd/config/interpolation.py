@@ -130,7 +130,10 @@ def resolve_interpolations(config: dict[str, Any]) -> dict[str, Any]:
     try:
         return _Resolution(config).resolved(())[0]
     except RecursionError:
-        raise ConfigError("interpolations refer to one another too many levels deep") from None
+        raise ConfigError(
+            "interpolations nest too deeply to resolve (references, brackets or braces within "
+            "one another)"
+        ) from None
 
 
 class _Unresolvable(Exception):
