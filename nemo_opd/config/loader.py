@@ -12,9 +12,9 @@ turns a validated config back into YAML that load_config reads to an equal confi
 Loading is bounded whatever the input (bounds.py): a config file must be a regular file of at
 most MAX_FILE_BYTES; a parsed file, an override and the merged config may hold at most
 MAX_VALUES values once every YAML alias is expanded, nested at most MAX_DEPTH deep; `defaults:`
-loads at most MAX_DEFAULTS_LOADS files in all; and no interpolation may resolve to more than
-MAX_INTERPOLATED_CHARS characters. Each check costs at most its bound, so an alias bomb, a
-diamond of includes or an interpolation that doubles at every step is refused at once.
+loads at most MAX_DEFAULTS_LOADS files in all; and interpolation counts its work as it resolves
+(interpolation.py). Each check costs at most its bound, so an alias bomb, a diamond of includes
+or an interpolation that doubles at every step is refused at once.
 
 YAML, two departures from PyYAML's YAML 1.1 defaults, both to match what users expect: `1e-5`
 is a float (YAML 1.1 reads it as a string because it has no dot), and dates such as
@@ -33,7 +33,8 @@ Overrides (overrides.py, Hydra's grammar read by hydra-core's parser):
     ~a.b       delete a key;  ~a.b=v deletes it only if its value is v
 
 Interpolation (interpolation.py): references `${a.b}`, `${..sibling}` and the arithmetic
-resolvers mul, add, max and div, bounded in size and in OmegaConf's work.
+resolvers mul, add, max and div, in OmegaConf's syntax; no other resolver (`oc.env` included)
+is ever called, and the work is bounded.
 """
 
 import re
@@ -59,6 +60,7 @@ from nemo_opd.config.interpolation import interpolated_keys, resolve_interpolati
 from nemo_opd.config.key_paths import keys_at
 from nemo_opd.config.overrides import apply_overrides
 from nemo_opd.config.schema import DistillationConfig
+from nemo_opd.config.secrets import redact_user_info
 
 # -------- the steps -------------------------------------------------------------------------------
 
@@ -316,7 +318,7 @@ def _explain(item: Mapping[str, Any], loc: tuple[str | int, ...]) -> str:
     if kind == "missing":
         return "required key is missing"
     if kind in ("model_type", "model_attributes_type", "dict_type"):
-        return f"must be a section (a mapping of keys); got {show(value)}"
+        return f"must be a section (a mapping of keys); got {_shown(value)}"
     message = re.sub(r"^(Input|String|Value|List|Tuple) should ", "must ", item["msg"])
     message = message.removeprefix("Value error, ").replace(", got a ", ", not a ")
     hint = ""
@@ -324,7 +326,13 @@ def _explain(item: Mapping[str, Any], loc: tuple[str | int, ...]) -> str:
         choices = re.findall(r"'([^']*)'", item.get("ctx", {}).get("expected", ""))
         match = closest(value, choices)
         hint = f" (did you mean '{match}'?)" if match else ""
-    return f"{message}; got {show(value)}{hint}"
+    return f"{message}; got {_shown(value)}{hint}"
+
+
+def _shown(value: Any) -> str:
+    """A wrong value as a message echoes it: a string without what may be a URL's user-info
+    (a malformed URL has no scheme for the command line's redaction to see)."""
+    return show(redact_user_info(value) if isinstance(value, str) else value)
 
 
 def _unknown_key(key: str, valid: list[str]) -> str:

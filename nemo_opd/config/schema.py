@@ -416,7 +416,8 @@ class LoggerConfig(Section):
     """Write TensorBoard event files under log_dir."""
 
     wandb_enabled: bool = False
-    """Log to Weights & Biases."""
+    """Log to Weights & Biases (wandb 0.19 or newer): the redacted config, the metrics and sample
+    rollouts; W&B is told not to record the command line, the git state or the code."""
 
     wandb: WandbConfig = Field(default_factory=WandbConfig)
     """W&B settings, used when wandb_enabled."""
