@@ -52,6 +52,7 @@ from nemo_opd.environments import MathEnvironment
 from nemo_opd.errors import SetupError
 from nemo_opd.generation import VllmGeneration
 from nemo_opd.losses import DistillationLossFn, NLLLossFn, PolicyGradientLossFn
+from nemo_opd.losses.full_vocab_loss import FullVocabDistillationLossFn
 from nemo_opd.policy.policy import Policy
 from nemo_opd.rollouts import RolloutResult, rollout_from_state
 from nemo_opd.teachers.base import Teacher
@@ -92,7 +93,7 @@ class DistillationRun:
     teacher: Teacher | None
     generation: VllmGeneration
     loss_fn: DistillationLossFn | PolicyGradientLossFn | NLLLossFn
-    val_loss_fn: DistillationLossFn | None
+    val_loss_fn: DistillationLossFn | FullVocabDistillationLossFn | None
     logger: Logger
     checkpoints: CheckpointManager
     placement: PlacementGroup
@@ -213,6 +214,8 @@ def _build_run(cfg: DistillationConfig, lock: RunLock, marks: StartupMarks) -> D
         environments = {"math": MathEnvironment(cfg.env.math)}
         started.extend(environments.values())
         _wait_for_workers(marks, student, teacher, generation, teacher_sampler)
+        if cfg.loss_fn.support != "teacher_topk":  # the student applies the teacher's head
+            student.load_teacher_head(cfg.teacher.model_name, cfg.teacher.precision)
     except BaseException:
         for part in started:
             part.shutdown()
@@ -236,7 +239,7 @@ def _build_run(cfg: DistillationConfig, lock: RunLock, marks: StartupMarks) -> D
         teacher=teacher,
         generation=generation,
         loss_fn=_build_loss(cfg),
-        val_loss_fn=DistillationLossFn.from_config(cfg.loss_fn) if teacher else None,
+        val_loss_fn=distillation_loss(cfg) if teacher else None,
         logger=None,
         checkpoints=CheckpointManager(cfg.checkpointing),
         placement=placement,
@@ -284,12 +287,33 @@ def _check_models(
                     "teacher needs its own model's tokenizer"
                 )
         check_tensor_parallel(teacher, teacher_config, section)
+    if cfg.loss_fn.support != "teacher_topk":
+        _check_full_vocabulary(cfg, student_config, renderings)
     if cfg.named_teachers and cfg.distillation.topk_logits_k > student_config.vocab_size:
         raise SetupError(
             f"distillation.topk_logits_k ({cfg.distillation.topk_logits_k}) exceeds the "
             f"vocabulary size ({student_config.vocab_size})"
         )
     return tokenizer, renderings
+
+
+def _check_full_vocabulary(cfg: DistillationConfig, student_config, renderings) -> None:
+    """loss_fn.support full / student_topk compare the two models id by id: one tokenizer
+    (no cross-tokenizer rendering) and one vocabulary size; SetupError otherwise."""
+    support = f"loss_fn.support={cfg.loss_fn.support}"
+    if renderings:
+        raise SetupError(
+            f"{support} compares teacher and student id by id, but the teacher reads the "
+            "student's text with another tokenizer or chat template; use "
+            "loss_fn.support=teacher_topk (the cross-tokenizer path)"
+        )
+    teacher_config = load_model_config(cfg.teacher, "teacher")
+    if teacher_config.vocab_size != student_config.vocab_size:
+        raise SetupError(
+            f"{support} needs one vocabulary, but teacher.model_name has "
+            f"{teacher_config.vocab_size} ids and policy.model_name {student_config.vocab_size}"
+            "; use loss_fn.support=teacher_topk"
+        )
 
 
 def _crossed(
@@ -621,11 +645,21 @@ def _build_loss(cfg: DistillationConfig) -> DistillationLossFn | PolicyGradientL
     policy-gradient loss at the sampling temperature (its ratios compare with vLLM's sampling
     log-probs)."""
     if cfg.objective.loss == "topk_kl":
-        return DistillationLossFn.from_config(cfg.loss_fn)
+        return distillation_loss(cfg)
     if cfg.objective.loss == "sft":
         return NLLLossFn()
     return PolicyGradientLossFn.from_config(
         cfg.objective, cfg.loss_fn, temperature=sampling_temperature(cfg)
+    )
+
+
+def distillation_loss(cfg: DistillationConfig) -> DistillationLossFn | FullVocabDistillationLossFn:
+    """The divergence of loss_fn over its support: the teacher's top-k (DistillationLossFn),
+    or the full vocabulary / the student's top-k from the teacher's hidden states."""
+    if cfg.loss_fn.support == "teacher_topk":
+        return DistillationLossFn.from_config(cfg.loss_fn)
+    return FullVocabDistillationLossFn.from_config(
+        cfg.loss_fn, k=cfg.distillation.topk_logits_k, teacher_temperature=teacher_temperature(cfg)
     )
 
 

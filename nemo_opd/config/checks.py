@@ -654,6 +654,29 @@ def check_served_teacher(cfg: "DistillationConfig") -> list[str]:
     return []
 
 
+def check_loss_support(cfg: "DistillationConfig") -> list[str]:
+    """loss_fn.support full and student_topk need one teacher run by the run's workers (not
+    served, not routed) and the topk_kl objective."""
+    support = cfg.loss_fn.support
+    if support == "teacher_topk":
+        return []
+    why = f"loss_fn.support={support} (the teacher's hidden states and LM head)"
+    problems = []
+    if cfg.objective.loss != "topk_kl":
+        problems.append(
+            f"{why} is a divergence of the topk_kl objective, not of objective.loss="
+            f"{cfg.objective.loss}; set loss_fn.support=teacher_topk"
+        )
+    if cfg.teachers is not None:
+        problems.append(f"{why} needs one teacher; `teachers` names {len(cfg.teachers)}")
+    elif cfg.teacher is not None and cfg.teacher.server.enabled:
+        problems.append(
+            f"{why} needs a teacher run by the run's own workers: a served teacher "
+            "(teacher.server.enabled) returns no hidden states"
+        )
+    return problems
+
+
 CHECKS: tuple[Callable[["DistillationConfig"], list[str]], ...] = (
     check_one_backend,
     check_backend_features_available,
@@ -676,6 +699,7 @@ CHECKS: tuple[Callable[["DistillationConfig"], list[str]], ...] = (
     check_routed_teachers,
     check_checkpointing,
     check_served_teacher,
+    check_loss_support,
     check_overlap,
 )
 

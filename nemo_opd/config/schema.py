@@ -105,6 +105,15 @@ class LossConfig(Section):
     implementation: Literal["auto", "triton", "torch"] = "auto"
     """The fused Triton kernel, the plain-torch implementation, or auto (Triton where it runs)."""
 
+    support: Literal["teacher_topk", "full", "student_topk"] = "teacher_topk"
+    """The ids the divergence runs over. teacher_topk: the teacher's top-k
+    (distillation.topk_logits_k) and the tail bucket, from the teacher's top-k log-probs.
+    full: every id of the vocabulary, exact (the teacher sends its final hidden states and the
+    student's workers apply the teacher's LM head chunk by chunk; docs/loss.md). student_topk:
+    the student's own top-k ids and the tail bucket, with the teacher's exact log-probs there
+    (hidden states too). full and student_topk need one in-process teacher with the student's
+    vocabulary and the topk_kl objective."""
+
 
 class ObjectiveConfig(Section):
     """What the student is trained to minimize (docs/objectives.md).
