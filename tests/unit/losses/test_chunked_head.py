@@ -132,8 +132,8 @@ def test_under_no_grad_no_backward_and_no_weight_gradient():
     # A vocabulary and width whose fp32 [V, H] size no other buffer here shares.
     vocab, width = 1009, 24
     loss_fn = LOSSES["topk_forward_bucket"]()
-    hidden, _, fields = inputs(seed=7)
-    hidden = torch.randn(B, S, width)
+    _, _, fields = inputs(seed=7)
+    hidden = torch.randn(B, S, width, generator=torch.Generator().manual_seed(7))
     weight = torch.nn.Parameter(torch.randn(vocab, width) * 0.1)
     fields = {**fields, "teacher_topk_indices": fields["teacher_topk_indices"] % vocab}
     count = fields["loss_mask"].sum()
