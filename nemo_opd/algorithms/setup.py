@@ -444,7 +444,8 @@ def _load_prompts(
     cfg: DistillationConfig, tokenizer: PreTrainedTokenizerBase
 ) -> tuple[ChatFormatter, PromptSet, PromptSet]:
     """The chat formatter and the train and validation prompts, rendered with the chat template
-    and tokenized (too-long prompts skipped and counted); SetupError on bad data."""
+    and tokenized (too-long prompts skipped and counted; no validation prompts when the run
+    never validates); SetupError on bad data."""
     formatter = ChatFormatter(
         tokenizer,
         read_text_file(cfg.data.prompt_file, "data.prompt_file"),
@@ -461,10 +462,12 @@ def _load_prompts(
         cfg.data, "train", responses=off_policy or privileged, teachers=teachers
     )
     train = encode_prompts(records, formatter, max_prompt, "train")
-    val_records = load_prompt_records(
-        cfg.data, "validation", responses=privileged, teachers=teachers
-    )
-    val = encode_prompts(val_records, formatter, max_prompt, "validation")
+    val = PromptSet([], 0)  # a run that never validates needs no validation data
+    if cfg.distillation.validates:
+        val_records = load_prompt_records(
+            cfg.data, "validation", responses=privileged, teachers=teachers
+        )
+        val = encode_prompts(val_records, formatter, max_prompt, "validation")
     if cfg.distillation.max_val_samples is not None:
         val.samples = val.samples[: cfg.distillation.max_val_samples]
     print(

@@ -267,6 +267,12 @@ class DistillationLoopConfig(Section):
     seed: int = Field(42, ge=0, le=MAX_SEED)
     """Seed for data order, sampling and initialization."""
 
+    @property
+    def validates(self) -> bool:
+        """Whether the run validates at all (val_period, val_at_start or val_at_end): without,
+        no validation prompts are loaded or needed."""
+        return self.val_period > 0 or self.val_at_start or self.val_at_end
+
 
 # -------- data and environments -------------------------------------------------------------------
 

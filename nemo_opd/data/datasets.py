@@ -88,8 +88,12 @@ def _load_rows(cfg: DataConfig, split: Split) -> tuple[Rows, str]:
     if name == "tiny_math":
         return _tiny_math_rows(split, cfg.val_split)
     if name is None:
-        path_key = "train_path" if split == "train" else "val_path"
-        raise SetupError(f"no {split} data: set data.dataset_name or data.{path_key}")
+        if split == "train":
+            raise SetupError("no train data: set data.dataset_name or data.train_path")
+        raise SetupError(
+            "no validation data: set data.val_path or data.val_dataset_name, or validate not at "
+            "all (distillation.val_period 0, val_at_start and val_at_end false)"
+        )
     return _load_hub(name, split, cfg.val_split), f"dataset {name!r} ({split})"
 
 
