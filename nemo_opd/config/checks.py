@@ -605,12 +605,19 @@ def check_routed_teachers(cfg: "DistillationConfig") -> list[str]:
 
 
 def check_data_source(cfg: "DistillationConfig") -> list[str]:
-    """Exactly one of data.dataset_name and data.train_path is set."""
+    """Exactly one of data.dataset_name and data.train_path is set, and at most one of
+    data.val_path and data.val_dataset_name."""
     data = cfg.data
+    problems = []
     if (data.dataset_name is None) == (data.train_path is None):
         state = "both set" if data.dataset_name is not None else "both null"
-        return [f"data.dataset_name and data.train_path are {state}; set exactly one"]
-    return []
+        problems.append(f"data.dataset_name and data.train_path are {state}; set exactly one")
+    if data.val_path is not None and data.val_dataset_name is not None:
+        problems.append(
+            "data.val_path and data.val_dataset_name are both set; set one: a local file, or a "
+            "dataset (null: data.dataset_name's own validation split)"
+        )
+    return problems
 
 
 def check_checkpointing(cfg: "DistillationConfig") -> list[str]:

@@ -293,7 +293,8 @@ class DataConfig(Section):
     """A local .jsonl or .parquet file of training prompts (instead of dataset_name)."""
 
     val_path: str | None = None
-    """A local .jsonl or .parquet file of validation prompts."""
+    """A local .jsonl or .parquet file of validation prompts (not beside val_dataset_name).
+    Loaded only when the run validates (distillation.val_period, val_at_start, val_at_end)."""
 
     val_split: str | None = None
     """Split of the validation dataset (a hub dataset with several splits); null tries

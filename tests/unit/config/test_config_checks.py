@@ -235,6 +235,17 @@ def test_exactly_one_data_source(minimal, data, state):
     ]
 
 
+def test_one_validation_source(minimal):
+    # A local validation file beside a validation dataset: neither may silently win.
+    minimal["data"].update({"val_dataset_name": "HuggingFaceH4/MATH-500", "val_path": "v.jsonl"})
+    assert problems(minimal) == [
+        "data.val_path and data.val_dataset_name are both set; set one: a local file, or a "
+        "dataset (null: data.dataset_name's own validation split)"
+    ]
+    del minimal["data"]["val_path"]
+    assert problems(minimal) == []
+
+
 def test_local_files_instead_of_a_dataset(minimal):
     minimal["data"] = {"train_path": "train.jsonl", "val_path": "val.parquet"}
     assert problems(minimal) == []
