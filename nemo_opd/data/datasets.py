@@ -18,6 +18,9 @@ Rows = Iterable[tuple[str, object]]
 """Rows with where each is in its source ("line 42" of a JSONL file, "item 3", "row 7")."""
 VALIDATION_SPLITS = ("validation", "test")
 TINY_MATH_VAL_SPLITS = (None, "validation", "development")
+NON_EMPTY = ("prompt", "answer")
+"""Fields that must hold more than whitespace: an empty prompt is a chat with an empty user
+turn, an empty answer one no response can match."""
 
 
 def load_prompt_records(
@@ -208,7 +211,8 @@ def _numbered_rows(rows: Iterable[object]) -> Rows:
 def _select_columns(rows: Rows, keys: dict[str, tuple[str, str]], where: str) -> list[dict]:
     """[{name: text}] from each row, for keys {name: (column, config key)} ("prompt", "answer"
     and maybe "response" and "teacher"). A row that is not an object, or whose column is
-    missing, null or neither text nor a number, is refused."""
+    missing, null or neither text nor a number, is refused, and so is an empty (or blank)
+    prompt or answer."""
     fields = " and ".join(f"{key!r} ({config_key})" for key, config_key in keys.values())
     records = []
     for position, row in rows:
@@ -229,6 +233,11 @@ def _select_columns(rows: Rows, keys: dict[str, tuple[str, str]], where: str) ->
                 raise SetupError(
                     f"{where}: {position}: {key!r} ({config_key}) is {_kind(value)}; the {name} "
                     "must be text or a number: fix or remove the row"
+                )
+            if name in NON_EMPTY and not str(value).strip():
+                raise SetupError(
+                    f"{where}: {position}: {key!r} ({config_key}) is empty; the {name} must "
+                    "hold text: fix or remove the row"
                 )
             record[name] = str(value)
         records.append(record)

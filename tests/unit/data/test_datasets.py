@@ -233,6 +233,24 @@ def test_null_or_structured_prompt_or_answer_is_refused(tmp_path, row, refusal):
     )
 
 
+@pytest.mark.parametrize(
+    ("row", "key"),
+    [
+        ({"problem": "", "answer": "1"}, "'problem' (data.prompt_key)"),
+        ({"problem": " \n\t", "answer": "1"}, "'problem' (data.prompt_key)"),
+        ({"problem": "p", "answer": ""}, "'answer' (data.answer_key)"),
+    ],
+)
+def test_empty_prompt_or_answer_is_refused(tmp_path, row, key):
+    # An empty problem would be rendered as a chat with an empty user turn, silently.
+    path = _jsonl(tmp_path / "t.jsonl", [{"problem": "p", "answer": 1}, row])
+    kind = "prompt" if "prompt_key" in key else "answer"
+    assert _refusal(path) == (
+        f"data.train_path ({path}): line 2: {key} is empty; the {kind} must hold text: fix or "
+        "remove the row"
+    )
+
+
 def test_missing_answer_names_the_line(tmp_path):
     path = _jsonl(tmp_path / "t.jsonl", [{"problem": "p", "answer": 1}, {"problem": "p"}])
     assert re.search(r"line 2 has no column 'answer' \(data.answer_key\)", _refusal(path))
