@@ -284,10 +284,13 @@ class DataConfig(Section):
     """
 
     dataset_name: str | None = None
-    """A dataset on the hub, or "tiny_math" for the embedded synthetic arithmetic task."""
+    """A dataset on the hub, a directory written by save_to_disk (a DatasetDict with splits, or
+    a single Dataset: the training data), or "tiny_math" for the embedded synthetic arithmetic
+    task."""
 
     val_dataset_name: str | None = None
-    """A hub dataset to validate on; null uses dataset_name's own validation split."""
+    """A dataset to validate on (a hub name or a save_to_disk directory: a single Dataset is the
+    validation data); null uses dataset_name's own validation split."""
 
     train_path: str | None = None
     """A local .jsonl or .parquet file of training prompts (instead of dataset_name)."""

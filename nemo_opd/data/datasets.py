@@ -87,7 +87,9 @@ def _load_rows(cfg: DataConfig, split: Split) -> tuple[Rows, str]:
     if path is not None:
         key = "data.train_path" if split == "train" else "data.val_path"
         return _load_local(path, key), f"{key} ({path})"
-    name = cfg.dataset_name if split == "train" else (cfg.val_dataset_name or cfg.dataset_name)
+    key, name = "data.dataset_name", cfg.dataset_name
+    if split == "validation" and cfg.val_dataset_name is not None:
+        key, name = "data.val_dataset_name", cfg.val_dataset_name
     if name == "tiny_math":
         return _tiny_math_rows(split, cfg.val_split)
     if name is None:
@@ -97,6 +99,8 @@ def _load_rows(cfg: DataConfig, split: Split) -> tuple[Rows, str]:
             "no validation data: set data.val_path or data.val_dataset_name, or validate not at "
             "all (distillation.val_period 0, val_at_start and val_at_end false)"
         )
+    if _saved_to_disk(name):
+        return _load_saved(name, split, cfg.val_split, key), f"{key} ({name}, {split})"
     return _load_hub(name, split, cfg.val_split), f"dataset {name!r} ({split})"
 
 
@@ -201,6 +205,45 @@ def _load_hub(name: str, split: Split, val_split: str | None) -> Rows:
     raise SetupError(
         f"dataset {name!r} has no split {' or '.join(map(repr, candidates))} "
         f"(it has {', '.join(available)}); set data.val_split"
+    )
+
+
+def _saved_to_disk(name: str) -> bool:
+    """Whether `name` is a directory written by Dataset.save_to_disk or DatasetDict's (which
+    datasets.load_dataset refuses)."""
+    path = Path(name)
+    return (path / "state.json").is_file() or (path / "dataset_dict.json").is_file()
+
+
+def _load_saved(name: str, split: Split, val_split: str | None, key: str) -> Rows:
+    """Rows of a save_to_disk directory: a DatasetDict's split (as _load_hub picks it), or a
+    single Dataset, which is the data of the key naming it: data.dataset_name's is the
+    training data (so validation needs data.val_dataset_name or data.val_path),
+    data.val_dataset_name's the validation data."""
+    import datasets
+
+    try:
+        saved = datasets.load_from_disk(name)
+    except Exception as error:  # noqa: BLE001 - a damaged or partial directory
+        raise SetupError(
+            f"{key}: could not load {name} (saved with save_to_disk): {error}"
+        ) from error
+    if isinstance(saved, datasets.Dataset):
+        if split == "validation" and key == "data.dataset_name":
+            raise SetupError(
+                f"{key}: {name} is a single Dataset saved with save_to_disk, without splits: it "
+                "is the training data; name the validation data with data.val_dataset_name or "
+                "data.val_path, or save a DatasetDict with a 'validation' split"
+            )
+        return _numbered_rows(saved)
+    candidates = ["train"] if split == "train" else [val_split] if val_split else VALIDATION_SPLITS
+    for candidate in candidates:
+        if candidate in saved:
+            return _numbered_rows(saved[candidate])
+    fix = "save it with a 'train' split" if split == "train" else "set data.val_split"
+    raise SetupError(
+        f"{key}: {name} has no split {' or '.join(map(repr, candidates))} (it has "
+        f"{', '.join(saved)}); {fix}"
     )
 
 
