@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from nemo_opd.config.address import address_problem
+from nemo_opd.config.errors import show, suggest
 from nemo_opd.config.templates import read_template_file, template_problem
 from nemo_opd.config.worker_split import worker_split
 
@@ -647,6 +648,50 @@ def check_checkpointing(cfg: "DistillationConfig") -> list[str]:
     return []
 
 
+VALIDATION_DIVERGENCE = ("loss", "forward_kl", "reverse_kl", "top1_agreement")
+"""The validation divergence's metrics, validation/<name> (and per routed teacher
+validation/teacher/<teacher>/<name>), which algorithms/distillation.py logs."""
+NEMO_RL_PREFIXES = {"val:": "validation/", "train:": "train/"}
+"""NeMo-RL's metric prefixes (checkpointing.metric_name: val:accuracy) and ours."""
+
+
+def checkpoint_metrics(cfg: "DistillationConfig") -> list[str]:
+    """The metrics checkpointing.metric_name may rank checkpoints by: what a step that validates
+    logs (algorithms/distillation.py's validate: accuracy and length; the divergence with a
+    teacher, per routed teacher too; avg@k and pass@k with val_samples_per_prompt k), then
+    train/loss and train/reward."""
+    names = ["validation/accuracy", "validation/avg_length"]
+    k = cfg.distillation.val_samples_per_prompt
+    if k:
+        names += [f"validation/accuracy_avg@{k}", f"validation/pass@{k}"]
+    if cfg.named_teachers:
+        names += [f"validation/{name}" for name in VALIDATION_DIVERGENCE]
+    for teacher in cfg.teachers or {}:
+        names += [
+            f"validation/teacher/{teacher}/{name}" for name in ("accuracy", *VALIDATION_DIVERGENCE)
+        ]
+    return names + ["train/loss", "train/reward"]
+
+
+def check_checkpoint_metric(cfg: "DistillationConfig") -> list[str]:
+    """checkpointing.metric_name names a metric the run logs (checkpoint_metrics), or is null;
+    NeMo-RL's spelling (val:accuracy) is refused with ours (validation/accuracy)."""
+    name = cfg.checkpointing.metric_name
+    if not cfg.checkpointing.enabled or name is None:
+        return []
+    known = checkpoint_metrics(cfg)
+    if name in known:
+        return []
+    hint = suggest(name, known)
+    for theirs, ours in NEMO_RL_PREFIXES.items():
+        if name.startswith(theirs) and ours + name[len(theirs) :] in known:
+            hint = f"; NeMo-RL's {name!r} is {ours + name[len(theirs) :]!r} here"
+    return [
+        f"checkpointing.metric_name: {show(name)} is not a metric checkpoints are ranked by"
+        f"{hint}; the metrics are {', '.join(known)}; or null to keep the most recent"
+    ]
+
+
 def check_served_teacher(cfg: "DistillationConfig") -> list[str]:
     """A served teacher (teacher.server) scores at temperature 1 only."""
     if cfg.teacher is None or not cfg.teacher.server.enabled:
@@ -682,6 +727,7 @@ CHECKS: tuple[Callable[["DistillationConfig"], list[str]], ...] = (
     check_prompt_file,
     check_routed_teachers,
     check_checkpointing,
+    check_checkpoint_metric,
     check_served_teacher,
     check_overlap,
 )

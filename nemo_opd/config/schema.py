@@ -473,7 +473,11 @@ class CheckpointingConfig(Section):
     keeps all."""
 
     metric_name: str | None = "validation/accuracy"
-    """Metric that ranks checkpoints; null ranks by step (the most recent are kept)."""
+    """Metric that ranks checkpoints; null ranks by step (the most recent are kept). One the run
+    logs: validation/accuracy or validation/avg_length; with a teacher validation/loss,
+    forward_kl, reverse_kl or top1_agreement (with several teachers also
+    validation/teacher/<name>/<metric>, accuracy too); with val_samples_per_prompt k
+    validation/accuracy_avg@k or validation/pass@k; or train/loss or train/reward."""
 
     higher_is_better: bool = True
     """Whether a higher metric_name is better."""

@@ -277,6 +277,41 @@ def test_validation_metric_needs_validation_at_each_save(minimal):
 
 
 @pytest.mark.parametrize(
+    ("name", "hint"),
+    [
+        ("val:accuracy", "NeMo-RL's 'val:accuracy' is 'validation/accuracy' here"),
+        ("validation/acuracy", "did you mean 'validation/accuracy'?"),
+        ("val_reward", ""),
+    ],
+)
+def test_unknown_checkpoint_metric_is_refused(minimal, name, hint):
+    # An unknown name ranked every checkpoint as "without the metric": kept by recency, silently.
+    minimal["checkpointing"] = {"enabled": True, "save_period": 10, "metric_name": name}
+    minimal["distillation"]["val_period"] = 5
+    [message] = problems(minimal)
+    assert message.startswith(
+        f"checkpointing.metric_name: {name!r} is not a metric checkpoints are ranked by"
+    )
+    assert hint in message
+    assert message.endswith(
+        "the metrics are validation/accuracy, validation/avg_length, validation/loss, "
+        "validation/forward_kl, validation/reverse_kl, validation/top1_agreement, train/loss, "
+        "train/reward; or null to keep the most recent"
+    )
+
+
+def test_checkpoint_metrics_follow_the_run(minimal):
+    minimal["checkpointing"] = {"enabled": True, "save_period": 10}
+    minimal["distillation"].update({"val_period": 5, "val_samples_per_prompt": 4})
+    for name in ("validation/pass@4", "validation/accuracy_avg@4", "validation/reverse_kl"):
+        minimal["checkpointing"]["metric_name"] = name
+        assert problems(minimal) == []
+    minimal["checkpointing"]["metric_name"] = "train/loss"
+    minimal["checkpointing"]["higher_is_better"] = False
+    assert problems(minimal) == []
+
+
+@pytest.mark.parametrize(
     ("cluster", "resources", "split"),
     [
         ({"num_nodes": 1, "gpus_per_node": 8}, {"num_nodes": 1, "gpus_per_node": 2}, (6, 2)),
