@@ -8,6 +8,7 @@ Not checked here, because the information only exists at setup: that teacher and
 the same tokenizer, and that distillation.topk_logits_k is at most the vocabulary size.
 """
 
+import importlib.util
 import re
 import string
 from collections.abc import Callable, Iterator
@@ -692,6 +693,18 @@ def check_checkpoint_metric(cfg: "DistillationConfig") -> list[str]:
     ]
 
 
+def check_wandb_installed(cfg: "DistillationConfig") -> list[str]:
+    """logger.wandb_enabled needs the wandb package (the `wandb` extra), checked when the config
+    loads instead of after the whole setup."""
+    if not cfg.logger.wandb_enabled or importlib.util.find_spec("wandb") is not None:
+        return []
+    return [
+        "logger.wandb_enabled is true but the wandb package is not installed: install the "
+        "extra (uv sync --extra wandb, or pip install 'nemo_opd[wandb]'), or set "
+        "logger.wandb_enabled=false"
+    ]
+
+
 def check_served_teacher(cfg: "DistillationConfig") -> list[str]:
     """A served teacher (teacher.server) scores at temperature 1 only."""
     if cfg.teacher is None or not cfg.teacher.server.enabled:
@@ -728,6 +741,7 @@ CHECKS: tuple[Callable[["DistillationConfig"], list[str]], ...] = (
     check_routed_teachers,
     check_checkpointing,
     check_checkpoint_metric,
+    check_wandb_installed,
     check_served_teacher,
     check_overlap,
 )

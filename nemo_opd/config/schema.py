@@ -417,7 +417,7 @@ class LoggerConfig(Section):
     """Write TensorBoard event files under log_dir."""
 
     wandb_enabled: bool = False
-    """Log to Weights & Biases."""
+    """Log to Weights & Biases (needs the wandb package: the `wandb` extra)."""
 
     wandb: WandbConfig = Field(default_factory=WandbConfig)
     """W&B settings, used when wandb_enabled."""

@@ -1,5 +1,7 @@
 """Cross-field checks: each rule rejects a bad combination with a message naming the keys."""
 
+import sys
+
 import pytest
 from config_errors import problems
 
@@ -458,3 +460,16 @@ def test_stream_chunks_hold_whole_prompts(minimal):
         "distillation.stream_chunks (5) is more than num_prompts_per_step (4): each part holds "
         "whole prompts; lower it"
     ]
+
+
+def test_wandb_enabled_needs_wandb_installed(minimal, monkeypatch):
+    # Without wandb, a W&B run failed after the whole setup, with a traceback.
+    monkeypatch.setitem(sys.modules, "wandb", None)  # as if not installed, wherever it is
+    minimal["logger"] = {"wandb_enabled": True}
+    assert problems(minimal) == [
+        "logger.wandb_enabled is true but the wandb package is not installed: install the "
+        "extra (uv sync --extra wandb, or pip install 'nemo_opd[wandb]'), or set "
+        "logger.wandb_enabled=false"
+    ]
+    minimal["logger"] = {"wandb_enabled": False}
+    assert problems(minimal) == []
