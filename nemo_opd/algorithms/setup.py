@@ -29,6 +29,7 @@ from nemo_opd.algorithms.model_checks import (
     check_megatron_training_precision,
     check_tensor_parallel,
     check_vocab_sizes,
+    check_weights,
     load_model_config,
 )
 from nemo_opd.algorithms.prompts import PromptSet, check_fills_one_batch, encode_prompts
@@ -263,15 +264,17 @@ def _check_models(
 ) -> tuple[PreTrainedTokenizerBase, dict[str, TeacherRendering]]:
     """The student's tokenizer and, by section, how each teacher whose tokenizer or chat
     template differs reads the student's text (_crossed), after checking the model configs
-    against each other (vocabularies, tensor-parallel sizes, top-k); SetupError on a
-    mismatch."""
+    against each other (vocabularies, tensor-parallel sizes, top-k) and that local model
+    directories hold their weights; SetupError on a mismatch."""
     tokenizer = load_tokenizer(cfg.policy.tokenizer, "policy")
     local_teachers = {} if _is_served(cfg) else cfg.teacher_sections  # else: checked served
     student_config = load_model_config(cfg.policy, "policy")
+    check_weights(cfg.policy, "policy")
     check_tensor_parallel(cfg.policy, student_config, "policy")
     renderings = {}
     for section, teacher in local_teachers.items():
         teacher_config = load_model_config(teacher, section)
+        check_weights(teacher, section)
         rendering = _crossed(cfg, tokenizer, section, teacher_config.vocab_size)
         if rendering is None:
             check_vocab_sizes(student_config, teacher_config, len(tokenizer), section)

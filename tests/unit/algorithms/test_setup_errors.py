@@ -4,6 +4,8 @@ are all too long before any training worker starts (the vLLM engine already load
 stopped). The message goes to stderr, as configuration errors do."""
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 import ray
@@ -90,6 +92,28 @@ def test_empty_dataset(assets, tmp_path, capsys):
 def test_all_prompts_too_long(assets, tmp_path, capsys):
     assert run(assets, tmp_path, "data.max_input_seq_length=4") == 2
     assert "all 50000 prompts are longer than 4 tokens" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("section", "kept"),
+    [("policy", None), ("teacher", None), ("policy", "model.safetensors.index.json")],
+)
+def test_a_model_directory_without_weights(assets, tmp_path, capsys, section, kept):
+    # It passed setup and failed later in the workers (exit status 1, a worker traceback). A
+    # sharded checkpoint's index without its shards has no weights either.
+    source = Path(assets.student if section == "policy" else assets.teacher)
+    model = tmp_path / "model"
+    shutil.copytree(source, model, ignore=shutil.ignore_patterns("*.safetensors"))
+    if kept is not None:
+        index = {
+            "metadata": {},
+            "weight_map": {"lm_head.weight": "model-00001-of-00002.safetensors"},
+        }
+        (model / kept).write_text(json.dumps(index))
+    assert run(assets, tmp_path, f"{section}.model_name={model}") == 2
+    err = capsys.readouterr().err
+    missing = "lacks model-00001-of-00002.safetensors, which" if kept else "has no weights"
+    assert f"error: {section}.model_name: {model} {missing}" in err
 
 
 def test_topk_larger_than_vocabulary(assets, tmp_path, capsys):
