@@ -43,6 +43,7 @@ from nemo_opd.data.prompt_loader import PromptLoader
 from nemo_opd.distributed.cluster import (
     WorkerResources,
     build_placement_group,
+    describe_device,
     resolve_device_type,
 )
 from nemo_opd.distributed.nodes import choose_nodes, format_placement, placement_record
@@ -176,6 +177,8 @@ def _build_run(cfg: DistillationConfig, lock: RunLock, marks: StartupMarks) -> D
     marks.note("ray")
     split = worker_split(cfg.cluster, cfg.policy.generation)
     device = resolve_device_type(cfg.cluster)
+    print(describe_device(cfg.cluster, device, ray.cluster_resources().get("GPU", 0)))
+    print(_describe_workers(cfg, device, split))
     check_megatron_training_precision(cfg.policy, device)
     cannot_overlap = overlap_problem(cfg, device)
     if cannot_overlap:
@@ -610,6 +613,32 @@ def _reserve_workers(cfg: DistillationConfig, device: str) -> PlacementGroup:
     check_shared_paths(paths_workers_use(cfg), nodes)
     slots = bundle_node_slots(cfg.cluster)
     return build_placement_group(len(slots), resources, nodes=[nodes[s].node_id for s in slots])
+
+
+def _describe_workers(cfg: DistillationConfig, device: str, split: WorkerSplit) -> str:
+    """One line for the start of a run: the workers it is about to place (the training workers
+    and what runs on them, the vLLM engines and where); _report_placement says where Ray put
+    each once they have started."""
+    engines = len(generation_bundles(cfg.cluster, split, cfg.policy.generation, device))
+    models = "the student"
+    if cfg.named_teachers and not _is_served(cfg):
+        models += " and of the teacher" if cfg.teachers is None else " and of each teacher"
+    if device == "cpu":
+        where = "sharing the training workers' CPUs"
+    elif cfg.policy.generation.colocated.enabled:
+        where = "colocated: each shares a training worker's GPU"
+    else:
+        where = "on GPUs of their own"
+    return (
+        f"workers: {_count(split.training, 'training worker')} (each runs a rank of {models}) "
+        f"on {_count(cfg.cluster.num_nodes, 'node')}, {_count(engines, 'vLLM engine')} "
+        f"({where}); where Ray placed each is printed once they have started"
+    )
+
+
+def _count(number: int, noun: str) -> str:
+    """'1 node', '2 nodes'."""
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
 
 
 def _report_placement(cfg: DistillationConfig, *parts: Policy | VllmGeneration | None) -> None:

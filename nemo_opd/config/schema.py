@@ -439,7 +439,8 @@ class ClusterConfig(Section):
     """Worker processes per node: one per GPU, or CPU worker processes when device is cpu."""
 
     device: Literal["auto", "cuda", "cpu"] = "auto"
-    """cuda, cpu, or auto (cuda when a GPU is visible, else cpu)."""
+    """cuda, cpu, or auto (cuda when Ray sees a GPU, else cpu); the run prints which, and why,
+    at start."""
 
     cpus_per_worker: int = Field(1, gt=0, le=MAX_RANKS)
     """CPU cores reserved per worker process."""

@@ -152,6 +152,33 @@ def test_megatron_student_on_cpu_must_train_in_fp32():
     check_megatron_training_precision(dtensor.policy, "cpu")  # DTensor's autocast trains on CPU
 
 
+def test_the_device_and_the_workers_are_said_at_start(assets, tmp_path, capsys):
+    # cluster.device auto fell back to CPU without a word. A Megatron student in bf16 on CPU
+    # is refused right after the device is known: the lines come before anything starts.
+    config = Path(__file__).parents[3] / "examples/configs/distillation_tiny_megatron.yaml"
+    code = main(
+        [
+            "--config",
+            str(config),
+            "cluster.device=auto",
+            "policy.precision=bfloat16",
+            f"logger.log_dir={tmp_path / 'logs'}",
+            f"checkpointing.checkpoint_dir={tmp_path / 'ckpt'}",
+        ]
+    )
+    assert code == 2
+    out = capsys.readouterr().out
+    assert (
+        "device: cpu (cluster.device is auto and Ray sees no GPU: every worker and vLLM run on "
+        "the CPU; set cluster.device=cuda to require GPUs)"
+    ) in out
+    assert (
+        "workers: 1 training worker (each runs a rank of the student and of the teacher) on 1 "
+        "node, 1 vLLM engine (sharing the training workers' CPUs); where Ray placed each is "
+        "printed once they have started"
+    ) in out
+
+
 def _data_files(tmp_path, train_lines, val_rows=5):
     """A train JSONL file with these lines and a valid validation file."""
     train, val = tmp_path / "train.jsonl", tmp_path / "val.jsonl"
