@@ -280,7 +280,8 @@ class DistillationLoopConfig(Section):
 class DataConfig(Section):
     """The prompt dataset. Exactly one of dataset_name and train_path is set.
 
-    Relative file paths are resolved against the working directory.
+    Relative file paths written in a config file are resolved against that file's folder (those
+    given on the command line against the working directory).
     """
 
     dataset_name: str | None = None
