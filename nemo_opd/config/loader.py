@@ -307,9 +307,18 @@ def _resolve_at(
     if not isinstance(value, str) or not _is_relative_path(value):
         return
     path = folder / value
-    if must_exist and not path.exists():
+    if must_exist and not _exists(path):
         return
     node[leaf] = os.path.abspath(path)
+
+
+def _exists(path: Path) -> bool:
+    """Whether `path` names something; False, not an error, for a name no file can have (a NUL
+    byte, a part too long): such a value is a name, not a path."""
+    try:
+        return path.exists()
+    except (OSError, ValueError):
+        return False
 
 
 def _is_relative_path(value: str) -> bool:

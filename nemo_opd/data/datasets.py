@@ -212,7 +212,10 @@ def _saved_to_disk(name: str) -> bool:
     """Whether `name` is a directory written by Dataset.save_to_disk or DatasetDict's (which
     datasets.load_dataset refuses)."""
     path = Path(name)
-    return (path / "state.json").is_file() or (path / "dataset_dict.json").is_file()
+    try:
+        return (path / "state.json").is_file() or (path / "dataset_dict.json").is_file()
+    except OSError:  # a name no file can have (a part too long): a hub name, or nothing
+        return False
 
 
 def _load_saved(name: str, split: Split, val_split: str | None, key: str) -> Rows:
