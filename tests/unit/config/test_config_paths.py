@@ -58,3 +58,10 @@ def test_the_command_line_resolves_against_the_working_directory(
     monkeypatch.chdir(tmp_path / "cwd")
     cfg = load_config(config, ["+data.prompt_file=prompts/user.txt"])
     assert cfg.data.prompt_file == "prompts/user.txt"  # read from the working directory
+
+
+def test_a_name_no_file_can_have_stays_a_name(write_yaml, minimal):
+    # Looking such a name up as a path raises (a part too long, a NUL byte), not "not there".
+    for name in ("x" * 300, "a\x00b"):
+        minimal["data"] = {"dataset_name": name}
+        assert load_config(write_yaml("conf.yaml", minimal)).data.dataset_name == name
