@@ -685,8 +685,9 @@ def check_checkpoint_metric(cfg: "DistillationConfig") -> list[str]:
         return []
     hint = suggest(name, known)
     for theirs, ours in NEMO_RL_PREFIXES.items():
-        if name.startswith(theirs) and ours + name[len(theirs) :] in known:
-            hint = f"; NeMo-RL's {name!r} is {ours + name[len(theirs) :]!r} here"
+        spelled = ours + name.removeprefix(theirs)
+        if name.startswith(theirs) and spelled in known:
+            hint = f"; NeMo-RL's {show(name)} is {show(spelled)} here"
     return [
         f"checkpointing.metric_name: {show(name)} is not a metric checkpoints are ranked by"
         f"{hint}; the metrics are {', '.join(known)}; or null to keep the most recent"
