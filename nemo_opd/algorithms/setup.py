@@ -29,6 +29,7 @@ from nemo_opd.algorithms.model_checks import (
     check_megatron_training_precision,
     check_tensor_parallel,
     check_vocab_sizes,
+    check_weights,
     load_model_config,
 )
 from nemo_opd.algorithms.prompts import PromptSet, check_fills_one_batch, encode_prompts
@@ -42,6 +43,7 @@ from nemo_opd.data.prompt_loader import PromptLoader
 from nemo_opd.distributed.cluster import (
     WorkerResources,
     build_placement_group,
+    describe_device,
     resolve_device_type,
 )
 from nemo_opd.distributed.nodes import choose_nodes, format_placement, placement_record
@@ -176,6 +178,8 @@ def _build_run(cfg: DistillationConfig, lock: RunLock, marks: StartupMarks) -> D
     marks.note("ray")
     split = worker_split(cfg.cluster, cfg.policy.generation)
     device = resolve_device_type(cfg.cluster)
+    print(describe_device(cfg.cluster, device, ray.cluster_resources().get("GPU", 0)))
+    print(_describe_workers(cfg, device, split))
     check_megatron_training_precision(cfg.policy, device)
     cannot_overlap = overlap_problem(cfg, device)
     if cannot_overlap:
@@ -266,15 +270,17 @@ def _check_models(
 ) -> tuple[PreTrainedTokenizerBase, dict[str, TeacherRendering]]:
     """The student's tokenizer and, by section, how each teacher whose tokenizer or chat
     template differs reads the student's text (_crossed), after checking the model configs
-    against each other (vocabularies, tensor-parallel sizes, top-k); SetupError on a
-    mismatch."""
+    against each other (vocabularies, tensor-parallel sizes, top-k) and that local model
+    directories hold their weights; SetupError on a mismatch."""
     tokenizer = load_tokenizer(cfg.policy.tokenizer, "policy")
     local_teachers = {} if _is_served(cfg) else cfg.teacher_sections  # else: checked served
     student_config = load_model_config(cfg.policy, "policy")
+    check_weights(cfg.policy, "policy")
     check_tensor_parallel(cfg.policy, student_config, "policy")
     renderings = {}
     for section, teacher in local_teachers.items():
         teacher_config = load_model_config(teacher, section)
+        check_weights(teacher, section)
         rendering = _crossed(cfg, tokenizer, section, teacher_config.vocab_size)
         if rendering is None:
             check_vocab_sizes(student_config, teacher_config, len(tokenizer), section)
@@ -468,7 +474,8 @@ def _load_prompts(
     cfg: DistillationConfig, tokenizer: PreTrainedTokenizerBase
 ) -> tuple[ChatFormatter, PromptSet, PromptSet]:
     """The chat formatter and the train and validation prompts, rendered with the chat template
-    and tokenized (too-long prompts skipped and counted); SetupError on bad data."""
+    and tokenized (too-long prompts skipped and counted; no validation prompts when the run
+    never validates); SetupError on bad data."""
     formatter = ChatFormatter(
         tokenizer,
         read_text_file(cfg.data.prompt_file, "data.prompt_file"),
@@ -485,10 +492,12 @@ def _load_prompts(
         cfg.data, "train", responses=off_policy or privileged, teachers=teachers
     )
     train = encode_prompts(records, formatter, max_prompt, "train")
-    val_records = load_prompt_records(
-        cfg.data, "validation", responses=privileged, teachers=teachers
-    )
-    val = encode_prompts(val_records, formatter, max_prompt, "validation")
+    val = PromptSet([], 0)  # a run that never validates needs no validation data
+    if cfg.distillation.validates:
+        val_records = load_prompt_records(
+            cfg.data, "validation", responses=privileged, teachers=teachers
+        )
+        val = encode_prompts(val_records, formatter, max_prompt, "validation")
     if cfg.distillation.max_val_samples is not None:
         val.samples = val.samples[: cfg.distillation.max_val_samples]
     print(
@@ -628,6 +637,32 @@ def _reserve_workers(cfg: DistillationConfig, device: str) -> PlacementGroup:
     check_shared_paths(paths_workers_use(cfg), nodes)
     slots = bundle_node_slots(cfg.cluster)
     return build_placement_group(len(slots), resources, nodes=[nodes[s].node_id for s in slots])
+
+
+def _describe_workers(cfg: DistillationConfig, device: str, split: WorkerSplit) -> str:
+    """One line for the start of a run: the workers it is about to place (the training workers
+    and what runs on them, the vLLM engines and where); _report_placement says where Ray put
+    each once they have started."""
+    engines = len(generation_bundles(cfg.cluster, split, cfg.policy.generation, device))
+    models = "the student"
+    if cfg.named_teachers and not _is_served(cfg):
+        models += " and of the teacher" if cfg.teachers is None else " and of each teacher"
+    if device == "cpu":
+        where = "sharing the training workers' CPUs"
+    elif cfg.policy.generation.colocated.enabled:
+        where = "colocated: each shares a training worker's GPU"
+    else:
+        where = "on GPUs of their own"
+    return (
+        f"workers: {_count(split.training, 'training worker')} (each runs a rank of {models}) "
+        f"on {_count(cfg.cluster.num_nodes, 'node')}, {_count(engines, 'vLLM engine')} "
+        f"({where}); where Ray placed each is printed once they have started"
+    )
+
+
+def _count(number: int, noun: str) -> str:
+    """'1 node', '2 nodes'."""
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
 
 
 def _report_placement(cfg: DistillationConfig, *parts: Policy | VllmGeneration | None) -> None:

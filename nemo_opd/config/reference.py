@@ -63,6 +63,24 @@ policy:
   megatron_cfg: {enabled: true, tensor_model_parallel_size: 2}
 ```
 
+## Relative paths
+
+A relative path written in a config file is relative to that file's folder, not to the
+working directory, so a recipe runs from anywhere: `data.train_path`, `data.val_path`,
+`data.prompt_file` and `data.system_prompt_file` always; `data.dataset_name`,
+`data.val_dataset_name` and a `tokenizer.chat_template` file when that path exists there (else
+they are a hub name or template text, kept as written). In an inherited file, its own folder.
+Paths given on the command line, and values that come from an interpolation, are relative to
+the working directory; so are the directories a run writes (`checkpointing.checkpoint_dir`,
+`logger.log_dir`) and model and tokenizer names (a local directory or a hub name).
+`--print-config` shows the absolute paths.
+
+```yaml
+# examples/configs/distillation_math.yaml
+data:
+  prompt_file: ../prompts/math_boxed.txt   # examples/prompts/math_boxed.txt, from any directory
+```
+
 ## Interpolation: `${...}`
 
 A value may refer to another key with OmegaConf interpolation, absolute (`${policy.precision}`)
