@@ -7,8 +7,9 @@
     generation.finish_generation()
 
 Engines are data parallel: prompts are split into contiguous, nearly equal chunks, one per
-engine, and results are gathered back in prompt order. A request seeded with `seed` uses
-seed + (its index in the whole batch), so the samples do not depend on the number of engines.
+engine, and results are gathered back in prompt order. A call seeded with `seed` samples
+prompt i with seed + i (i its index in the whole batch), or with seed[i] when given one seed
+per prompt, so the samples do not depend on the number of engines.
 
 Placement (one Ray actor per engine, see VllmWorker):
 - CPU: each engine reserves cpus_per_engine Ray CPUs, 0 by default. The training workers'
@@ -160,7 +161,7 @@ class VllmGeneration:
         *,
         max_new_tokens: list[int] | int | None = None,
         greedy: bool = False,
-        seed: int | None = None,
+        seed: int | list[int] | None = None,
         temperature: float | None = None,
     ) -> GenerationOutput:
         """One continuation per prompt (B prompts of token ids), in prompt order.
@@ -168,10 +169,12 @@ class VllmGeneration:
         max_new_tokens: per prompt (B ints), one int for all, or None for cfg.max_new_tokens; a
             budget of 0 yields an empty continuation with finish reason "length".
         greedy: argmax decoding (also when cfg.temperature is 0).
-        seed: base seed; prompt i samples with seed + i. None uses the engines' own RNG.
+        seed: base seed (prompt i samples with seed + i), or B seeds (prompt i samples with
+            seed[i]). None uses the engines' own RNG.
         temperature: sampling temperature of this call; None uses cfg.temperature.
         """
         budgets = _budgets(max_new_tokens, self.cfg.max_new_tokens, len(prompts))
+        seeds = _seeds(seed, len(prompts))
         active = [i for i, budget in enumerate(budgets) if budget > 0]
         sampling = self._sampling(greedy, temperature)
         chunks = _split(active, len(self.engines))
@@ -181,7 +184,7 @@ class VllmGeneration:
                 [prompts[i] for i in chunk],
                 [budgets[i] for i in chunk],
                 sampling,
-                None if seed is None else [seed + i for i in chunk],
+                None if seeds is None else [seeds[i] for i in chunk],
             )
             for engine, chunk in zip(self.engines, chunks, strict=True)
             if chunk
@@ -288,6 +291,17 @@ def _budgets(max_new_tokens: list[int] | int | None, default: int, num_prompts: 
             f"max_new_tokens needs {num_prompts} non-negative budgets, got {max_new_tokens}"
         )
     return budgets
+
+
+def _seeds(seed: int | list[int] | None, num_prompts: int) -> list[int] | None:
+    """One seed per prompt (num_prompts ints): seed + i for a base seed, or the list given."""
+    if seed is None:
+        return None
+    if isinstance(seed, int):
+        return [seed + i for i in range(num_prompts)]
+    if len(seed) != num_prompts:
+        raise ValueError(f"seed needs one seed per prompt ({num_prompts}), got {len(seed)}")
+    return list(seed)
 
 
 def _split(indices: list[int], parts: int) -> list[list[int]]:

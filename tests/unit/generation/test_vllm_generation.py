@@ -64,6 +64,22 @@ def test_seeds_do_not_depend_on_the_split(generation):
     assert tail.token_ids == full.token_ids[4:]
 
 
+def test_one_seed_per_prompt(generation):
+    """Given one seed per prompt, each prompt samples as it does alone with that seed; a
+    later turn's seed (nemo_opd.rollouts.multi_turn.TURN_SEED_STRIDE apart) samples apart."""
+    from nemo_opd.rollouts.multi_turn import TURN_SEED_STRIDE
+
+    prompts = random_prompts(4, seed=4)
+    seeds = [101, 7, 3 * TURN_SEED_STRIDE + 7, TURN_SEED_STRIDE + 101]
+    out = generation.generate(prompts, seed=seeds)
+    for prompt, seed, ids in zip(prompts, seeds, out.token_ids, strict=True):
+        assert generation.generate([prompt], seed=seed).token_ids == [ids]
+    same_prompt = generation.generate([prompts[0]] * 2, seed=seeds[::3])
+    assert same_prompt.token_ids[0] == out.token_ids[0] != same_prompt.token_ids[1]
+    with pytest.raises(ValueError, match=r"one seed per prompt \(4\), got 2"):
+        generation.generate(prompts, seed=seeds[:2])
+
+
 def test_seeded_sampling_of_more_prompt_tokens_than_one_scheduler_step(generation):
     """Hundreds of seeded prompts in one call (more prompt tokens than vLLM's per-step budget on
     CPU, which with chunked prefill made vLLM rewind CPU generators and fail) sample the same
