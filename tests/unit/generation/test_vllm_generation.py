@@ -288,3 +288,45 @@ def test_an_engine_that_is_never_scheduled_times_out_with_the_reason(
         VllmGeneration(
             generation_config(), model_dirs["a"], None, device_type="cpu", cpus_per_engine=64
         )
+
+
+def test_an_engine_that_raises_or_dies_ends_the_call_with_one_line_naming_it(
+    ray_session, model_dirs
+):
+    """Real faults of a running engine: a call it rejects (a prompt past max_model_len), then
+    its process killed with SIGKILL (as the OOM killer does). Each ends the call with a
+    one-line RunError naming the engine and what happened, never a Ray traceback."""
+    import contextlib
+    import os
+    import re
+    import signal
+
+    import psutil
+    import ray
+
+    from nemo_opd.errors import RunError
+    from nemo_opd.generation import VllmGeneration
+
+    generation = VllmGeneration(generation_config(), model_dirs["a"], None, device_type="cpu")
+    engine = f"vLLM engine 0 (of 1, serving {model_dirs['a']})"
+    try:
+        with pytest.raises(RunError) as raised:
+            generation.generate(random_prompts(1, min_len=MAX_LEN + 1, max_len=MAX_LEN + 1))
+        message = str(raised.value)
+        assert message.startswith(f"{engine} raised ") and " while generating; " in message
+        assert "\n" not in message
+
+        [actor] = generation.engines
+        pid = ray.get(actor.__ray_call__.remote(lambda worker: os.getpid()))
+        os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            psutil.Process(pid).wait(timeout=30)
+        with pytest.raises(RunError) as raised:
+            generation.generate(random_prompts(2), seed=1)
+        message = str(raised.value)
+        died = rf"{re.escape(engine)} died \(pid {pid}: [^\n]*\) while generating; "
+        assert re.match(died, message), message
+        assert message.endswith("run the same command to resume from the newest")
+        assert "\n" not in message
+    finally:
+        generation.shutdown()
