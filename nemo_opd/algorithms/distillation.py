@@ -50,7 +50,7 @@ import torch
 from nemo_opd.algorithms.advantages import compute_advantages, group_ids_for
 from nemo_opd.algorithms.data_mix import is_on_policy_step
 from nemo_opd.algorithms.prompts import repeat_samples
-from nemo_opd.algorithms.rollout_pipeline import ProducedStep, StepPipeline
+from nemo_opd.algorithms.rollout_pipeline import PlannedStep, ProducedStep, StepPipeline
 from nemo_opd.algorithms.setup import (
     ROLLOUTS_AHEAD_FILE,
     ROLLOUTS_AHEAD_KEY,
@@ -144,20 +144,15 @@ def _train_steps(
     """The steps, each on the producer's next scored rollouts; see distillation_train."""
     while True:
         try:
-            with timers.time("train"):
-                with timers.time("rollout_wait"):
-                    produced = pipeline.next()
-                if produced is None:
-                    return True
-                metrics = _train_step(state, produced, timers)
-            step, last = produced.plan.step, produced.plan.last
-            state.step = step
-            state.loader_position = produced.plan.after
-            metrics[ROLLOUTS_KEY] = step * rollouts_per_step(state.cfg)
+            trained = _train_next(state, pipeline, timers)
+            if trained is None:
+                return True
+            plan, metrics, produced_seconds = trained
+            step, last = plan.step, plan.last
             metrics.update(_validate_if_due(state, pipeline, timers, last))
         except ServiceError as error:
             raise _end_on_service_error(state, error, pipeline) from error
-        metrics.update(_timing_metrics(timers, metrics["train/num_tokens"], produced.seconds))
+        metrics.update(_timing_metrics(timers, metrics["train/num_tokens"], produced_seconds))
         metrics.update(_progress_metrics(state))
         state.logger.log(metrics, step=step)
         state.last_metrics.update(metrics)
@@ -170,6 +165,26 @@ def _train_steps(
         if last:
             return True
         _publish(state, pipeline, step)
+
+
+def _train_next(
+    state: DistillationRun, pipeline: StepPipeline, timers: Timers
+) -> tuple[PlannedStep, dict, dict[str, float]] | None:
+    """Steps 5-6 on the producer's next scored rollouts (None after the last step): the
+    step's plan, its metrics and the producer's seconds per phase. The rollouts and the
+    teacher's scores are released on return, before the producer makes a later step's: the
+    driver holds only the steps in flight."""
+    with timers.time("train"):
+        with timers.time("rollout_wait"):
+            produced = pipeline.next()
+        if produced is None:
+            return None
+        metrics = _train_step(state, produced, timers)
+    plan = produced.plan
+    state.step = plan.step
+    state.loader_position = plan.after
+    metrics[ROLLOUTS_KEY] = plan.step * rollouts_per_step(state.cfg)
+    return plan, metrics, produced.seconds
 
 
 def _validate_if_due(

@@ -8,10 +8,10 @@ the rollout producer (rollout_pipeline.StepPipeline) runs for each planned step:
     4. teacher   what the objective uses of the teacher (teachers.base.Teacher.score)
 
 With distillation.stream_chunks = n > 1 the prompts are generated in n parts (whole prompt
-groups, in order; part p's prompt i keeps the seed it has in the whole batch) and each part is
-scored by the teacher in a second thread while the next one generates, then placed into the
-whole batch's tensors. Steps whose rollouts a checkpoint saved (resume with max_staleness > 0)
-skip 1-2 and are scored in the same parts.
+groups, in order; each row keeps the seeds it has in the whole batch, turn by turn) and each
+part is scored by the teacher in a second thread while the next one generates, then placed
+into the whole batch's tensors. Steps whose rollouts a checkpoint saved (resume with
+max_staleness > 0) skip 1-2 and are scored in the same parts.
 """
 
 from __future__ import annotations
@@ -294,7 +294,9 @@ def rollout_with(
 
 def step_seed(cfg: DistillationConfig, step: int) -> int:
     """Sampling seed of a step: a function of (seed, step) only, so resumed runs sample the
-    same rollouts as uninterrupted ones. Turns add their index to it, rows theirs."""
+    same rollouts as uninterrupted ones. Row r of the step (prompt p's sample j: r = p x copies
+    + j) at turn t samples with request_seed(step_seed, r, t) (nemo_opd.rollouts), whatever
+    stream_chunks is."""
     return cfg.distillation.seed * 1_000_003 + step * 1_000
 
 
