@@ -63,6 +63,7 @@ from nemo_opd.config.bounds import (
 from nemo_opd.config.errors import ConfigError, closest, join_path, show, show_path, suggest
 from nemo_opd.config.interpolation import interpolated_keys, resolve_interpolations
 from nemo_opd.config.key_paths import keys_at
+from nemo_opd.config.nemo_rl_keys import CONVERTER, unknown_key_hint
 from nemo_opd.config.overrides import apply_overrides
 from nemo_opd.config.schema import DistillationConfig
 
@@ -376,7 +377,7 @@ def validate_config(
         return DistillationConfig.model_validate(dict(data))
     except ValidationError as error:
         problems = describe_validation_error(error, interpolations or {})
-        raise ConfigError(format_problems(problems)) from None
+        raise ConfigError(format_problems(problems) + _converter_note(problems)) from None
 
 
 def format_problems(problems: list[str]) -> str:
@@ -408,15 +409,29 @@ def describe_validation_error(
     return problems
 
 
+def _converter_note(problems: list[str]) -> str:
+    """A last line pointing to the converter when some problems are NeMo-RL's keys."""
+    count = sum("NeMo-RL's" in problem for problem in problems)
+    if not count:
+        return ""
+    keys = "1 key is" if count == 1 else f"{count:,} keys are"
+    return (
+        f"\n{keys} NeMo-RL's: `{CONVERTER}` converts a NeMo-RL config and prints what each "
+        "key became (docs/nemo_rl.md)"
+    )
+
+
 def _explain(item: Mapping[str, Any], loc: tuple[str | int, ...]) -> str:
     """What is wrong at `loc` and what is allowed, in words."""
     kind, value = item["type"], item.get("input")
     if kind == "extra_forbidden":
-        return _unknown_key(str(loc[-1]), keys_at(DistillationConfig, loc[:-1]))
+        return _unknown_key(loc, keys_at(DistillationConfig, loc[:-1]))
     if kind == "missing":
         return "required key is missing"
+    nemo_rl = unknown_key_hint(loc)
+    nemo_rl = f"; {nemo_rl}" if nemo_rl else ""
     if kind in ("model_type", "model_attributes_type", "dict_type"):
-        return f"must be a section (a mapping of keys); got {show(value)}"
+        return f"must be a section (a mapping of keys); got {show(value)}{nemo_rl}"
     message = re.sub(r"^(Input|String|Value|List|Tuple) should ", "must ", item["msg"])
     message = message.removeprefix("Value error, ").replace(", got a ", ", not a ")
     hint = ""
@@ -424,12 +439,16 @@ def _explain(item: Mapping[str, Any], loc: tuple[str | int, ...]) -> str:
         choices = re.findall(r"'([^']*)'", item.get("ctx", {}).get("expected", ""))
         match = closest(value, choices)
         hint = f" (did you mean '{match}'?)" if match else ""
-    return f"{message}; got {show(value)}{hint}"
+    return f"{message}; got {show(value)}{hint}{nemo_rl}"
 
 
-def _unknown_key(key: str, valid: list[str]) -> str:
-    """Message for a key the section does not accept, with the closest valid key if any."""
-    hint = suggest(key, valid)
+def _unknown_key(loc: tuple[str | int, ...], valid: list[str]) -> str:
+    """Message for a key the section does not accept: what it is here when NeMo-RL has it,
+    else the closest valid key of the same meaning, else the valid keys."""
+    nemo_rl = unknown_key_hint(loc)
+    if nemo_rl:
+        return f"unknown key; {nemo_rl}"
+    hint = suggest(str(loc[-1]), valid)
     if hint:
         return f"unknown key{hint}"
     return f"unknown key; valid keys here: {', '.join(valid)}"
