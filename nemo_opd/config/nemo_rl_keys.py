@@ -175,8 +175,8 @@ _MODEL: dict[str, Fate] = {
     "{model}.logprob_chunk_size": Fate(
         "changed",
         "{model}.logits_chunk_tokens",
-        "positions whose logits exist at once, in training and scoring alike (default 256); "
-        "NeMo-RL's chunks only the log-prob pass; null: the whole microbatch in both",
+        "positions whose logits exist at once, in training and scoring alike; NeMo-RL's "
+        "chunks only the log-prob pass, and its null (no chunks) is the default 256 here",
     ),
     **_dropped(
         "the optimizer state stays where it is (dtensor_cfg.cpu_offload keeps it in host "
@@ -335,17 +335,13 @@ _MODEL: dict[str, Fate] = {
                 "colocated.enabled",
                 "colocated.resources.gpus_per_node",
                 "colocated.resources.num_nodes",
+                "vllm_cfg.tensor_parallel_size",
                 "vllm_cfg.gpu_memory_utilization",
                 "vllm_cfg.max_model_len",
                 "vllm_cfg.enforce_eager",
                 "vllm_cfg.precision",
             )
         )
-    ),
-    "{model}.generation.vllm_cfg.tensor_parallel_size": Fate(
-        "changed",
-        "{model}.generation.vllm_cfg.tensor_parallel_size",
-        "only 1 is supported yet: each generation worker runs one single-device engine",
     ),
     "{model}.generation.val_temperature": Fate(
         "changed",
