@@ -77,6 +77,7 @@ from nemo_opd.losses import build_loss_mask
 from nemo_opd.losses.reduction import metric_reduction
 from nemo_opd.rollouts import RolloutResult, rollout_state
 from nemo_opd.tiny.assets import recorded_heldout_accuracy
+from nemo_opd.utils.hf_export import write_model_files
 from nemo_opd.utils.plot import ROLLOUTS_KEY, plot_metrics
 from nemo_opd.utils.startup import startup_metrics
 from nemo_opd.utils.stop_signal import StopSignal
@@ -522,12 +523,13 @@ def _save_checkpoint(state: DistillationRun, pipeline: StepPipeline) -> None:
 
 
 def export_final_model(state: DistillationRun) -> Path:
-    """The trained student in Hugging Face format (weights, config, tokenizer; a LoRA student
-    merged, with its peft adapter in final_model/adapter) under
+    """The trained student as a Hugging Face model (nemo_opd.utils.hf_export: weights in the
+    policy's precision, config, tokenizer, chat template, generation_config.json; a LoRA
+    student merged, with its peft adapter in final_model/adapter; no training state) under
     checkpointing.checkpoint_dir/final_model, and the PNG of the training curves."""
     target = Path(state.cfg.checkpointing.checkpoint_dir) / FINAL_MODEL_DIR
-    state.student.export(str(target))
-    state.formatter.tokenizer.save_pretrained(str(target))
+    state.student.export(str(target), state.cfg.policy.precision)
+    write_model_files(target, state.formatter.tokenizer, state.cfg.policy)
     metrics_file = Path(state.cfg.logger.log_dir) / "metrics.jsonl"
     if metrics_file.exists():
         references = {}
