@@ -44,7 +44,7 @@ def _dropped(note: str, *paths: str) -> dict[str, Fate]:
 
 FROZEN = "the teacher is frozen and never samples (optimizer, scheduler and generation null)"
 
-_TEACHER: dict[str, Fate] = _dropped(
+TEACHER_FROZEN: dict[str, Fate] = _dropped(
     FROZEN,
     "teacher.optimizer",
     "teacher.scheduler",
@@ -497,7 +497,7 @@ KEY_MAP: dict[str, Fate] = {**_LOOP, **_CHECKPOINTING, **_MODEL, **_DATA, **_RES
 """NeMo-RL path (pattern) -> its fate here; see the module docstring."""
 
 CATCH_ALL: dict[str, Fate] = {
-    pattern: Fate("dropped", None, f"{what} with no equivalent here")
+    pattern: Fate("dropped", None, what if "," in what else f"{what} with no equivalent here")
     for pattern, what in {
         "{model}.dtensor_cfg.*": "a DTensor setting",
         "{model}.megatron_cfg.*": "a Megatron setting",
@@ -505,7 +505,7 @@ CATCH_ALL: dict[str, Fate] = {
         "{model}.generation.*": "a generation setting",
         "data.*": "a dataset setting",
         "env.math.*": "a math-environment setting",
-        "env.*": "another environment (the math environment is the only one)",
+        "env.*": "another environment, with no equivalent: the math environment is the only one",
         "logger.*": "a logger setting",
         "cluster.*": "a cluster setting",
         "*": "a section",
@@ -523,7 +523,7 @@ def fate_of(path: Sequence[str | int]) -> Fate:
     parts = [str(part) for part in path]
     if parts[0] == "teacher":
         for end in range(1, len(parts) + 1):
-            fate = _TEACHER.get(".".join(parts[:end]))
+            fate = TEACHER_FROZEN.get(".".join(parts[:end]))
             if fate is not None:
                 return fate
     for table in (KEY_MAP, CATCH_ALL):
@@ -539,7 +539,7 @@ def unknown_key_hint(path: Sequence[str | int]) -> str | None:
     does not have (or not in that form); None when NeMo-RL has no such key in KEY_MAP, or the
     same key with the same meaning."""
     parts = [str(part) for part in path]
-    fate = _TEACHER.get(".".join(parts)) or (_lookup(parts, KEY_MAP) if parts else None)
+    fate = TEACHER_FROZEN.get(".".join(parts)) or (_lookup(parts, KEY_MAP) if parts else None)
     if fate is None or fate.kind == "same":
         return None
     note = f" ({fate.note})" if fate.note else ""

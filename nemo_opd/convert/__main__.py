@@ -1,4 +1,5 @@
 """python -m nemo_opd.convert nemo-rl CONFIG.yaml -o OUT.yaml
+python -m nemo_opd.convert key-map     (the key map as docs/nemo_rl.md's Markdown table)
 
 Reads a NeMo-RL distillation config (with its `defaults:`), writes nemo_opd's equivalent, prints
 what every NeMo-RL key became (mapped as is, renamed, changed meaning, no equivalent with why),
@@ -18,7 +19,7 @@ import yaml
 from nemo_opd.config import ConfigError, load_config
 from nemo_opd.config.loader import StrictDumper
 from nemo_opd.convert.nemo_rl import Conversion, convert_nemo_rl
-from nemo_opd.convert.report import format_report
+from nemo_opd.convert.report import format_report, markdown_key_map
 
 EXIT_BAD_INPUT = 2
 
@@ -36,12 +37,16 @@ def build_parser() -> argparse.ArgumentParser:
     nemo_rl.add_argument(
         "-o", "--output", required=True, metavar="OUT.yaml", help="where to write nemo_opd's"
     )
+    frameworks.add_parser("key-map", help="print NeMo-RL's key map (docs/nemo_rl.md's table)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Convert, write, print the table, check that the output loads; the exit status."""
     args = build_parser().parse_args(argv)
+    if args.framework == "key-map":
+        print(markdown_key_map(), end="")
+        return 0
     source, output = Path(args.config), Path(args.output)
     try:
         if output.resolve() == source.resolve():

@@ -13,6 +13,7 @@ import textwrap
 from collections.abc import Iterable
 
 from nemo_opd.config.errors import show
+from nemo_opd.config.nemo_rl_keys import CATCH_ALL, KEY_MAP, TEACHER_FROZEN
 from nemo_opd.convert.nemo_rl import Row
 
 HEADINGS = {
@@ -140,3 +141,18 @@ def _twins(policy: Row, teacher: Row) -> bool:
     shape = (policy.kind, policy.note, target) == (teacher.kind, teacher.note, teacher.target)
     values = (policy.value, policy.written) == (teacher.value, teacher.written)
     return shape and (values or policy.kind == "same")
+
+
+KIND_WORDS = {"same": "same", "renamed": "renamed", "changed": "changed", "dropped": "none"}
+
+
+def markdown_key_map() -> str:
+    """The key map as the Markdown table of docs/nemo_rl.md (`python -m nemo_opd.convert
+    key-map` prints it): NeMo-RL key, key here, kind, note; `{model}` is policy or teacher."""
+    lines = ["| NeMo-RL key | here | | what differs, or why none |", "|---|---|---|---|"]
+    for table in (KEY_MAP, TEACHER_FROZEN, CATCH_ALL):
+        for pattern, fate in table.items():
+            target = f"`{fate.target}`" if fate.target else ""
+            note = fate.note.replace("|", "\\|")
+            lines.append(f"| `{pattern}` | {target} | {KIND_WORDS[fate.kind]} | {note} |")
+    return "\n".join(lines) + "\n"
