@@ -382,20 +382,20 @@ def _rollout_records(rollout: RolloutResult) -> list[dict]:
 # ------------------------------------------------------------------------------------- validation
 
 
-def validate(state: DistillationRun, timers: Timers, graded: list[dict] | None = None) -> dict:
+def validate(state: DistillationRun, timers: Timers, responses: list[dict] | None = None) -> dict:
     """Greedy rollouts of the validation prompts: accuracy (mean env reward), average generated
     length and, with a teacher, the top-k divergence between student and teacher on those
     rollouts; with distillation.val_samples_per_prompt = k, also avg@k and pass@k of k sampled
-    rollouts per prompt. Every graded response is appended to `graded` when given (the
+    rollouts per prompt. Every graded response is appended to `responses` when given (the
     records of the rollout dumps, with "mode": greedy or sampled, and "sample": 0..k-1)."""
     loop = state.cfg.distillation
     with timers.time("validation"):
         with timers.time("refit"):
             _refit_if_stale(state)
-        metrics = _validate_greedy(state, timers, graded)
+        metrics = _validate_greedy(state, timers, responses)
         if loop.val_samples_per_prompt:
             k = loop.val_samples_per_prompt
-            metrics.update(_validate_sampled(state, timers, k, graded))
+            metrics.update(_validate_sampled(state, timers, k, responses))
     return metrics
 
 
@@ -407,7 +407,7 @@ def _graded(rollout: RolloutResult, mode: str, samples: int) -> list[dict]:
     return records
 
 
-def _validate_greedy(state: DistillationRun, timers: Timers, graded: list | None = None) -> dict:
+def _validate_greedy(state: DistillationRun, timers: Timers, responses: list | None = None) -> dict:
     """validation/accuracy, avg_length and, with a teacher, the divergence metrics; with several
     teachers, each teacher's own as validation/teacher/<name>/* (its prompts' rollouts)."""
     loop = state.cfg.distillation
@@ -420,8 +420,8 @@ def _validate_greedy(state: DistillationRun, timers: Timers, graded: list | None
         with timers.time("generation"):
             rollout = rollout_with(state, logs, metadata, greedy=True, seed=None)
         rewards.append(rollout.rewards)
-        if graded is not None:
-            graded += _graded(rollout, "greedy", 1)
+        if responses is not None:
+            responses += _graded(rollout, "greedy", 1)
         for name, value in rollout.env_metrics.items():
             env_metrics[f"validation/{name}"] += value
         lengths.append(rollout.metrics["mean_generated_tokens"] * len(chunk))
@@ -478,7 +478,7 @@ class DivergenceSums:
 
 
 def _validate_sampled(
-    state: DistillationRun, timers: Timers, k: int, graded: list | None = None
+    state: DistillationRun, timers: Timers, k: int, responses: list | None = None
 ) -> dict:
     """validation/accuracy_avg@k (mean reward over k samples of every prompt at
     distillation.val_temperature) and validation/pass@k (the fraction of prompts with a
@@ -496,8 +496,8 @@ def _validate_sampled(
                 state, logs, metadata, greedy=False, seed=seed, temperature=loop.val_temperature
             )
         rewards.append(rollout.rewards)
-        if graded is not None:
-            graded += _graded(rollout, "sampled", k)
+        if responses is not None:
+            responses += _graded(rollout, "sampled", k)
     per_prompt = torch.cat(rewards).reshape(len(samples), k)
     return {
         f"validation/accuracy_avg@{k}": float(per_prompt.mean()),

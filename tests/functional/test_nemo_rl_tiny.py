@@ -66,7 +66,7 @@ def tiny_overlay(converted: Path, assets, run_dir: Path) -> dict:
             "model_name": str(assets.student),
             "train_global_batch_size": 16,
             "train_micro_batch_size": 8,
-            "optimizer": {"lr": 1.0e-3},
+            "optimizer": {"lr": 5.0e-3},  # one step that moves the student clearly
             "generation": {
                 "max_new_tokens": 16,
                 "vllm_cfg": {"kv_cache_memory_bytes": 64 << 20, "enforce_eager": True},
@@ -199,11 +199,15 @@ def test_evaluate_a_checkpoint(run):
     ):
         assert name in metrics and name in result.stdout, name
     graded = [json.loads(line) for line in (out / "graded.jsonl").read_text().splitlines()]
-    assert len(graded) == VAL_PROMPTS * (1 + SAMPLES)
-    assert {(r["mode"], r["sample"]) for r in graded} == {
-        ("greedy", 0),
-        *(("sampled", i) for i in range(SAMPLES)),
-    }
     assert all({"prompt", "response", "answer", "reward"} <= set(r) for r in graded)
+    prompts = sorted(r["prompt"] for r in graded if r["mode"] == "greedy")
+    print(f"\n{len(prompts)} validation prompts, {len(graded)} graded responses")
+    assert 0 < len(prompts) <= VAL_PROMPTS and len(set(prompts)) == len(prompts)
+    for sample in range(SAMPLES):  # each prompt once greedy, then once per sample
+        drawn = sorted(
+            r["prompt"] for r in graded if (r["mode"], r["sample"]) == ("sampled", sample)
+        )
+        assert drawn == prompts, sample
+    assert len(graded) == len(prompts) * (1 + SAMPLES)
     greedy = [r["reward"] for r in graded if r["mode"] == "greedy"]
     assert metrics["validation/accuracy"] == pytest.approx(sum(greedy) / len(greedy))
