@@ -69,6 +69,7 @@ from nemo_opd.algorithms.step_rollouts import (
     staleness_metrics,
 )
 from nemo_opd.config import DistillationConfig
+from nemo_opd.config.checks import VALIDATION_DIVERGENCE
 from nemo_opd.data.batching import TensorBatch
 from nemo_opd.data.message_log import flatten_generation_logprobs
 from nemo_opd.errors import RunError, ServiceError
@@ -453,7 +454,7 @@ def _validate_greedy(state: DistillationRun, timers: Timers, responses: list | N
 class DivergenceSums:
     """Token-weighted sums of the validation loss's metrics, overall and per teacher."""
 
-    NAMES = ("loss", "forward_kl", "reverse_kl", "top1_agreement")
+    NAMES = VALIDATION_DIVERGENCE  # the names checkpointing.metric_name may rank by
 
     def __init__(self) -> None:
         self.sums: dict[str, dict[str, float]] = {}

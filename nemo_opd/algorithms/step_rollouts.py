@@ -201,8 +201,10 @@ def score_rollout(
     sample_mask) with, as the objective asks (or top-k alone, topk=True: validation), the
     teacher's top-k log-probs and ids of every position (teacher_topk_logprobs,
     teacher_topk_indices [B, S, k]) and its log-prob of every sampled token
-    (teacher_logprobs [B, S], position t scoring token t + 1); and the seconds of each
-    teacher call ("teacher_topk", "teacher_logprobs")."""
+    (teacher_logprobs [B, S], position t scoring token t + 1), or with loss_fn.support full
+    or student_topk its final hidden states instead of its top-k (teacher_hidden
+    [B, S, H_T]); and the seconds of each teacher call ("teacher_topk", "teacher_hidden",
+    "teacher_logprobs")."""
     cfg, objective = state.cfg, state.cfg.objective
     sampled = objective.uses_sampled_teacher and topk is None
     topk = objective.uses_topk if topk is None else topk
@@ -210,7 +212,12 @@ def score_rollout(
     rollouts = Rollouts(batch, rollout.message_logs, rollout.metadata)
     temperature = teacher_temperature(cfg)
     seconds = {}
-    if topk:
+    if topk and cfg.loss_fn.support != "teacher_topk":
+        started = time.perf_counter()
+        scores = state.teacher.score(rollouts, TeacherNeed(hidden=True))
+        batch["teacher_hidden"] = scores.hidden_states
+        seconds["teacher_hidden"] = time.perf_counter() - started
+    elif topk:
         started = time.perf_counter()
         need = TeacherNeed(topk=cfg.distillation.topk_logits_k, temperature=temperature)
         scores = state.teacher.score(rollouts, need)

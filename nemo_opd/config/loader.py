@@ -13,10 +13,10 @@ Loading is bounded whatever the input (bounds.py): a config file must be a regul
 most MAX_FILE_BYTES; a parsed file, an override and the merged config may hold at most
 MAX_VALUES values once every YAML alias is expanded, nested at most MAX_DEPTH deep; the merge
 keys of one file may copy at most MAX_VALUES pairs, counted before they are copied;
-`defaults:` loads at most MAX_DEFAULTS_LOADS files in all; and no interpolation may resolve to
-more than MAX_INTERPOLATED_CHARS characters. Each check costs at most its bound, so an alias
-bomb, a merge-key bomb, a diamond of includes or an interpolation that doubles at every step
-is refused at once.
+`defaults:` loads at most MAX_DEFAULTS_LOADS files in all; and interpolation counts its work as
+it resolves (interpolation.py). Each check costs at most its bound, so an alias bomb, a
+merge-key bomb, a diamond of includes or an interpolation that doubles at every step is refused
+at once.
 
 YAML, two departures from PyYAML's YAML 1.1 defaults, both to match what users expect: `1e-5`
 is a float (YAML 1.1 reads it as a string because it has no dot), and dates such as
@@ -38,9 +38,11 @@ Overrides (overrides.py, Hydra's grammar read by hydra-core's parser):
     ~a.b       delete a key;  ~a.b=v deletes it only if its value is v
 
 Interpolation (interpolation.py): references `${a.b}`, `${..sibling}` and the arithmetic
-resolvers mul, add, max and div, bounded in size and in OmegaConf's work.
+resolvers mul, add, max and div, in OmegaConf's syntax; no other resolver (`oc.env` included)
+is ever called, and the work is bounded.
 """
 
+import os
 import re
 import stat
 from collections.abc import Mapping, Sequence
@@ -66,6 +68,7 @@ from nemo_opd.config.key_paths import keys_at
 from nemo_opd.config.nemo_rl_keys import CONVERTER, unknown_key_hint
 from nemo_opd.config.overrides import apply_overrides
 from nemo_opd.config.schema import DistillationConfig
+from nemo_opd.config.secrets import redact_user_info
 
 # -------- the steps -------------------------------------------------------------------------------
 
@@ -335,7 +338,7 @@ class _Inheritance:
         merged: dict[str, Any] = {}
         for parent in _parents(content.pop(DEFAULTS_KEY, None), path):
             merged = deep_merge(merged, self.load(parent, (*chain, resolved)))
-        return deep_merge(merged, content)
+        return deep_merge(merged, with_paths_from(content, path.parent))
 
 
 def _parents(entry: Any, path: Path) -> list[Path]:
@@ -353,6 +356,81 @@ def _parents(entry: Any, path: Path) -> list[Path]:
         if not parent.is_file():
             raise ConfigError(f"{path}: `defaults:` entry {item!r} not found (looked for {parent})")
     return parents
+
+
+# -------- 1. paths relative to the file that writes them -----------------------------------------
+
+
+FILE_KEYS = (
+    ("data", "train_path"),
+    ("data", "val_path"),
+    ("data", "prompt_file"),
+    ("data", "system_prompt_file"),
+)
+"""Keys that name a file the run reads: a relative one is relative to the config file."""
+PATH_OR_NAME_KEYS = (("data", "dataset_name"), ("data", "val_dataset_name"))
+"""Keys that name a local path or something else (a hub dataset, "tiny_math"): a relative one
+is relative to the config file when that path exists there, and left as it is otherwise."""
+MODEL_SECTIONS = ("policy", "teacher")
+"""Sections holding tokenizer.chat_template (a template file or the template text), besides
+each entry of `teachers`."""
+
+
+def with_paths_from(content: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """One config file's own content with its relative paths resolved against `folder`, the
+    file's directory (FILE_KEYS always; PATH_OR_NAME_KEYS and tokenizer.chat_template when the
+    path exists there), so a recipe finds its files from any working directory. Absolute
+    paths, `${...}` interpolations and anything but text are left as they are; so are values
+    given on the command line, which are the working directory's."""
+    for keys in FILE_KEYS:
+        _resolve_at(content, keys, folder, must_exist=False)
+    for keys in PATH_OR_NAME_KEYS:
+        _resolve_at(content, keys, folder, must_exist=True)
+    teachers = content.get("teachers")
+    models = [content.get(name) for name in MODEL_SECTIONS]
+    models += list(teachers.values()) if isinstance(teachers, dict) else []
+    for model in models:
+        if isinstance(model, dict):
+            _resolve_at(model, ("tokenizer", "chat_template"), folder, must_exist=True)
+    return content
+
+
+def _resolve_at(
+    content: dict[str, Any], keys: tuple[str, ...], folder: Path, must_exist: bool
+) -> None:
+    """Make the relative path at content[keys[0]][keys[1]]... absolute against `folder` (in
+    place; with must_exist only when it names something there)."""
+    *parents, leaf = keys
+    node: Any = content
+    for key in parents:
+        node = node.get(key) if isinstance(node, dict) else None
+    if not isinstance(node, dict):
+        return
+    value = node.get(leaf)
+    if not isinstance(value, str) or not _is_relative_path(value):
+        return
+    path = folder / value
+    if must_exist and not _exists(path):
+        return
+    node[leaf] = os.path.abspath(path)
+
+
+def _exists(path: Path) -> bool:
+    """Whether `path` names something; False, not an error, for a name no file can have (a NUL
+    byte, a part too long): such a value is a name, not a path."""
+    try:
+        return path.exists()
+    except (OSError, ValueError):
+        return False
+
+
+def _is_relative_path(value: str) -> bool:
+    """Whether a config value reads as a relative path: not empty, absolute, a `${...}`
+    interpolation, a home-relative `~` path, nor anything a path cannot be (a multi-line
+    template, a value too long for a file name)."""
+    if not value or value.startswith(("/", "${", "~")) or "\n" in value:
+        return False
+    return len(value) < 4096 and not Path(value).is_absolute()
 
 
 # -------- 4. validation ---------------------------------------------------------------------------
@@ -431,7 +509,7 @@ def _explain(item: Mapping[str, Any], loc: tuple[str | int, ...]) -> str:
     nemo_rl = unknown_key_hint(loc)
     nemo_rl = f"; {nemo_rl}" if nemo_rl else ""
     if kind in ("model_type", "model_attributes_type", "dict_type"):
-        return f"must be a section (a mapping of keys); got {show(value)}{nemo_rl}"
+        return f"must be a section (a mapping of keys); got {_shown(value)}{nemo_rl}"
     message = re.sub(r"^(Input|String|Value|List|Tuple) should ", "must ", item["msg"])
     message = message.removeprefix("Value error, ").replace(", got a ", ", not a ")
     hint = ""
@@ -439,7 +517,13 @@ def _explain(item: Mapping[str, Any], loc: tuple[str | int, ...]) -> str:
         choices = re.findall(r"'([^']*)'", item.get("ctx", {}).get("expected", ""))
         match = closest(value, choices)
         hint = f" (did you mean '{match}'?)" if match else ""
-    return f"{message}; got {show(value)}{hint}{nemo_rl}"
+    return f"{message}; got {_shown(value)}{hint}{nemo_rl}"
+
+
+def _shown(value: Any) -> str:
+    """A wrong value as a message echoes it: a string without what may be a URL's user-info
+    (a malformed URL has no scheme for the command line's redaction to see)."""
+    return show(redact_user_info(value) if isinstance(value, str) else value)
 
 
 def _unknown_key(loc: tuple[str | int, ...], valid: list[str]) -> str:

@@ -111,6 +111,17 @@ class Policy:
         indices = torch.cat([i for _, i in outputs], dim=0)
         return values, indices
 
+    def get_hidden_states(self, data: Mapping) -> torch.Tensor:
+        """The final hidden states of every position [B, S, H] (what the LM head reads), in
+        the model's compute precision; 0 past each row's length."""
+        outputs = self._score(data, lambda actor, shard: actor.get_hidden_states.remote(shard))
+        return torch.cat(outputs, dim=0)
+
+    def load_teacher_head(self, model_dir: str, precision: str) -> None:
+        """Give every worker its rows of a teacher's LM head (frozen, in `precision`): the loss
+        then reads the teacher's hidden states (loss_fn.support full or student_topk)."""
+        self.workers.run(lambda actor, rank: actor.load_teacher_head.remote(model_dir, precision))
+
     def _score(self, data: Mapping, call: Callable) -> list:
         """Per-row outputs of `call` on every replica, in row order (padding rows dropped)."""
         shards, size = self._even_shards(data)

@@ -94,6 +94,12 @@ class PolicyWorker:
     def get_topk_logits(self, data: dict, k: int, temperature: float) -> tuple:
         return self.engine.get_topk_logits(TensorBatch(data), k, temperature)
 
+    def get_hidden_states(self, data: dict) -> torch.Tensor:
+        return self.engine.get_hidden_states(TensorBatch(data))
+
+    def load_teacher_head(self, model_dir: str, precision: str) -> None:
+        self.engine.load_teacher_head(model_dir, precision)
+
     def save(self, path: str) -> None:
         self.engine.save(path)
 

@@ -5,8 +5,9 @@ that keeps it within max_seq_len; the environment then grades the new assistant 
 whether the episode is done, and may answer with a new user message (for example "try again"),
 which is tokenized with the chat template and appended. A conversation stops when the
 environment is done, when max_rollout_turns assistant turns were made, when a turn ended without
-a natural stop (max_new_tokens reached), or when the sequence reached max_seq_len, in which case
-it is marked truncated.
+a natural stop (cut at max_new_tokens, or at max_seq_len), or when the sequence reached
+max_seq_len; the last two mark it truncated, so every rollout either ended naturally or was
+truncated.
 """
 
 from collections import defaultdict
@@ -29,7 +30,7 @@ class RolloutResult:
     message_logs[i]: the conversation of sample i; assistant messages carry "token_ids" and
         "generation_logprobs" (one per token).
     rewards: [B] float32, the environment's reward for each sample's last assistant turn.
-    truncated: [B] bool, the sequence hit max_seq_len.
+    truncated: [B] bool, the conversation was cut (at max_new_tokens or at max_seq_len).
     metadata[i]: the environment's metadata after the last step.
     metrics: rollout statistics (see rollout_metrics).
     env_metrics: the environments' step metrics summed over turns, as env/<task>/<name>.
@@ -209,8 +210,7 @@ def _generate_turn(
         state.turns += 1
         state.generated += len(ids)
         state.natural_stop = output.finish_reasons[j] == "stop"
-        if not state.natural_stop and len(prompts[j]) + len(ids) >= max_seq_len:
-            state.truncated = True
+        state.truncated = not state.natural_stop  # cut at max_new_tokens or at max_seq_len
         logs[i].append(
             {
                 "role": "assistant",

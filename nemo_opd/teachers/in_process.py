@@ -23,7 +23,10 @@ class InProcessTeacher:
         self.name = name
 
     def score(self, rollouts: Rollouts, need: TeacherNeed) -> TeacherScores:
-        return score_with(self.policy.get_topk_logits, self.policy.get_logprobs, rollouts, need)
+        policy = self.policy
+        return score_with(
+            policy.get_topk_logits, policy.get_logprobs, rollouts, need, policy.get_hidden_states
+        )
 
     def workers(self) -> dict[str, Policy]:
         return {self.name: self.policy}

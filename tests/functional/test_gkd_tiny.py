@@ -204,3 +204,19 @@ def test_routed_teachers_one_with_another_tokenizer_on_megatron_tp2_packed(tmp_p
         assert routed[step]["teacher/xtok_mapped_mass"] == pytest.approx(1.0, abs=1e-4)
         assert 0.9 < routed[step]["teacher/xtok_graded_share"] <= 1.0
         assert 0.0 < routed[step]["train/forward_kl"] < 5.0
+
+
+def test_full_vocabulary_divergence_is_the_top_k_one_at_k_equal_v(tmp_path):
+    """loss_fn.support full (the teacher's hidden states and LM head) and the top-k divergence
+    with every id in the top-k (k = V = 481, the tail bucket empty) grade the same first
+    step's rollouts (same seed, same weights) with the same loss."""
+    one_step = ("distillation.max_num_steps=1",)
+    full = run_loop(tmp_path / "full", "distillation_tiny_full_vocab.yaml", *one_step)[1]
+    topk = run_loop(
+        tmp_path / "topk", "distillation_tiny_100.yaml", *one_step, "distillation.topk_logits_k=481"
+    )[1]
+    assert full["train/reward"] == topk["train/reward"]  # the same rollouts
+    assert "timing/train/teacher_hidden" in full and "timing/train/teacher_topk" not in full
+    assert full["train/teacher_tail_mass"] == 0.0 and full["train/student_topk_mass"] == 1.0
+    for key in ("train/loss", "train/forward_kl", "train/reverse_kl"):
+        assert full[key] == pytest.approx(topk[key], rel=1e-4), key

@@ -8,7 +8,9 @@ Checkpoint directory (written by rank 0 into an atomic temporary directory):
                          instead, peft's adapter format; see lora.py)
     training_state.pt    {"optimizer": full state by HF name or None, "scheduler": ..., "rng":
                          [every rank's RNG state]}
-    nemo_opd.json        {"step": optimizer steps taken}
+    nemo_opd.json        {"optimizer_steps": optimizer steps taken} (not the loop's step: a
+                         loop step takes several optimizer steps; older checkpoints wrote
+                         "step", still read)
 """
 
 import json
@@ -70,7 +72,7 @@ def write_training_state(
         raise OSError(
             f"writing {tmp / TRAINING_STATE_FILE} failed ({error}); {write_limits(tmp)}"
         ) from error
-    (tmp / META_FILE).write_text(json.dumps({"step": step}))
+    (tmp / META_FILE).write_text(json.dumps({"optimizer_steps": step}))
 
 
 def read_training_state(root: Path) -> dict | None:
@@ -90,9 +92,12 @@ def restore_rng(states: list[dict]) -> None:
 
 
 def read_step(root: Path, default: int) -> int:
-    """The optimizer step a checkpoint was taken at (`default` when it records none)."""
+    """The optimizer steps a checkpoint was taken after (`default` when it records none)."""
     meta = root / META_FILE
-    return json.loads(meta.read_text())["step"] if meta.exists() else default
+    if not meta.exists():
+        return default
+    record = json.loads(meta.read_text())
+    return record["optimizer_steps"] if "optimizer_steps" in record else record["step"]
 
 
 def move_training_state(
