@@ -5,6 +5,7 @@ Each converter reads NeMo-RL's keys from the Builder, writes nemo_opd's and reco
 NeMo-RL key, so that the generic pass (the key map) leaves those keys alone.
 """
 
+import importlib.util
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -219,9 +220,10 @@ def _dataset(b: Builder, split: str) -> None:
             keys |= _registry_dataset(b, source, item, prefix)
         elif key == "data_path":
             target = f"data.{'train' if split == 'train' else 'val'}_path"
+            located, note = _locate(b.files, item)
             if not _is_local_file(item):
-                target = f"data.{prefix}dataset_name"
-            b.row("renamed", source, target, item)
+                target, located, note = f"data.{prefix}dataset_name", item, ""
+            b.row("renamed", source, target, located, note)
             keys |= RESPONSE_DATASET_KEYS
         elif key == "repeat" and split == "validation":
             continue  # convert_validation
@@ -300,11 +302,14 @@ def _prompt_file(b: Builder, name: str) -> None:
 
 
 def _locate(configs: list[Path], value: Any) -> tuple[Any, str]:
-    """A prompt file's path as the converted config should name it (relative to where the run
-    starts): as written when it exists from here, else the file of that name under a folder
-    holding one of the NeMo-RL config files (NeMo-RL runs from its checkout's root)."""
-    if not isinstance(value, str) or Path(value).is_absolute() or Path(value).exists():
+    """A file NeMo-RL names relative to where it runs (its checkout's root), as the converted
+    config should name it: absolute (a relative path in a config is relative to the config's
+    own folder here). Found from the working directory, else under a folder holding one of the
+    NeMo-RL config files; kept as written when it is nowhere."""
+    if not isinstance(value, str) or Path(value).is_absolute():
         return value, ""
+    if Path(value).exists():
+        return str(Path(value).resolve()), f"{value} from here, written absolute"
     for config in configs:
         for folder in config.resolve().parents:
             candidate = folder / value
@@ -502,6 +507,15 @@ def finish_parallel_within_node(b: Builder) -> None:
                 _amend(b, f"{section}.{key}", new, why)
 
 
+def finish_wandb(b: Builder) -> None:
+    """NeMo-RL's configs log to W&B; without the wandb package here the config would not load,
+    so logging to W&B is turned off, and the row says how to turn it on."""
+    if b.written("logger.wandb_enabled") is True and importlib.util.find_spec("wandb") is None:
+        b.write("logger.wandb_enabled", False)
+        note = "wandb is not installed here: install the wandb extra, then set it true"
+        _amend(b, "logger.wandb_enabled", False, note)
+
+
 def _amend(b: Builder, source: str, written: Any, note: str) -> None:
     """Turn a key's row into a changed one: the value written and why."""
     for row in b.rows:
@@ -527,4 +541,5 @@ SECTION_CONVERTERS: tuple[Callable[[Builder], None], ...] = (
 FINISHERS: tuple[Callable[[Builder], None], ...] = (
     finish_checkpoint_ranking,
     finish_parallel_within_node,
+    finish_wandb,
 )
