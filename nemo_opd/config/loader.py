@@ -488,15 +488,19 @@ def describe_validation_error(
 
 
 def _converter_note(problems: list[str]) -> str:
-    """A last line pointing to the converter when some problems are NeMo-RL's keys."""
-    count = sum("NeMo-RL's" in problem for problem in problems)
-    if not count:
+    """A last line pointing to the converter when several problems are NeMo-RL's keys (a
+    NeMo-RL config, not one key written from habit)."""
+    count = sum(any(mark in problem for mark in NEMO_RL_MARKS) for problem in problems)
+    if count < 2:
         return ""
-    keys = "1 key is" if count == 1 else f"{count:,} keys are"
     return (
-        f"\n{keys} NeMo-RL's: `{CONVERTER}` converts a NeMo-RL config and prints what each "
-        "key became (docs/nemo_rl.md)"
+        f"\n{count:,} keys are NeMo-RL's: `{CONVERTER}` converts a NeMo-RL config and prints "
+        "what each key became (docs/nemo_rl.md)"
     )
+
+
+NEMO_RL_MARKS = ("NeMo-RL's key", "NeMo-RL's form of the key")
+"""How unknown_key_hint's messages begin."""
 
 
 def _explain(item: Mapping[str, Any], loc: tuple[str | int, ...]) -> str:
