@@ -162,6 +162,16 @@ class Builder:
             node = node[part]
         return node
 
+    def replace(self, section: str, raw: Any, resolved: Any) -> None:
+        """Read `section` of NeMo-RL's config as these values from now on (the first of a list
+        of datasets, say)."""
+        *parents, key = section.split(".")
+        for config, value in ((self.raw, raw), (self.resolved, resolved)):
+            node = config
+            for part in parents:
+                node = node[part]
+            node[key] = value
+
     def is_done(self, path: tuple[str, ...]) -> bool:
         """Whether the key (or a section holding it) has been converted."""
         return any(path[:end] in self.done for end in range(1, len(path) + 1))

@@ -207,11 +207,12 @@ def _dataset(b: Builder, split: str) -> None:
     if value is MISSING or value is None:
         return
     if isinstance(value, list):
-        for index, _ in enumerate(value[1:], start=1):
-            b.rows.append(
-                _list_row(b, section, index, "one dataset per split here: the first is used")
-            )
-        value = value[0] if value else {}
+        for index, item in enumerate(value[1:], start=1):
+            note = "one dataset per split here: the first is used"
+            b.rows.append(Row("dropped", f"{section}[{index}]", item, note=note))
+        raw = b.value(section, raw=True)
+        b.replace(section, raw[0] if raw else {}, value[0] if value else {})
+        value = b.value(section)
     prefix = "" if split == "train" else "val_"
     keys: dict[str, str] = {}
     for key, item in value.items():
@@ -521,10 +522,6 @@ def _amend(b: Builder, source: str, written: Any, note: str) -> None:
     for row in b.rows:
         if row.source == source:
             row.kind, row.written, row.note = "changed", written, note
-
-
-def _list_row(b: Builder, section: str, index: int, note: str) -> Row:
-    return Row("dropped", f"{section}[{index}]", b.value(section)[index], note=note)
 
 
 def _note_row(b: Builder, section: str, note: str) -> Row:

@@ -259,3 +259,16 @@ def test_w_and_b_stays_on_only_where_wandb_is_installed(tmp_path, capsys):
     installed = importlib.util.find_spec("wandb") is not None
     assert cfg["logger"]["wandb_enabled"] is installed
     assert ("wandb is not installed here" in printed) is not installed
+
+
+def test_a_list_of_training_sets_converts_its_first(tmp_path, capsys):
+    child = tmp_path / "two_sets.yaml"
+    child.write_text(
+        f"defaults: {DTENSOR}\ndata:\n  train:\n    - {{dataset_name: DeepScaler}}\n"
+        "    - {data_path: more.jsonl}\n"
+        "logger: {wandb: {name: two-sets}}\n"  # the base's name interpolates data.train.*
+    )
+    cfg, printed = converted(tmp_path, child, capsys)
+    assert cfg["data"]["dataset_name"] == "agentica-org/DeepScaleR-Preview-Dataset"
+    assert "train_path" not in cfg["data"]
+    assert "one dataset per split here: the first is used" in printed
