@@ -266,7 +266,7 @@ def test_a_list_of_training_sets_converts_its_first(tmp_path, capsys):
     child.write_text(
         f"defaults: {DTENSOR}\ndata:\n  train:\n    - {{dataset_name: DeepScaler}}\n"
         "    - {data_path: more.jsonl}\n"
-        "logger: {wandb: {name: two-sets}}\n"  # the base's name interpolates data.train.*
+        "logger: {wandb: {name: two-sets}, tensorboard: {log_dir: tb}}\n"  # not data.train.*
     )
     cfg, printed = converted(tmp_path, child, capsys)
     assert cfg["data"]["dataset_name"] == "agentica-org/DeepScaleR-Preview-Dataset"
