@@ -63,6 +63,23 @@ policy:
   megatron_cfg: {enabled: true, tensor_model_parallel_size: 2}
 ```
 
+YAML anchors, aliases and merge keys work in a config and in every file it inherits, as
+NeMo-RL's configs use them: the mapping's own keys win over merged ones, and the first of
+`<<: [*a, *b]` over the next. Each use of an alias is a copy of its own, so an override of
+`policy.x` leaves a `teacher.x` merged from the policy as it was.
+
+```yaml
+policy: &STUDENT
+  model_name: Qwen/Qwen3-1.7B-Base
+  dtensor_cfg: &DTENSOR {tensor_parallel_size: 2, activation_checkpointing: true}
+teacher:
+  <<: *STUDENT                       # every key of the policy's section...
+  model_name: Qwen/Qwen3-4B          # ...but these
+  dtensor_cfg: {<<: *DTENSOR, activation_checkpointing: false}
+```
+
+A NeMo-RL config needs converting first (its keys differ): [nemo_rl.md](nemo_rl.md).
+
 ## Relative paths
 
 A relative path written in a config file is relative to that file's folder, not to the
@@ -135,7 +152,9 @@ message and exit status 2, in bounded time and memory (each case below is a test
 500 MB):
 
 - files: a regular UTF-8 file of at most 1 MiB, at most 64 levels deep and 100,000 values once
-  YAML aliases are expanded, at most 256 files through `defaults:`;
+  YAML aliases are expanded, at most 100,000 pairs copied by merge keys (`<<:`, counted before
+  each copy, so a mapping merged into thousands of others is refused before it is built:
+  tests/unit/config/test_config_yaml_merge.py), at most 256 files through `defaults:`;
 - overrides: at most 64 KiB each, keys of at most 256 characters and 64 parts, values at most
   64 levels deep; checked before Hydra's parser sees them;
 - interpolation, counted as it is resolved, for the whole config: what the values that

@@ -185,10 +185,12 @@ class Policy:
         """Write a checkpoint directory atomically (layout in docs/policy.md)."""
         self.workers.run(lambda actor, rank: actor.save.remote(path))
 
-    def export(self, path: str) -> None:
-        """Write the trained model in Hugging Face format into `path` atomically (a LoRA
-        student: the merged model, and its peft adapter in `path`/adapter)."""
-        self.workers.run(lambda actor, rank: actor.export.remote(path))
+    def export(self, path: str, dtype: str | None = None) -> None:
+        """Write the trained model in Hugging Face format into `path` atomically, its weights in
+        `dtype` (default: the policy's precision) and no training state (a LoRA student: the
+        merged model, and its peft adapter in `path`/adapter)."""
+        dtype = dtype or self.cfg.precision
+        self.workers.run(lambda actor, rank: actor.export.remote(path, dtype))
 
     def load(self, path: str) -> None:
         """Restore weights, optimizer, scheduler, RNG state and step from `path`."""

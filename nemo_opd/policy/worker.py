@@ -103,8 +103,8 @@ class PolicyWorker:
     def save(self, path: str) -> None:
         self.engine.save(path)
 
-    def export(self, path: str) -> None:
-        self.engine.export(path)
+    def export(self, path: str, dtype: str) -> None:
+        self.engine.export(path, dtype)
 
     def load(self, path: str) -> None:
         self.engine.load(path)

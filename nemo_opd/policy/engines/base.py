@@ -249,10 +249,15 @@ class Engine(ABC):
         """Write gather_weights()'s result into a checkpoint directory (rank 0 only)."""
         write_weights(tmp, weights, self.hf_config.to_dict())
 
-    def export(self, path: str) -> None:
-        """Write the trained model for use outside the run (Hugging Face format, loadable with
-        from_pretrained); a full-weight engine's export is its checkpoint. A collective."""
-        self.save(path)
+    def export(self, path: str, dtype: str = "float32") -> None:
+        """Write the trained model for use outside the run, atomically: Hugging Face weights in
+        `dtype` (the policy's precision) and config.json, loadable with from_pretrained and
+        vLLM; no training state (that is the checkpoint's). A collective."""
+        weights = self.gather_weights()
+        if dist.get_rank() == 0:
+            with atomic_directory(path) as tmp:
+                write_weights(tmp, weights, self.hf_config.to_dict(), dtype)
+        dist.barrier()
 
     def load(self, path: str) -> None:
         """Restore weights, optimizer, scheduler, RNG and step from a checkpoint directory (the
