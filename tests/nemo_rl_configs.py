@@ -2,10 +2,9 @@
 (tests/fixtures/nemo_rl), and NeMo-RL's published ones when its repository is on the machine.
 
 The published configs are read from NEMO_RL_REPO (a checkout, or a bare git directory such
-as a mirror), or else from the snapshot path this project's machines keep; a test that wants
-them skips, saying why, when neither exists. They are copied into a directory of the test's
-own with the checkout's layout, so that `defaults:` and the relative prompt file resolve as
-they do in NeMo-RL.
+as a mirror); a test that wants them skips, saying why, when it is not set. They are copied
+into a directory of the test's own with the checkout's layout, so that `defaults:` and the
+relative prompt file resolve as they do in NeMo-RL.
 """
 
 import os
@@ -16,8 +15,6 @@ import pytest
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "nemo_rl"
 FIXTURE_CONFIGS = sorted((FIXTURES / "examples" / "configs").rglob("*.yaml"))
-SNAPSHOT = Path("/work/.mirror/NVIDIA-NeMo+RL/repo")
-"""Where this project's machines keep a bare mirror of NVIDIA-NeMo/RL (used when present)."""
 
 PUBLISHED = (
     "examples/configs/distillation_math.yaml",
@@ -32,10 +29,7 @@ other algorithms: quantization-aware and off-policy distillation)."""
 def nemo_rl_repo() -> Path | None:
     """NeMo-RL's repository (checkout or bare), or None."""
     named = os.environ.get("NEMO_RL_REPO")
-    for candidate in (Path(named) if named else None, SNAPSHOT):
-        if candidate is not None and candidate.exists():
-            return candidate
-    return None
+    return Path(named) if named and Path(named).exists() else None
 
 
 def published_configs(root: Path) -> list[Path]:
@@ -44,8 +38,9 @@ def published_configs(root: Path) -> list[Path]:
     repo = nemo_rl_repo()
     if repo is None:
         pytest.skip(
-            f"NeMo-RL's repository is not on this machine (set NEMO_RL_REPO, or {SNAPSHOT}); "
-            "the configs written in its format (tests/fixtures/nemo_rl) still ran"
+            "NeMo-RL's repository is not on this machine (set NEMO_RL_REPO to a checkout or a "
+            "bare clone of NVIDIA-NeMo/RL); the configs written in its format "
+            "(tests/fixtures/nemo_rl) still ran"
         )
     names = [*PUBLISHED, *[n for n in _list(repo) if n.startswith(PUBLISHED_RECIPES)]]
     for name in names:
