@@ -683,8 +683,9 @@ def _build_loss(cfg: DistillationConfig) -> DistillationLossFn | PolicyGradientL
         return distillation_loss(cfg)
     if cfg.objective.loss == "sft":
         return NLLLossFn()
+    divergence = distillation_loss(cfg) if cfg.objective.topk_kl_coef > 0 else None
     return PolicyGradientLossFn.from_config(
-        cfg.objective, cfg.loss_fn, temperature=sampling_temperature(cfg)
+        cfg.objective, cfg.loss_fn, temperature=sampling_temperature(cfg), topk_kl=divergence
     )
 
 

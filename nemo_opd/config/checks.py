@@ -722,16 +722,19 @@ def check_served_teacher(cfg: "DistillationConfig") -> list[str]:
 
 def check_loss_support(cfg: "DistillationConfig") -> list[str]:
     """loss_fn.support full and student_topk need one teacher run by the run's workers (not
-    served, not routed) and the topk_kl objective."""
+    served, not routed) and a divergence term: the topk_kl objective, or policy_gradient with
+    topk_kl_coef > 0."""
     support = cfg.loss_fn.support
     if support == "teacher_topk":
         return []
     why = f"loss_fn.support={support} (the teacher's hidden states and LM head)"
     problems = []
-    if cfg.objective.loss != "topk_kl":
+    objective = cfg.objective
+    if objective.loss == "sft" or (objective.loss == "policy_gradient" and not objective.uses_topk):
         problems.append(
-            f"{why} is a divergence of the topk_kl objective, not of objective.loss="
-            f"{cfg.objective.loss}; set loss_fn.support=teacher_topk"
+            f"{why} chooses the ids of the divergence term, which objective.loss="
+            f"{objective.loss} does not have (policy_gradient: set objective.topk_kl_coef > 0); "
+            "or set loss_fn.support=teacher_topk"
         )
     if cfg.teachers is not None:
         problems.append(f"{why} needs one teacher; `teachers` names {len(cfg.teachers)}")

@@ -112,7 +112,9 @@ class LossConfig(Section):
     student's workers apply the teacher's LM head chunk by chunk; docs/loss.md). student_topk:
     the student's own top-k ids and the tail bucket, with the teacher's exact log-probs there
     (hidden states too). full and student_topk need one in-process teacher with the student's
-    vocabulary and the topk_kl objective."""
+    vocabulary, and a divergence term (the topk_kl objective, or policy_gradient with
+    topk_kl_coef > 0; the teacher then sends its hidden states and sampled-token log-probs from
+    one forward pass)."""
 
 
 class ObjectiveConfig(Section):

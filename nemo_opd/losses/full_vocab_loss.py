@@ -66,6 +66,7 @@ class FullVocabDistillationLossFn:
         self.k = k
         self.teacher_temperature = teacher_temperature or params.temperature
         self.implementation = implementation
+        self.inplace_grad = False  # the student's logits are never overwritten here
 
     @classmethod
     def from_config(

@@ -97,6 +97,11 @@ class PolicyWorker:
     def get_hidden_states(self, data: dict) -> torch.Tensor:
         return self.engine.get_hidden_states(TensorBatch(data))
 
+    def score(self, data: dict, topk: int, temperature: float, logprobs: bool, hidden: bool):
+        return self.engine.score(
+            TensorBatch(data), topk=topk, temperature=temperature, logprobs=logprobs, hidden=hidden
+        )
+
     def load_teacher_head(self, model_dir: str, precision: str) -> None:
         self.engine.load_teacher_head(model_dir, precision)
 

@@ -45,6 +45,7 @@ from nemo_opd.losses import build_loss_mask, validate_teacher_topk
 from nemo_opd.losses.chunked_head import chunked_head_loss, chunked_scores
 from nemo_opd.losses.reduction import accumulate_metrics, metric_reduction
 from nemo_opd.policy.engines.teacher_head import TeacherHead, load_teacher_head
+from nemo_opd.policy.engines.teacher_scores import score_positions
 from nemo_opd.policy.engines.training_state import (
     DTYPES,
     gather_rng_states,
@@ -462,23 +463,26 @@ class Engine(ABC):
         real = (positions < data["input_lengths"].unsqueeze(1)).unsqueeze(-1)
         return (values_out * real).cpu(), (indices_out * real).cpu()
 
-    @torch.no_grad()
     def get_hidden_states(self, data: TensorBatch) -> torch.Tensor:
         """The final hidden states (after the last norm: what the LM head reads) of every
         position, [B, S, H] in the engine's compute precision; positions at or beyond
         input_lengths are 0. What a teacher sends for the full-vocabulary divergence."""
-        data = data.to(self.device)
-        self.set_train_mode(False)
-        out = None
-        for mb in self._scoring_microbatches(data, ()):
-            hidden = self._cp_gather(self._forward_hidden(mb))
-            if out is None:
-                shape = (*data["input_ids"].shape, hidden.shape[-1])
-                out = torch.zeros(shape, dtype=hidden.dtype, device=self.device)
-            self._scatter(hidden, mb, out)
-        positions = torch.arange(out.shape[1], device=self.device)
-        real = (positions < data["input_lengths"].unsqueeze(1)).unsqueeze(-1)
-        return (out * real).cpu()
+        return self.score(data, hidden=True)["hidden_states"]
+
+    def score(
+        self,
+        data: TensorBatch,
+        *,
+        topk: int = 0,
+        temperature: float = 1.0,
+        logprobs: bool = False,
+        hidden: bool = False,
+    ) -> dict[str, torch.Tensor]:
+        """Any of the top-k, the next-token log-probs and the hidden states of every position
+        in one forward pass per microbatch (teacher_scores.score_positions)."""
+        return score_positions(
+            self, data, topk=topk, temperature=temperature, logprobs=logprobs, hidden=hidden
+        )
 
     def load_teacher_head(self, model_dir: str, precision: str) -> None:
         """Hold this rank's rows of the teacher's LM head (frozen, in `precision`), with which
