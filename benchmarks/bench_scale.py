@@ -8,9 +8,14 @@ Two paths, from final hidden states (what the model body hands the LM head):
     student  one forward + backward: hidden [N, H] -> LM head [V, H] -> the loss -> gradients
              of the hidden states and the LM-head weight
     teacher  one top-k: hidden [N, H] -> LM head -> top-k log-probs and ids (no gradient)
-Three implementations:
+Four implementations:
     chunked    nemo_opd's: the LM head and the loss over chunks of --chunk positions
                (nemo_opd.losses.chunked_head); the top-k per chunk; one run per chunk size
+    full       nemo_opd's exact full-vocabulary divergence (loss_fn.support full): the student
+               path also holds the teacher's LM head [V, H] (frozen, bf16) and its hidden
+               states, and per chunk computes the teacher's logits next to its own; the teacher
+               path is its hidden states (nothing per chunk: what it sends); chunked like
+               `chunked`
     unchunked  nemo_opd's loss on the whole [N, V] logits (policy.logits_chunk_tokens=null)
     trl        TRL's GKD (trl.experimental.gkd.GKDTrainer.generalized_jsd_loss, beta 0: the
                forward KL), which takes the student's and the teacher's whole [N, V] logits;
@@ -26,8 +31,10 @@ events on CUDA). A run that does not fit (MemoryError, CUDA out of memory, or ki
 recorded as such. The process's address space is capped at --memory-gb so that a run that
 does not fit fails instead of swapping.
 
-The JSON holds `results`, one record per run: impl, path, tokens, chunk (chunked only),
-peak_bytes, seconds (null when it did not fit, with `error`), plus the device and the date.
+The JSON holds `results`, one record per run: impl, path, tokens, chunk (chunked and full),
+peak_bytes, held_bytes (what the path holds besides hidden states and LM head, built before the
+measurement: the teacher's top-k, or for `full` its hidden states and its LM head), seconds
+(null when it did not fit, with `error`), plus the device and the date.
 """
 
 import argparse
@@ -47,7 +54,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-IMPLS = ("chunked", "unchunked", "trl")
+IMPLS = ("chunked", "unchunked", "trl", "full")
 PATHS = ("student", "teacher")
 
 
@@ -67,8 +74,11 @@ def build_inputs(args, device: torch.device) -> dict:
             "teacher_topk_logprobs": values.unsqueeze(0).to(device),
             "teacher_topk_indices": ids.unsqueeze(0).to(device),
         }
-        if args.impl == "trl":
+        if args.impl in ("trl", "full"):
             inputs["teacher_hidden"] = torch.randn(n, h, generator=gen).to(device)
+        if args.impl == "full":
+            teacher_weight = torch.randn(v, h, generator=gen) * h**-0.5
+            inputs["teacher_weight"] = teacher_weight.to(device, torch.bfloat16)
     return inputs
 
 
@@ -81,6 +91,10 @@ def run_once(args, inputs: dict) -> None:
     hidden, weight = inputs["hidden"], inputs["weight"]
     n = hidden.shape[0]
     if args.path == "teacher":
+        if args.impl == "full":  # the hidden states themselves, what the teacher sends
+            with torch.no_grad():
+                hidden.to(torch.bfloat16)
+            return
         if args.impl == "chunked":
             out_v = torch.empty(n, args.k, device=hidden.device)
             out_i = torch.empty(n, args.k, dtype=torch.int32, device=hidden.device)
@@ -111,7 +125,22 @@ def run_once(args, inputs: dict) -> None:
         return
     loss_fn = DistillationLossFn(params=TopkKLParams(kl_type="forward"), implementation="auto")
     fields, count = inputs["fields"], float(n)
-    if args.impl == "unchunked":
+    if args.impl == "full":
+        from nemo_opd.losses.full_vocab_loss import FullVocabDistillationLossFn
+
+        full_fn = FullVocabDistillationLossFn(params=TopkKLParams(kl_type="forward"))
+        teacher_weight = inputs["teacher_weight"]
+
+        def chunk_loss(z, part):  # what the engine does with the teacher's hidden states
+            teacher = _linear(part["teacher_hidden"].to(teacher_weight.dtype), teacher_weight)
+            return full_fn(z, {"loss_mask": part["loss_mask"], "teacher_logits": teacher}, count)
+
+        fields = {
+            "loss_mask": inputs["fields"]["loss_mask"],
+            "teacher_hidden": inputs["teacher_hidden"].unsqueeze(0),
+        }
+        loss, _ = chunked_head_loss(h.unsqueeze(0), w, fields, chunk_loss, chunk=args.chunk)
+    elif args.impl == "unchunked":
         loss, _ = loss_fn(_linear(h, w).unsqueeze(0), fields, count)
     else:
         hidden3 = h.unsqueeze(0)
@@ -123,6 +152,20 @@ def run_once(args, inputs: dict) -> None:
 
 def _linear(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.linear(hidden, weight)
+
+
+def held_bytes(args) -> int:
+    """Bytes the path holds besides hidden states and LM head (built before the measurement,
+    so not in peak_bytes): the teacher's top-k, or its hidden states and LM head (`full`), or
+    its hidden states (`trl`, which makes its logits inside the measurement)."""
+    n, v, h, k = args.tokens_one, args.vocab, args.hidden, args.k
+    if args.path == "teacher":
+        return 0
+    if args.impl == "full":
+        return n * h * 4 + v * h * 2  # fp32 hidden states here, the bf16 teacher LM head
+    if args.impl == "trl":
+        return n * h * 4
+    return n * k * 8  # fp32 log-probs and int64 ids
 
 
 def vm_kib(field: str) -> int:
@@ -146,7 +189,8 @@ def child(args) -> dict:
         limit = int(args.memory_gb * 2**30)
         resource.setrlimit(resource.RLIMIT_AS, (limit, resource.RLIM_INFINITY))
     record = {"impl": args.impl, "path": args.path, "tokens": args.tokens_one}
-    if args.impl == "chunked":
+    record["held_bytes"] = held_bytes(args)
+    if args.impl in ("chunked", "full"):
         record["chunk"] = args.chunk
     try:
         inputs = build_inputs(args, device)
@@ -185,7 +229,7 @@ def parent(args) -> list[dict]:
     for tokens in args.tokens:
         for path in PATHS:
             for impl in args.impls:
-                for chunk in args.chunk if impl == "chunked" else args.chunk[:1]:
+                for chunk in args.chunk if impl in ("chunked", "full") else args.chunk[:1]:
                     command = [
                         sys.executable, __file__, "--one", impl, path, str(tokens),
                         f"--chunk={chunk}", *_shared_flags(args),
@@ -203,7 +247,7 @@ def parent(args) -> list[dict]:
                             "seconds": None,
                             "error": f"process ended with status {done.returncode}: {last}",
                         }
-                        if impl == "chunked":
+                        if impl in ("chunked", "full"):
                             record["chunk"] = chunk
                     results.append(record)
                     print(_row(record), flush=True)
@@ -221,6 +265,7 @@ def _shared_flags(args) -> list[str]:
 def _row(record: dict) -> str:
     peak = record["peak_bytes"]
     peak = f"{peak / 2**30:7.2f} GiB" if peak is not None else "        -"
+    peak += f" +{record.get('held_bytes', 0) / 2**30:5.2f}"
     seconds = f"{record['seconds']:8.3f} s" if record["seconds"] is not None else "        -"
     note = f"  {record['error']}" if "error" in record else ""
     impl = record["impl"] + (f"/{record['chunk']}" if "chunk" in record else "")
@@ -258,7 +303,7 @@ def main() -> None:
             "--impls trl needs TRL, the peer's package: install it with `uv sync --extra cpu "
             "--group bench`, or leave it out with --impls chunked unchunked"
         )
-    print(f"{'tokens':>6} {'path':8} {'impl':14} {'peak':>11} {'time':>10}", flush=True)
+    print(f"{'tokens':>6} {'path':8} {'impl':14} {'peak + held':>18} {'time':>10}", flush=True)
     results = parent(args)
     if args.json:
         from harness import device_name, run_meta

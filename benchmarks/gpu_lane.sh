@@ -6,7 +6,8 @@
 #                                           # interpreter (the test suite runs this)
 #   bash benchmarks/gpu_lane.sh b_topk d_engine   # only these steps (a rerun)
 #
-# The steps' time limits add up to 8 minutes (env 45 s, a 110, b 100, c 80, d 110, e 35).
+# The steps' time limits add up to 8 minutes (env 45 s, a 110, b 100, c 80, d 110, e 35);
+# f_full (150 s) runs when named (`bash benchmarks/gpu_lane.sh f_full`) or with --all.
 # Steps, in order, each time-boxed (`timeout`) and each writing its log and results before the
 # next starts, so a step that fails or runs long never costs the others:
 #   env       the device, the versions, and the imports every later step needs
@@ -19,6 +20,8 @@
 #   d_engine  the DTensor engine in process (world size 1, no Ray): a Qwen3-1.7B-shaped model's
 #             training and teacher top-k tokens/s; the tiny models on the GPU against the CPU
 #   e_mcore   megatron-core on the GPU (no CPU shim): the same tiny-model parity
+#   f_full    benchmarks/bench_scale.py's exact full-vocabulary path (loss_fn.support full)
+#             beside the chunked top-k path, at V = 151936, H = 1024 and 2048
 #
 # Carried wheels (benchmarks/gpu_wheels.py builds them into .whl/) are installed first when
 # present. Results: $OUT/summary.md (a table of the steps, then each step's own table) and
@@ -29,7 +32,10 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 DRY=0
 if [[ "${1:-}" == "--dry-run" ]]; then DRY=1; shift; fi
-ONLY=" $* "  # the steps to run; all when none is named
+ALL=0
+if [[ "${1:-}" == "--all" ]]; then ALL=1; shift; fi
+ONLY=" $* "  # the steps to run; the default ones when none is named
+OPTIONAL=" f_full "  # run only when named, or with --all
 OUT=${OUT:-$ROOT/runs/gpu_lane}
 PY=${PYTHON:-python3}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu_lane.XXXXXX")
@@ -65,6 +71,7 @@ step() {
     local name=$1 limit=$2 lines=$3
     shift 3
     if [[ "$ONLY" != "  " && "$ONLY" != *" $name "* ]]; then return; fi
+    if [[ "$ONLY" == "  " && $ALL == 0 && "$OPTIONAL" == *" $name "* ]]; then return; fi
     local start status
     start=$(date +%s)
     echo "== $name (limit ${limit}s)"
@@ -97,6 +104,8 @@ if [[ $DRY == 1 ]]; then
     SCALE_ARGS=(--device cpu --vocab 4096 --hidden 64 --tokens 64 --k 16 --chunk 32 --repeats 1)
     ENGINE_ARGS=(--device cpu --shape tiny --precision float32 --rows 4 --seq 64 --micro 2 --k 8
         --chunk 32 --repeats 1)
+    FULL_ARGS=(--device cpu --vocab 4096 --tokens 64 --k 16 --chunk 32 --repeats 1)
+    FULL_HIDDEN=(64)
     XDIST=()
 else
     DEVICE=cuda
@@ -108,6 +117,9 @@ else
         --chunk 1024 --repeats 3 --memory-gb 0)
     ENGINE_ARGS=(--device cuda --shape qwen3-1.7b --precision bfloat16 --rows 16 --seq 2048
         --micro 2 --k 64 --chunk 1024 --repeats 2)
+    FULL_ARGS=(--device cuda --vocab 151936 --tokens 4096 16384 --k 64 --chunk 1024 --repeats 3
+        --memory-gb 0)
+    FULL_HIDDEN=(1024 2048)
     XDIST=(-n 8)
 fi
 
@@ -145,6 +157,13 @@ step e_mcore 35 12 bash -c "
     test -f '$RES/parity_cpu.json' || '$PY' benchmarks/bench_engine.py parity --device cpu \
         --json '$RES/parity_cpu.json'
     '$PY' benchmarks/bench_engine.py compare '$RES/parity_cpu.json' '$RES/parity_megatron.json'"
+
+step f_full 150 40 bash -c "
+    set -e
+    for hidden in ${FULL_HIDDEN[*]}; do
+        '$PY' benchmarks/bench_scale.py ${FULL_ARGS[*]} --hidden \$hidden --impls chunked full \
+            --json '$RES'/full_vocab_h\$hidden.json
+    done"
 
 echo "lane finished in $(($(date +%s) - LANE_START))s"
 cat "$SUMMARY"

@@ -1,6 +1,9 @@
 """Checks on the student's and teacher's model configs, made on the driver before any worker
 starts, so that a mismatch is one clear message instead of a worker traceback."""
 
+import json
+from pathlib import Path
+
 from transformers import AutoConfig, PretrainedConfig
 
 from nemo_opd.config import PolicyConfig
@@ -14,6 +17,51 @@ def load_model_config(cfg: PolicyConfig, section: str) -> PretrainedConfig:
     except Exception as error:  # noqa: BLE001 - missing files, bad name, no network
         message = f"{section}.model_name: cannot load {cfg.model_name!r}: {error}"
         raise SetupError(message) from error
+
+
+WEIGHT_FILES = {
+    "dtensor": (
+        "model.safetensors",
+        "model.safetensors.index.json",
+        "pytorch_model.bin",
+        "pytorch_model.bin.index.json",
+    ),
+    "megatron": ("model.safetensors", "model.safetensors.index.json"),
+}
+"""The weight files each backend loads (from_pretrained's; Megatron's reader takes safetensors
+only), single or sharded behind an index."""
+
+
+def check_weights(cfg: PolicyConfig, section: str) -> None:
+    """A local model directory holds weights its backend loads, and a sharded checkpoint every
+    shard its index lists (a directory of a config alone passed setup and failed in the
+    workers). A hub name is left to the download."""
+    root = Path(cfg.model_name)
+    if not root.is_dir():
+        return
+    names = WEIGHT_FILES[cfg.backend]
+    found = next((root / name for name in names if (root / name).is_file()), None)
+    if found is None:
+        raise SetupError(
+            f"{section}.model_name: {root} has no weights (none of {', '.join(names)}, which the "
+            f"{cfg.backend} backend loads): point it at a complete Hugging Face checkpoint"
+        )
+    if found.name.endswith(".index.json"):
+        _check_shards(found, section)
+
+
+def _check_shards(index: Path, section: str) -> None:
+    """Every shard a weights index lists is a file beside it."""
+    try:
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        raise SetupError(f"{section}.model_name: cannot read {index}: {error}") from None
+    missing = [shard for shard in shards if not (index.parent / shard).is_file()]
+    if missing:
+        raise SetupError(
+            f"{section}.model_name: {index.parent} lacks {missing[0]}, which {index.name} lists "
+            f"({len(missing)} of {len(shards)} shards missing): copy the whole checkpoint"
+        )
 
 
 def check_vocab_sizes(

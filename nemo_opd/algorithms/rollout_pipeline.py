@@ -14,6 +14,11 @@ published; with max_staleness 0 it therefore waits for every step to finish (loc
 s > 0 it is at most s + 1 steps ahead. Everything the producer does goes through `produce`
 (refit, generation, grading, teacher scoring); this module only schedules.
 
+The driver holds only the steps in flight: a step's rollouts are kept (for a checkpoint that
+saves the rollouts made ahead of it) from keep() until next() hands the step to the loop, and
+neither the producer nor the pipeline refers to a step after that; the loop lets go of it once
+trained. So at most max_staleness + 1 steps' rollouts exist at once, however long the run.
+
 The producer thread talks to other processes only through Ray calls and HTTP requests, each
 with the time-outs of those layers; the driver's waits on it poll its liveness, so a producer
 that dies never leaves the loop waiting. An error of the producer ends production and is raised
@@ -129,7 +134,9 @@ class StepPipeline:
         with self._cond:
             self._wait(lambda: self._ready or self._done)
             if self._ready:
-                return self._ready.popleft()
+                produced = self._ready.popleft()
+                self._forget_through(produced.plan.step)
+                return produced
             if self._error is not None:
                 raise self._error
             return None
@@ -155,18 +162,18 @@ class StepPipeline:
             return version in self._weights
 
     def keep(self, step: int, rollout: RolloutResult) -> None:
-        """Record step's rollouts as soon as they exist (before scoring), for checkpoints."""
+        """Record step's rollouts as soon as they exist (before scoring), for checkpoints; they
+        are forgotten when next() hands the step to the loop (its checkpoints need only later
+        steps' rollouts), so the pipeline holds at most the steps in flight."""
         with self._cond:
             self._rollouts[step] = rollout
 
     def rollouts_after(self, step: int) -> dict[int, RolloutResult]:
         """The rollouts of steps step+1..step+max_staleness that exist (for a checkpoint of
-        `step`); those of earlier steps are forgotten."""
+        `step`)."""
         with self._cond:
-            for old in [s for s in self._rollouts if s <= step]:
-                del self._rollouts[old]
             last = step + self.max_staleness
-            return {s: r for s, r in sorted(self._rollouts.items()) if s <= last}
+            return {s: r for s, r in sorted(self._rollouts.items()) if step < s <= last}
 
     @contextmanager
     def held(self, through: int = 0) -> Iterator[None]:
@@ -200,16 +207,7 @@ class StepPipeline:
             for plan in self._plans:
                 if not self._start(plan):
                     return
-                try:
-                    produced = self._produce(self, plan)
-                except BaseException:
-                    self.failed_plan = plan
-                    raise
-                with self._cond:
-                    self._busy = False
-                    self._ready.append(produced)
-                    self._produced_through = plan.step
-                    self._cond.notify_all()
+                self._produce_step(plan)
         except BaseException as error:  # raised in the loop's thread by next()
             with self._cond:
                 self._error = error
@@ -219,6 +217,20 @@ class StepPipeline:
                 self._done = True
                 self._cond.notify_all()
 
+    def _produce_step(self, plan: PlannedStep) -> None:
+        """Produce plan's step for the loop. The producer keeps no reference to it once it is
+        handed over (a local of the producer's loop would hold it until the next step)."""
+        try:
+            produced = self._produce(self, plan)
+        except BaseException:
+            self.failed_plan = plan
+            raise
+        with self._cond:
+            self._busy = False
+            self._ready.append(produced)
+            self._produced_through = plan.step
+            self._cond.notify_all()
+
     def _start(self, plan: PlannedStep) -> bool:
         """Wait until plan's weights exist and the producer is not held; False when stopped."""
         needed = plan.version if plan.version is not None else 0
@@ -227,6 +239,11 @@ class StepPipeline:
                 self._cond.wait(POLL_S)
             self._busy = not self._stopped
             return not self._stopped
+
+    def _forget_through(self, step: int) -> None:
+        """Drop the kept rollouts of steps up to `step` (holding the condition)."""
+        for old in [s for s in self._rollouts if s <= step]:
+            del self._rollouts[old]
 
     def _wait(self, ready: Callable[[], Any]) -> None:
         """Wait (holding the condition) until ready(); RuntimeError if the producer thread

@@ -29,6 +29,7 @@ from nemo_opd.algorithms.model_checks import (
     check_megatron_training_precision,
     check_tensor_parallel,
     check_vocab_sizes,
+    check_weights,
     load_model_config,
 )
 from nemo_opd.algorithms.prompts import PromptSet, check_fills_one_batch, encode_prompts
@@ -42,6 +43,7 @@ from nemo_opd.data.prompt_loader import PromptLoader
 from nemo_opd.distributed.cluster import (
     WorkerResources,
     build_placement_group,
+    describe_device,
     resolve_device_type,
 )
 from nemo_opd.distributed.nodes import choose_nodes, format_placement, placement_record
@@ -52,6 +54,7 @@ from nemo_opd.environments import MathEnvironment
 from nemo_opd.errors import SetupError
 from nemo_opd.generation import VllmGeneration
 from nemo_opd.losses import DistillationLossFn, NLLLossFn, PolicyGradientLossFn
+from nemo_opd.losses.full_vocab_loss import FullVocabDistillationLossFn
 from nemo_opd.policy.policy import Policy
 from nemo_opd.rollouts import RolloutResult, rollout_from_state
 from nemo_opd.teachers.base import Teacher
@@ -92,7 +95,7 @@ class DistillationRun:
     teacher: Teacher | None
     generation: VllmGeneration
     loss_fn: DistillationLossFn | PolicyGradientLossFn | NLLLossFn
-    val_loss_fn: DistillationLossFn | None
+    val_loss_fn: DistillationLossFn | FullVocabDistillationLossFn | None
     logger: Logger
     checkpoints: CheckpointManager
     placement: PlacementGroup
@@ -175,6 +178,8 @@ def _build_run(cfg: DistillationConfig, lock: RunLock, marks: StartupMarks) -> D
     marks.note("ray")
     split = worker_split(cfg.cluster, cfg.policy.generation)
     device = resolve_device_type(cfg.cluster)
+    print(describe_device(cfg.cluster, device, ray.cluster_resources().get("GPU", 0)))
+    print(_describe_workers(cfg, device, split))
     check_megatron_training_precision(cfg.policy, device)
     cannot_overlap = overlap_problem(cfg, device)
     if cannot_overlap:
@@ -213,6 +218,8 @@ def _build_run(cfg: DistillationConfig, lock: RunLock, marks: StartupMarks) -> D
         environments = {"math": MathEnvironment(cfg.env.math)}
         started.extend(environments.values())
         _wait_for_workers(marks, student, teacher, generation, teacher_sampler)
+        if cfg.loss_fn.support != "teacher_topk":  # the student applies the teacher's head
+            student.load_teacher_head(cfg.teacher.model_name, cfg.teacher.precision)
     except BaseException:
         for part in started:
             part.shutdown()
@@ -236,7 +243,7 @@ def _build_run(cfg: DistillationConfig, lock: RunLock, marks: StartupMarks) -> D
         teacher=teacher,
         generation=generation,
         loss_fn=_build_loss(cfg),
-        val_loss_fn=DistillationLossFn.from_config(cfg.loss_fn) if teacher else None,
+        val_loss_fn=distillation_loss(cfg) if teacher else None,
         logger=None,
         checkpoints=CheckpointManager(cfg.checkpointing),
         placement=placement,
@@ -263,15 +270,17 @@ def _check_models(
 ) -> tuple[PreTrainedTokenizerBase, dict[str, TeacherRendering]]:
     """The student's tokenizer and, by section, how each teacher whose tokenizer or chat
     template differs reads the student's text (_crossed), after checking the model configs
-    against each other (vocabularies, tensor-parallel sizes, top-k); SetupError on a
-    mismatch."""
+    against each other (vocabularies, tensor-parallel sizes, top-k) and that local model
+    directories hold their weights; SetupError on a mismatch."""
     tokenizer = load_tokenizer(cfg.policy.tokenizer, "policy")
     local_teachers = {} if _is_served(cfg) else cfg.teacher_sections  # else: checked served
     student_config = load_model_config(cfg.policy, "policy")
+    check_weights(cfg.policy, "policy")
     check_tensor_parallel(cfg.policy, student_config, "policy")
     renderings = {}
     for section, teacher in local_teachers.items():
         teacher_config = load_model_config(teacher, section)
+        check_weights(teacher, section)
         rendering = _crossed(cfg, tokenizer, section, teacher_config.vocab_size)
         if rendering is None:
             check_vocab_sizes(student_config, teacher_config, len(tokenizer), section)
@@ -284,12 +293,33 @@ def _check_models(
                     "teacher needs its own model's tokenizer"
                 )
         check_tensor_parallel(teacher, teacher_config, section)
+    if cfg.loss_fn.support != "teacher_topk":
+        _check_full_vocabulary(cfg, student_config, renderings)
     if cfg.named_teachers and cfg.distillation.topk_logits_k > student_config.vocab_size:
         raise SetupError(
             f"distillation.topk_logits_k ({cfg.distillation.topk_logits_k}) exceeds the "
             f"vocabulary size ({student_config.vocab_size})"
         )
     return tokenizer, renderings
+
+
+def _check_full_vocabulary(cfg: DistillationConfig, student_config, renderings) -> None:
+    """loss_fn.support full / student_topk compare the two models id by id: one tokenizer
+    (no cross-tokenizer rendering) and one vocabulary size; SetupError otherwise."""
+    support = f"loss_fn.support={cfg.loss_fn.support}"
+    if renderings:
+        raise SetupError(
+            f"{support} compares teacher and student id by id, but the teacher reads the "
+            "student's text with another tokenizer or chat template; use "
+            "loss_fn.support=teacher_topk (the cross-tokenizer path)"
+        )
+    teacher_config = load_model_config(cfg.teacher, "teacher")
+    if teacher_config.vocab_size != student_config.vocab_size:
+        raise SetupError(
+            f"{support} needs one vocabulary, but teacher.model_name has "
+            f"{teacher_config.vocab_size} ids and policy.model_name {student_config.vocab_size}"
+            "; use loss_fn.support=teacher_topk"
+        )
 
 
 def _crossed(
@@ -455,7 +485,8 @@ def _load_prompts(
     cfg: DistillationConfig, tokenizer: PreTrainedTokenizerBase
 ) -> tuple[ChatFormatter, PromptSet, PromptSet]:
     """The chat formatter and the train and validation prompts, rendered with the chat template
-    and tokenized (too-long prompts skipped and counted); SetupError on bad data."""
+    and tokenized (too-long prompts skipped and counted; no validation prompts when the run
+    never validates); SetupError on bad data."""
     formatter = ChatFormatter(
         tokenizer,
         read_text_file(cfg.data.prompt_file, "data.prompt_file"),
@@ -473,10 +504,12 @@ def _load_prompts(
         cfg.data, "train", responses=off_policy or privileged, teachers=teachers
     )
     train = encode_prompts(records, formatter, max_prompt, "train")
-    val_records = load_prompt_records(
-        cfg.data, "validation", responses=privileged, teachers=teachers
-    )
-    val = encode_prompts(val_records, formatter, max_prompt, "validation")
+    val = PromptSet([], 0)  # a run that never validates needs no validation data
+    if cfg.distillation.validates:
+        val_records = load_prompt_records(
+            cfg.data, "validation", responses=privileged, teachers=teachers
+        )
+        val = encode_prompts(val_records, formatter, max_prompt, "validation")
     if cfg.distillation.max_val_samples is not None:
         val.samples = val.samples[: cfg.distillation.max_val_samples]
     print(
@@ -618,6 +651,32 @@ def _reserve_workers(cfg: DistillationConfig, device: str) -> PlacementGroup:
     return build_placement_group(len(slots), resources, nodes=[nodes[s].node_id for s in slots])
 
 
+def _describe_workers(cfg: DistillationConfig, device: str, split: WorkerSplit) -> str:
+    """One line for the start of a run: the workers it is about to place (the training workers
+    and what runs on them, the vLLM engines and where); _report_placement says where Ray put
+    each once they have started."""
+    engines = len(generation_bundles(cfg.cluster, split, cfg.policy.generation, device))
+    models = "the student"
+    if cfg.named_teachers and not _is_served(cfg):
+        models += " and of the teacher" if cfg.teachers is None else " and of each teacher"
+    if device == "cpu":
+        where = "sharing the training workers' CPUs"
+    elif cfg.policy.generation.colocated.enabled:
+        where = "colocated: each shares a training worker's GPU"
+    else:
+        where = "on GPUs of their own"
+    return (
+        f"workers: {_count(split.training, 'training worker')} (each runs a rank of {models}) "
+        f"on {_count(cfg.cluster.num_nodes, 'node')}, {_count(engines, 'vLLM engine')} "
+        f"({where}); where Ray placed each is printed once they have started"
+    )
+
+
+def _count(number: int, noun: str) -> str:
+    """'1 node', '2 nodes'."""
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
+
+
 def _report_placement(cfg: DistillationConfig, *parts: Policy | VllmGeneration | None) -> None:
     """Print where Ray placed every worker (_named_parts' order) and write it to
     logger.log_dir/placement.json."""
@@ -633,11 +692,22 @@ def _build_loss(cfg: DistillationConfig) -> DistillationLossFn | PolicyGradientL
     policy-gradient loss at the sampling temperature (its ratios compare with vLLM's sampling
     log-probs)."""
     if cfg.objective.loss == "topk_kl":
-        return DistillationLossFn.from_config(cfg.loss_fn)
+        return distillation_loss(cfg)
     if cfg.objective.loss == "sft":
         return NLLLossFn()
+    divergence = distillation_loss(cfg) if cfg.objective.topk_kl_coef > 0 else None
     return PolicyGradientLossFn.from_config(
-        cfg.objective, cfg.loss_fn, temperature=sampling_temperature(cfg)
+        cfg.objective, cfg.loss_fn, temperature=sampling_temperature(cfg), topk_kl=divergence
+    )
+
+
+def distillation_loss(cfg: DistillationConfig) -> DistillationLossFn | FullVocabDistillationLossFn:
+    """The divergence of loss_fn over its support: the teacher's top-k (DistillationLossFn),
+    or the full vocabulary / the student's top-k from the teacher's hidden states."""
+    if cfg.loss_fn.support == "teacher_topk":
+        return DistillationLossFn.from_config(cfg.loss_fn)
+    return FullVocabDistillationLossFn.from_config(
+        cfg.loss_fn, k=cfg.distillation.topk_logits_k, teacher_temperature=teacher_temperature(cfg)
     )
 
 

@@ -8,10 +8,10 @@ the rollout producer (rollout_pipeline.StepPipeline) runs for each planned step:
     4. teacher   what the objective uses of the teacher (teachers.base.Teacher.score)
 
 With distillation.stream_chunks = n > 1 the prompts are generated in n parts (whole prompt
-groups, in order; part p's prompt i keeps the seed it has in the whole batch) and each part is
-scored by the teacher in a second thread while the next one generates, then placed into the
-whole batch's tensors. Steps whose rollouts a checkpoint saved (resume with max_staleness > 0)
-skip 1-2 and are scored in the same parts.
+groups, in order; each row keeps the seeds it has in the whole batch, turn by turn) and each
+part is scored by the teacher in a second thread while the next one generates, then placed
+into the whole batch's tensors. Steps whose rollouts a checkpoint saved (resume with
+max_staleness > 0) skip 1-2 and are scored in the same parts.
 """
 
 from __future__ import annotations
@@ -201,8 +201,10 @@ def score_rollout(
     sample_mask) with, as the objective asks (or top-k alone, topk=True: validation), the
     teacher's top-k log-probs and ids of every position (teacher_topk_logprobs,
     teacher_topk_indices [B, S, k]) and its log-prob of every sampled token
-    (teacher_logprobs [B, S], position t scoring token t + 1); and the seconds of each
-    teacher call ("teacher_topk", "teacher_logprobs")."""
+    (teacher_logprobs [B, S], position t scoring token t + 1), or with loss_fn.support full
+    or student_topk its final hidden states instead of its top-k (teacher_hidden
+    [B, S, H_T]), all from one call of the teacher; and that call's seconds, named by what it
+    computed (teacher_phase: "teacher_topk", "teacher_topk_logprobs", ...)."""
     cfg, objective = state.cfg, state.cfg.objective
     sampled = objective.uses_sampled_teacher and topk is None
     topk = objective.uses_topk if topk is None else topk
@@ -210,19 +212,32 @@ def score_rollout(
     rollouts = Rollouts(batch, rollout.message_logs, rollout.metadata)
     temperature = teacher_temperature(cfg)
     seconds = {}
-    if topk:
+    hidden = topk and cfg.loss_fn.support != "teacher_topk"
+    need = TeacherNeed(
+        topk=cfg.distillation.topk_logits_k if topk and not hidden else 0,
+        sampled=sampled,
+        temperature=temperature,
+        hidden=hidden,
+    )
+    if need.topk or need.sampled or need.hidden:
         started = time.perf_counter()
-        need = TeacherNeed(topk=cfg.distillation.topk_logits_k, temperature=temperature)
         scores = state.teacher.score(rollouts, need)
-        batch["teacher_topk_logprobs"] = scores.topk_logprobs
-        batch["teacher_topk_indices"] = scores.topk_indices
-        seconds["teacher_topk"] = time.perf_counter() - started
-    if sampled:
-        started = time.perf_counter()
-        scores = state.teacher.score(rollouts, TeacherNeed(sampled=True, temperature=temperature))
-        batch["teacher_logprobs"] = scores.logprobs
-        seconds["teacher_logprobs"] = time.perf_counter() - started
+        fields = {
+            "teacher_topk_logprobs": scores.topk_logprobs,
+            "teacher_topk_indices": scores.topk_indices,
+            "teacher_hidden": scores.hidden_states,
+            "teacher_logprobs": scores.logprobs,
+        }
+        batch.update({name: value for name, value in fields.items() if value is not None})
+        seconds[teacher_phase(need)] = time.perf_counter() - started
     return batch, seconds
+
+
+def teacher_phase(need: TeacherNeed) -> str:
+    """The timing phase of one teacher call: "teacher_" and what it computed, in the order
+    topk, hidden, logprobs ("teacher_topk", "teacher_hidden_logprobs", ...)."""
+    asked = {"topk": need.topk, "hidden": need.hidden, "logprobs": need.sampled}
+    return "teacher_" + "_".join(name for name, wanted in asked.items() if wanted)
 
 
 def _step_rollout(
@@ -287,7 +302,9 @@ def rollout_with(
 
 def step_seed(cfg: DistillationConfig, step: int) -> int:
     """Sampling seed of a step: a function of (seed, step) only, so resumed runs sample the
-    same rollouts as uninterrupted ones. Turns add their index to it, rows theirs."""
+    same rollouts as uninterrupted ones. Row r of the step (prompt p's sample j: r = p x copies
+    + j) at turn t samples with request_seed(step_seed, r, t) (nemo_opd.rollouts), whatever
+    stream_chunks is."""
     return cfg.distillation.seed * 1_000_003 + step * 1_000
 
 

@@ -18,11 +18,19 @@ MAX_DEFAULTS_LOADS = 256
 """Most files `defaults:` may load for one config, counting a file each time it is listed."""
 
 MAX_INTERPOLATED_CHARS = 1 << 20
-"""Longest text (or expanded section) an interpolation may resolve to."""
+"""Most characters the interpolations of one config may produce, counting what each reference
+and resolver call yields (a section's text at every reference to it)."""
 
-MAX_RESOLUTIONS = 20_000
-"""Most interpolations OmegaConf may resolve for one config (it resolves a key again every time
-another refers to it; the shipped configs need about a hundred)."""
+MAX_RESOLUTIONS = 2_000
+"""Most interpolations (`${...}`: references and resolver calls) in the values of one config
+that hold any; each is evaluated once. The shipped configs hold at most 24."""
+
+MAX_PARSED_CHARS = 1 << 16
+"""Most characters in the values of one config that hold interpolations (OmegaConf's parser,
+which reads them, takes about a second for 400 KB of text or 5,000 interpolations)."""
+
+MAX_REFERENCE_CHAIN = 32
+"""Longest chain of references: a key whose value refers to a key whose value refers on."""
 
 MAX_INTERPOLATION_NESTING = 16
 """Deepest nesting of `${...}` within one value."""

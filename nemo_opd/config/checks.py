@@ -8,12 +8,14 @@ Not checked here, because the information only exists at setup: that teacher and
 the same tokenizer, and that distillation.topk_logits_k is at most the vocabulary size.
 """
 
+import importlib.util
 import re
 import string
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from nemo_opd.config.address import address_problem
+from nemo_opd.config.errors import show, suggest
 from nemo_opd.config.templates import read_template_file, template_problem
 from nemo_opd.config.worker_split import worker_split
 
@@ -605,12 +607,19 @@ def check_routed_teachers(cfg: "DistillationConfig") -> list[str]:
 
 
 def check_data_source(cfg: "DistillationConfig") -> list[str]:
-    """Exactly one of data.dataset_name and data.train_path is set."""
+    """Exactly one of data.dataset_name and data.train_path is set, and at most one of
+    data.val_path and data.val_dataset_name."""
     data = cfg.data
+    problems = []
     if (data.dataset_name is None) == (data.train_path is None):
         state = "both set" if data.dataset_name is not None else "both null"
-        return [f"data.dataset_name and data.train_path are {state}; set exactly one"]
-    return []
+        problems.append(f"data.dataset_name and data.train_path are {state}; set exactly one")
+    if data.val_path is not None and data.val_dataset_name is not None:
+        problems.append(
+            "data.val_path and data.val_dataset_name are both set; set one: a local file, or a "
+            "dataset (null: data.dataset_name's own validation split)"
+        )
+    return problems
 
 
 def check_checkpointing(cfg: "DistillationConfig") -> list[str]:
@@ -640,6 +649,63 @@ def check_checkpointing(cfg: "DistillationConfig") -> list[str]:
     return []
 
 
+VALIDATION_DIVERGENCE = ("loss", "forward_kl", "reverse_kl", "top1_agreement")
+"""The validation divergence's metrics, validation/<name> (and per routed teacher
+validation/teacher/<teacher>/<name>), which algorithms/distillation.py logs."""
+NEMO_RL_PREFIXES = {"val:": "validation/", "train:": "train/"}
+"""NeMo-RL's metric prefixes (checkpointing.metric_name: val:accuracy) and ours."""
+
+
+def checkpoint_metrics(cfg: "DistillationConfig") -> list[str]:
+    """The metrics checkpointing.metric_name may rank checkpoints by: what a step that validates
+    logs (algorithms/distillation.py's validate: accuracy and length; the divergence with a
+    teacher, per routed teacher too; avg@k and pass@k with val_samples_per_prompt k), then
+    train/loss and train/reward."""
+    names = ["validation/accuracy", "validation/avg_length"]
+    k = cfg.distillation.val_samples_per_prompt
+    if k:
+        names += [f"validation/accuracy_avg@{k}", f"validation/pass@{k}"]
+    if cfg.named_teachers:
+        names += [f"validation/{name}" for name in VALIDATION_DIVERGENCE]
+    for teacher in cfg.teachers or {}:
+        names += [
+            f"validation/teacher/{teacher}/{name}" for name in ("accuracy", *VALIDATION_DIVERGENCE)
+        ]
+    return names + ["train/loss", "train/reward"]
+
+
+def check_checkpoint_metric(cfg: "DistillationConfig") -> list[str]:
+    """checkpointing.metric_name names a metric the run logs (checkpoint_metrics), or is null;
+    NeMo-RL's spelling (val:accuracy) is refused with ours (validation/accuracy)."""
+    name = cfg.checkpointing.metric_name
+    if not cfg.checkpointing.enabled or name is None:
+        return []
+    known = checkpoint_metrics(cfg)
+    if name in known:
+        return []
+    hint = suggest(name, known)
+    for theirs, ours in NEMO_RL_PREFIXES.items():
+        spelled = ours + name.removeprefix(theirs)
+        if name.startswith(theirs) and spelled in known:
+            hint = f"; NeMo-RL's {show(name)} is {show(spelled)} here"
+    return [
+        f"checkpointing.metric_name: {show(name)} is not a metric checkpoints are ranked by"
+        f"{hint}; the metrics are {', '.join(known)}; or null to keep the most recent"
+    ]
+
+
+def check_wandb_installed(cfg: "DistillationConfig") -> list[str]:
+    """logger.wandb_enabled needs the wandb package (the `wandb` extra), checked when the config
+    loads instead of after the whole setup."""
+    if not cfg.logger.wandb_enabled or importlib.util.find_spec("wandb") is not None:
+        return []
+    return [
+        "logger.wandb_enabled is true but the wandb package is not installed: install the "
+        "extra (uv sync --extra wandb, or pip install 'nemo_opd[wandb]'), or set "
+        "logger.wandb_enabled=false"
+    ]
+
+
 def check_served_teacher(cfg: "DistillationConfig") -> list[str]:
     """A served teacher (teacher.server) scores at temperature 1 only."""
     if cfg.teacher is None or not cfg.teacher.server.enabled:
@@ -652,6 +718,32 @@ def check_served_teacher(cfg: "DistillationConfig") -> list[str]:
             f"loss_fn.temperature give {temperature:g}"
         ]
     return []
+
+
+def check_loss_support(cfg: "DistillationConfig") -> list[str]:
+    """loss_fn.support full and student_topk need one teacher run by the run's workers (not
+    served, not routed) and a divergence term: the topk_kl objective, or policy_gradient with
+    topk_kl_coef > 0."""
+    support = cfg.loss_fn.support
+    if support == "teacher_topk":
+        return []
+    why = f"loss_fn.support={support} (the teacher's hidden states and LM head)"
+    problems = []
+    objective = cfg.objective
+    if objective.loss == "sft" or (objective.loss == "policy_gradient" and not objective.uses_topk):
+        problems.append(
+            f"{why} chooses the ids of the divergence term, which objective.loss="
+            f"{objective.loss} does not have (policy_gradient: set objective.topk_kl_coef > 0); "
+            "or set loss_fn.support=teacher_topk"
+        )
+    if cfg.teachers is not None:
+        problems.append(f"{why} needs one teacher; `teachers` names {len(cfg.teachers)}")
+    elif cfg.teacher is not None and cfg.teacher.server.enabled:
+        problems.append(
+            f"{why} needs a teacher run by the run's own workers: a served teacher "
+            "(teacher.server.enabled) returns no hidden states"
+        )
+    return problems
 
 
 CHECKS: tuple[Callable[["DistillationConfig"], list[str]], ...] = (
@@ -675,7 +767,10 @@ CHECKS: tuple[Callable[["DistillationConfig"], list[str]], ...] = (
     check_prompt_file,
     check_routed_teachers,
     check_checkpointing,
+    check_checkpoint_metric,
+    check_wandb_installed,
     check_served_teacher,
+    check_loss_support,
     check_overlap,
 )
 

@@ -1,4 +1,4 @@
-"""`${...}` interpolation, bounded whatever the config holds.
+"""`${...}` interpolation, bounded by the work it does, whatever the config holds.
 
 What a config may interpolate: references to other keys, absolute (`${policy.precision}`) or
 relative (`${..model_name}`, `${...max_total_sequence_length}`), and the arithmetic resolvers
@@ -7,31 +7,49 @@ interpolations. `div` returns an int when both arguments are ints and the divisi
 float otherwise. A value of `???` marks a key that must be set by a child file or an override.
 
 Nothing else: OmegaConf's own resolvers (`oc.env`, `oc.select`, `oc.decode`, `oc.create`, ...)
-are refused. `oc.env` would copy any environment variable, a secret among them, into a config
-that is printed and logged; the others re-evaluate their arguments at every level of a chain
-of references, which no size bound sees (docs/config.md).
+are never called. `oc.env` would copy any environment variable, a secret among them, into a
+config that is printed and logged; `oc.create` parses YAML, aliases and all, that no bound on
+the file sees. A resolver is looked up in RESOLVERS alone, by the name it has when it is called,
+so no spelling reaches another: a name read from a key (`${${key}:X}`, `${oc.${key}:X}`), or
+an escaped backslash before the `${` (`\\\\${oc.env:X}`: a backslash, then the interpolation).
 
-Bounded before OmegaConf resolves anything (check_interpolations), in one pass over the config:
-- the text (or section) an interpolation resolves to: at most MAX_INTERPOLATED_CHARS;
-- the resolutions OmegaConf performs (it does not remember a key it resolved once, so a chain
-  of keys that each refer to the previous one twice costs 2**n): at most MAX_RESOLUTIONS;
-- `${` nested within one value: at most MAX_INTERPOLATION_NESTING.
+How (resolve_interpolations): each value is read with OmegaConf's own grammar, its parser and
+visitor (the same syntax, escapes and argument types as OmegaConf), and the keys it refers to
+are looked up here, in the plain config, instead of in an OmegaConf object. So each key is
+resolved once (OmegaConf resolves a key again each time another refers to it: a chain of keys
+that each refer to the previous one twice costs it 2**n), and the work is counted as it is
+done, stopping at the first excess:
+- what is parsed: at most MAX_RESOLUTIONS `${` and MAX_PARSED_CHARS characters in all the
+  values that hold interpolations (each value is parsed and evaluated once, so this bounds the
+  references and resolver calls evaluated too);
+- what is produced: at most MAX_INTERPOLATED_CHARS characters and MAX_VALUES values in all
+  that references and resolver calls yield, a section counted at every reference to it (a
+  printed config writes it out that often);
+- at most MAX_REFERENCE_CHAIN keys in a chain of references (a key whose value refers to a key
+  whose value refers on), and MAX_INTERPOLATION_NESTING levels of `${` within one value,
+  checked before the value is parsed (the parser recurses once per level).
 An arithmetic result must fit in 64 bits (an integer) or be finite (a float).
 """
 
+import copy
 import math
 import re
+import warnings
 from collections.abc import Callable
 from functools import reduce
 from typing import Any
 
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException, UnsupportedInterpolationType
+from omegaconf import grammar_parser
+from omegaconf.errors import OmegaConfBaseException
+from omegaconf.grammar_visitor import GrammarVisitor
 
 from nemo_opd.config.bounds import (
     MAX_INTERPOLATED_CHARS,
     MAX_INTERPOLATION_NESTING,
+    MAX_PARSED_CHARS,
+    MAX_REFERENCE_CHAIN,
     MAX_RESOLUTIONS,
+    MAX_VALUES,
 )
 from nemo_opd.config.errors import ConfigError, join_path, show, suggest
 
@@ -90,131 +108,237 @@ RESOLVERS: dict[str, Callable[..., Any]] = {"mul": _mul, "add": _add, "div": _di
 
 
 def register_resolvers() -> None:
-    """Register the resolvers with OmegaConf; calling it again is a no-op."""
+    """Register RESOLVERS with OmegaConf, for code that resolves its own OmegaConf configs with
+    them (loading a nemo_opd config does not use OmegaConf's registry); a no-op when done."""
+    from omegaconf import OmegaConf
+
     for name, function in RESOLVERS.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, function)
 
 
+MISSING = "???"
+"""The value of a key that a child file or an override must set."""
+
+
 def resolve_interpolations(config: dict[str, Any]) -> dict[str, Any]:
-    """Return a plain dict with every `${...}` replaced by its value.
+    """Return a copy of plain `config` with every `${...}` replaced by its value.
 
-    Raises ConfigError naming the key whose interpolation failed, the expression, and why.
+    Raises ConfigError naming the key whose interpolation failed, the expression and why, or
+    the bound (module docstring) the config's interpolations would pass.
     """
-    register_resolvers()
-    check_interpolations(config)
     try:
-        node = OmegaConf.create(config)
-        return OmegaConf.to_container(node, resolve=True, throw_on_missing=True)
-    except OmegaConfBaseException as error:
-        raise ConfigError(_describe_interpolation_error(error, config)) from None
+        return _Resolution(config).resolved(())[0]
     except RecursionError:
-        raise ConfigError("interpolations nest too deeply to resolve") from None
+        raise ConfigError(
+            "interpolations nest too deeply to resolve (references, brackets or braces within "
+            "one another)"
+        ) from None
 
 
-_INNERMOST = re.compile(r"\$\{([^${}]*)\}")
-_RESOLVER = re.compile(r"(?<!\\)\$\{\s*([A-Za-z_][\w.\-]*)\s*:")
-_RESOLVER_RESULT_CHARS = 32  # a number from mul/add/max/div, as text
+class _Unresolvable(Exception):
+    """Why one interpolation cannot be resolved; _Resolution.evaluate names the key."""
 
 
-def check_interpolations(config: dict[str, Any]) -> None:
-    """ConfigError for a resolver other than RESOLVERS, or an interpolation past a bound of
-    the module docstring, before OmegaConf resolves any of it.
+_ABSENT = object()
+"""What a key path that names nothing leads to."""
 
-    Sizes and costs are estimated bottom-up, once per key: a text's size is its literal part
-    plus the sizes of what it refers to, a section's the sum of its values'; its cost (the
-    resolutions OmegaConf performs for it) is one per `${...}` plus the costs of what it refers
-    to. So a chain of keys that each refer to the previous one twice is refused at the first
-    key over a bound, at the cost of one pass over the config.
-    """
-    sizes: dict[tuple, tuple[int, int]] = {}
-    total = 0
+Size = tuple[int, int]
+"""(characters, values) of a value written out (_size)."""
 
-    def measure(path: tuple) -> tuple[int, int]:
-        """(size, cost) of the value at path."""
-        if path in sizes:
-            return sizes[path]
-        sizes[path] = (0, 0)  # a cycle counts as empty here; OmegaConf reports it by name
-        value = _node_at(config, path)
-        if isinstance(value, dict | list):
-            keys = value if isinstance(value, dict) else range(len(value))
-            parts = [measure((*path, key)) for key in keys]
-            size, cost = sum(p[0] for p in parts), sum(p[1] for p in parts)
-        elif isinstance(value, str) and "${" in value:
-            _check_resolvers(value, path)
-            size, cost = _interpolated_size(value, path, measure)
-        else:
-            size, cost = len(str(value)), 0
-        if size > MAX_INTERPOLATED_CHARS:
+
+class _Resolution:
+    """One resolve_interpolations call: the resolved value and size of each key path resolved
+    so far, the chain of references being followed, and the work done (_Work)."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+        self.done: dict[tuple, tuple[Any, Size]] = {}
+        self.active: list[tuple] = []  # the key paths being resolved, outermost first
+        self.references = 0  # the length of the chain of references being followed
+        self.work = _Work()
+
+    def resolved(self, path: tuple) -> tuple[Any, Size]:
+        """(value, size) of the key path, each interpolation in it resolved, computed once."""
+        if path in self.done:
+            return self.done[path]
+        if path in self.active:
+            loop = self.active[self.active.index(path) :] + [path]
             raise ConfigError(
-                f"{join_path(path)}: its interpolations resolve to more than "
-                f"{MAX_INTERPOLATED_CHARS:,} characters; a config does not need this much"
+                f"{_name(self.active[-1])}: interpolations refer to one another in a cycle: "
+                f"{' -> '.join(_name(p) for p in loop)}"
             )
-        if cost > MAX_RESOLUTIONS:
-            raise ConfigError(_too_costly(path))
-        sizes[path] = (size, cost)
-        return size, cost
+        self.active.append(path)
+        try:
+            self.done[path] = self._resolve(path, _node_at(self.config, path))
+        finally:
+            self.active.pop()
+        return self.done[path]
 
-    try:
-        for path, value in _leaves(config, ()):
-            if isinstance(value, str) and "${" in value:
-                total += measure(path)[1]  # OmegaConf resolves every value on its own
-                if total > MAX_RESOLUTIONS:
-                    raise ConfigError(_too_costly(path))
-    except RecursionError:
-        raise ConfigError("interpolations refer to one another too many levels deep") from None
-
-
-def _too_costly(path: tuple) -> str:
-    return (
-        f"{join_path(path)}: resolving the config's interpolations would take more than "
-        f"{MAX_RESOLUTIONS:,} steps (keys that refer to others several times, chained); a "
-        "config does not need this much"
-    )
-
-
-def _check_resolvers(text: str, path: tuple) -> None:
-    """ConfigError for a resolver other than RESOLVERS, or `${` nested too deeply."""
-    for name in _RESOLVER.findall(text):
-        if name not in RESOLVERS:
-            hint = suggest(name, RESOLVERS)
+    def _resolve(self, path: tuple, raw: Any) -> tuple[Any, Size]:
+        """(value, size) of `raw`, the value at `path`."""
+        if isinstance(raw, dict):
+            parts = {key: self.resolved((*path, key)) for key in raw}
+            keys = sum(len(str(key)) for key in raw)
+            sizes = [part[1] for part in parts.values()]
+            return {key: part[0] for key, part in parts.items()}, _total(sizes, keys)
+        if isinstance(raw, list):
+            parts = [self.resolved((*path, index)) for index in range(len(raw))]
+            return [part[0] for part in parts], _total([part[1] for part in parts])
+        if raw == MISSING:
+            where = _name(path)
             raise ConfigError(
-                f"{join_path(path)}: cannot resolve interpolation {show(text, limit=120)}: "
-                f"the resolver {name!r} is not available{hint}; "
+                f"{where}: mandatory value '???' was never set; set it in a YAML file or as "
+                f"{where}=..."
+            )
+        value = self.evaluate(path, raw) if isinstance(raw, str) and "${" in raw else raw
+        return value, _size(value)
+
+    def evaluate(self, path: tuple, text: str) -> Any:
+        """The value of `text`, the interpolated value at `path`, read by OmegaConf's grammar."""
+        _check_nesting(text, path)
+        self.work.parse(path, text)
+        visitor = GrammarVisitor(
+            node_interpolation_callback=lambda key, memo: self._refer(path, key),
+            resolver_interpolation_callback=lambda name, args, args_str: self._call(
+                path, name, args
+            ),
+            memo=None,
+        )
+        try:
+            with warnings.catch_warnings():
+                # an empty argument (`${mul:1,,2}`) warns, then reaches the resolver as ""
+                warnings.simplefilter("ignore")
+                return visitor.visit(grammar_parser.parse(text))
+        except ConfigError:
+            raise  # about another key, or a bound: it names its key already
+        except (_Unresolvable, OmegaConfBaseException, ValueError) as error:
+            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+            raise ConfigError(
+                f"{_name(path)}: cannot resolve interpolation {show(text, limit=120)}: {reason}"
+            ) from None
+
+    def _refer(self, path: tuple, key: str) -> Any:
+        """The value `${key}` in the value at `path` refers to (a copy of a section)."""
+        target = _reference_path(path, key)
+        if target is None:
+            raise _Unresolvable(f"{key!r} goes above the top of the config")
+        if self.references >= MAX_REFERENCE_CHAIN:
+            raise ConfigError(
+                f"{_name(path)}: a chain of more than {MAX_REFERENCE_CHAIN} interpolations, each "
+                "referring to a key whose value is the next; a config does not need this many"
+            )
+        self.references += 1
+        try:
+            value, size = self._select(target)
+        finally:
+            self.references -= 1
+        if value is _ABSENT:
+            raise _Unresolvable(f"refers to {key!r}, which is not in the config")
+        self.work.produce(path, size)
+        return copy.deepcopy(value) if isinstance(value, dict | list) else value
+
+    def _select(self, target: tuple) -> tuple[Any, Size]:
+        """(value, size) at `target`, resolving an interpolated value on the way (`${a.b}` where
+        a is `${c}` is c.b), as OmegaConf does; (_ABSENT, (0, 0)) where there is none."""
+        node, path = self.config, ()
+        for depth, part in enumerate(target):
+            if isinstance(node, str) and "${" in node:
+                inner = _node_at(self.resolved(path)[0], target[depth:])
+                return inner, _size(inner)
+            key = _key_of(node, part)
+            if key is _ABSENT:
+                return _ABSENT, (0, 0)
+            node, path = node[key], (*path, key)
+        return self.resolved(path)  # the path as a section walk spells it: one entry in done
+
+    def _call(self, path: tuple, name: str, args: tuple) -> Any:
+        """The result of resolver `name` on `args`, if it is one of RESOLVERS."""
+        function = RESOLVERS.get(name)
+        if function is None:
+            raise _Unresolvable(
+                f"the resolver {show(name)} is not available{suggest(name, RESOLVERS)}; "
                 f"interpolations are references (${{a.b}}, ${{..sibling}}) and "
                 f"{', '.join(sorted(RESOLVERS))} (an environment variable never enters a config: "
                 "what a run prints and logs stays free of secrets)"
             )
+        result = function(*args)
+        self.work.produce(path, _size(result))
+        return result
+
+
+class _Work:
+    """What resolving one config has done, against the bounds of the module docstring: each
+    value is parsed and evaluated once, so the `${` in the values parsed bound the
+    interpolations evaluated; what the references and resolver calls yield is counted as they
+    yield it."""
+
+    def __init__(self) -> None:
+        self.interpolations = self.parsed = self.chars = self.values = 0
+
+    def parse(self, path: tuple, text: str) -> None:
+        """Count `text`, the value at `path`, before it is parsed; ConfigError past a bound."""
+        self.interpolations += text.count("${")
+        self.parsed += len(text)
+        if self.interpolations > MAX_RESOLUTIONS:
+            _refuse(path, f"values with interpolations hold more than {MAX_RESOLUTIONS:,} `${{`")
+        if self.parsed > MAX_PARSED_CHARS:
+            _refuse(
+                path,
+                f"values with interpolations come to more than {MAX_PARSED_CHARS:,} characters",
+            )
+
+    def produce(self, path: tuple, size: Size) -> None:
+        """Count what a reference or resolver call in the value at `path` yields."""
+        self.chars += size[0]
+        self.values += size[1]
+        produced = "interpolations would produce more than"
+        at_each_use = "(a section counted at every reference to it)"
+        if self.chars > MAX_INTERPOLATED_CHARS:
+            _refuse(path, f"{produced} {MAX_INTERPOLATED_CHARS:,} characters {at_each_use}")
+        if self.values > MAX_VALUES:
+            _refuse(path, f"{produced} {MAX_VALUES:,} values {at_each_use}")
+
+
+def _refuse(path: tuple, excess: str) -> None:
+    """ConfigError: the config's `excess` (found at `path`)."""
+    raise ConfigError(f"{_name(path)}: the config's {excess}; a config does not need this much")
+
+
+def _name(path: tuple) -> str:
+    """A key path for a message; the whole config's is <config>."""
+    return join_path(path) or "<config>"
+
+
+def _size(value: Any) -> Size:
+    """(characters, values) of `value` written out: a section's keys and what they hold, each
+    section a value of its own."""
+    if isinstance(value, dict):
+        keys = sum(len(str(key)) for key in value)
+        return _total([_size(item) for item in value.values()], keys)
+    if isinstance(value, list):
+        return _total([_size(item) for item in value])
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return value.bit_length() // 3, 1  # about its digits; str() refuses past 4,300 of them
+    return len(str(value)), 1
+
+
+def _total(sizes: list[Size], key_chars: int = 0) -> Size:
+    """The size of a section that holds values of `sizes` under keys of `key_chars`."""
+    return key_chars + sum(size[0] for size in sizes), 1 + sum(size[1] for size in sizes)
+
+
+def _check_nesting(text: str, path: tuple) -> None:
+    """ConfigError for `${` nested more than MAX_INTERPOLATION_NESTING deep in `text`."""
     depth = deepest = 0
     for match in re.finditer(r"\$\{|\}", text):
         depth = depth + 1 if match.group() == "${" else max(0, depth - 1)
         deepest = max(deepest, depth)
     if deepest > MAX_INTERPOLATION_NESTING:
         raise ConfigError(
-            f"{join_path(path)}: interpolations nested {deepest} deep, more than the "
+            f"{_name(path)}: interpolations nested {deepest} deep, more than the "
             f"{MAX_INTERPOLATION_NESTING} a value may have"
         )
-
-
-def _interpolated_size(
-    text: str, path: tuple, measure: Callable[[tuple], tuple[int, int]]
-) -> tuple[int, int]:
-    """(size, cost) of `text` at `path` once its `${...}` are resolved (innermost first)."""
-    size = cost = 0
-    while match := _INNERMOST.search(text):
-        inner = match.group(1).strip()
-        cost += 1
-        if ":" in inner.split(".", 1)[0] or _RESOLVER.match(match.group()):  # e.g. mul:8,2
-            size += _RESOLVER_RESULT_CHARS
-        else:
-            target = _reference_path(path, inner)
-            if target is not None:
-                target_size, target_cost = measure(target)
-                size, cost = size + target_size, cost + target_cost
-        text = text[: match.start()] + text[match.end() :]
-        if size > MAX_INTERPOLATED_CHARS or cost > MAX_RESOLUTIONS:
-            break
-    return size + len(text), cost
 
 
 def _leaves(node: Any, path: tuple):
@@ -230,52 +354,39 @@ def _leaves(node: Any, path: tuple):
 
 
 def _reference_path(path: tuple, reference: str) -> tuple | None:
-    """The key path `${reference}` names from the value at `path`: absolute (`a.b`) or
-    relative (`.sibling`, `..key_of_parent`), as OmegaConf reads it; None if malformed."""
+    """The key path `${reference}` names from the value at `path`: absolute (`a.b`, `a[0]`) or
+    relative (`.sibling`, `..key_of_parent`), as OmegaConf reads it; None above the top."""
     dots = len(reference) - len(reference.lstrip("."))
-    rest = reference[dots:]
-    base = path[: len(path) - dots] if dots else ()
     if dots > len(path):
         return None
-    return (*base, *_key_parts(rest)) if rest else base
+    base = path[: len(path) - dots] if dots else ()
+    rest = reference[dots:].replace("[", ".").replace("]", "").removeprefix(".")
+    return (*base, *rest.split(".")) if rest else base
+
+
+def _key_of(node: Any, part: Any) -> Any:
+    """The key or index `part` names in a section (as text, "0" indexes a list or names a key
+    0, as in OmegaConf), or _ABSENT when it names none."""
+    if isinstance(node, dict):
+        if part in node:
+            return part
+        text = str(part)
+        number = int(text) if text.lstrip("-").isdigit() else _ABSENT
+        return number if number in node else _ABSENT
+    if isinstance(node, list) and str(part).isdigit() and int(part) < len(node):
+        return int(part)
+    return _ABSENT
 
 
 def _node_at(config: Any, path: tuple) -> Any:
-    """The value at a key path, or None when there is none."""
+    """The value at a key path, or _ABSENT when there is none."""
     node = config
     for part in path:
-        in_dict = isinstance(node, dict) and part in node
-        in_list = isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node)
-        if not (in_dict or in_list):
-            return None
-        node = node[part]
+        key = _key_of(node, part)
+        if key is _ABSENT:
+            return _ABSENT
+        node = node[key]
     return node
-
-
-def _describe_interpolation_error(error: OmegaConfBaseException, config: dict[str, Any]) -> str:
-    """A one-line message for an OmegaConf failure while resolving `config`."""
-    key = getattr(error, "full_key", None) or "<config>"
-    reason = str(getattr(error, "msg", None) or error).splitlines()[0]
-    reason = reason.removeprefix("ValueError raised while resolving interpolation: ")
-    if isinstance(error, UnsupportedInterpolationType):
-        name = reason.split()[-1]
-        reason = f"unknown resolver {name!r}{suggest(name, RESOLVERS)} (nemo_opd provides: "
-        reason += ", ".join(sorted(RESOLVERS)) + ")"
-    raw = _lookup(config, str(key))
-    if raw == "???":
-        return f"{key}: mandatory value '???' was never set; set it in a YAML file or as {key}=..."
-    expression = f" {show(raw, limit=120)}" if isinstance(raw, str) else ""
-    return f"{key}: cannot resolve interpolation{expression}: {reason}"
-
-
-def _lookup(config: Any, dotted: str) -> Any:
-    """The raw value at a dotted OmegaConf key such as `a.b[0].c`, or None if absent."""
-    return _node_at(config, _key_parts(dotted.replace("[", ".").replace("]", "")))
-
-
-def _key_parts(dotted: str) -> tuple:
-    """`a.b.0` -> ("a", "b", 0): digits index lists."""
-    return tuple(int(part) if part.isdigit() else part for part in dotted.split("."))
 
 
 def interpolated_keys(config: Any, path: tuple[str | int, ...] = ()) -> dict[str, str]:

@@ -286,8 +286,9 @@ class TeacherServerConfig(Section):
     """Score with the server at base_url; no teacher worker is started."""
 
     base_url: str = Field("http://127.0.0.1:8000/v1", min_length=1, max_length=2048)
-    """The server's OpenAI base URL: http or https, with a host. User-info in it
-    (user:password@) is sent, and redacted wherever the run prints or logs the URL."""
+    """The server's OpenAI base URL: http or https, with a host, no spaces, a numeric port.
+    User-info in it (user:password@; a password that holds /, ? or # percent-encoded) is sent,
+    and redacted wherever the run prints or logs the URL."""
 
     model_name: str | None = None
     """The served model name (vLLM's --served-model-name); null: the teacher's model_name."""
@@ -317,12 +318,23 @@ class TeacherServerConfig(Section):
     @field_validator("base_url")
     @classmethod
     def _http_url(cls, url: str) -> str:
+        """An http(s) URL with a host, read the same way here and by httpx: no whitespace (httpx
+        would send it percent-encoded) and a numeric port (httpx refuses other ports)."""
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(
                 "must be an http(s) URL with a host, e.g. http://127.0.0.1:8000/v1 (the "
                 "server's OpenAI base URL)"
             )
+        if any(char.isspace() or not char.isprintable() for char in url):
+            raise ValueError("must be a URL without spaces or control characters")
+        try:
+            parts.port  # noqa: B018 (urlsplit checks the port when it is read)
+        except ValueError:
+            raise ValueError(
+                "has a port that is not a number from 0 to 65535 (a password that holds /, ? or "
+                "# must be percent-encoded: %2F, %3F, %23)"
+            ) from None
         return url
 
 

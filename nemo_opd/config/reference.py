@@ -63,6 +63,41 @@ policy:
   megatron_cfg: {enabled: true, tensor_model_parallel_size: 2}
 ```
 
+YAML anchors, aliases and merge keys work in a config and in every file it inherits, as
+NeMo-RL's configs use them: the mapping's own keys win over merged ones, and the first of
+`<<: [*a, *b]` over the next. Each use of an alias is a copy of its own, so an override of
+`policy.x` leaves a `teacher.x` merged from the policy as it was.
+
+```yaml
+policy: &STUDENT
+  model_name: Qwen/Qwen3-1.7B-Base
+  dtensor_cfg: &DTENSOR {tensor_parallel_size: 2, activation_checkpointing: true}
+teacher:
+  <<: *STUDENT                       # every key of the policy's section...
+  model_name: Qwen/Qwen3-4B          # ...but these
+  dtensor_cfg: {<<: *DTENSOR, activation_checkpointing: false}
+```
+
+A NeMo-RL config needs converting first (its keys differ): [nemo_rl.md](nemo_rl.md).
+
+## Relative paths
+
+A relative path written in a config file is relative to that file's folder, not to the
+working directory, so a recipe runs from anywhere: `data.train_path`, `data.val_path`,
+`data.prompt_file` and `data.system_prompt_file` always; `data.dataset_name`,
+`data.val_dataset_name` and a `tokenizer.chat_template` file when that path exists there (else
+they are a hub name or template text, kept as written). In an inherited file, its own folder.
+Paths given on the command line, and values that come from an interpolation, are relative to
+the working directory; so are the directories a run writes (`checkpointing.checkpoint_dir`,
+`logger.log_dir`) and model and tokenizer names (a local directory or a hub name).
+`--print-config` shows the absolute paths.
+
+```yaml
+# examples/configs/distillation_math.yaml
+data:
+  prompt_file: ../prompts/math_boxed.txt   # examples/prompts/math_boxed.txt, from any directory
+```
+
 ## Interpolation: `${...}`
 
 A value may refer to another key with OmegaConf interpolation, absolute (`${policy.precision}`)
@@ -71,9 +106,12 @@ level up). Interpolations are resolved after inheritance and overrides, so chang
 `policy.max_total_sequence_length` on the command line also changes every value derived from it.
 Arithmetic resolvers: `${mul:a,b,...}`, `${add:a,b,...}`, `${max:a,b,...}`, `${div:a,b}` (an
 int when exact; a result must fit in 64 bits). `???` marks a value that a child file or an
-override must set. OmegaConf's own resolvers are refused: `oc.env` would copy an environment
-variable (a secret, say) into the config that is printed and logged, and `oc.select` and the
-others re-evaluate their arguments at every level of a chain of references.
+override must set. Nothing else: OmegaConf's own resolvers (`oc.env`, `oc.create`, `oc.select`,
+...) are never called, however the name is spelled (`${${key}:X}`, `${oc.${key}:X}`, after an
+escaped backslash `\\\\${oc.env:X}`): `oc.env` would copy an environment variable (a secret, say)
+into the config that is printed and logged, and `oc.create` would parse YAML that no bound on
+the file sees. The syntax is OmegaConf's (its own parser reads each value), but nemo_opd looks
+the keys up itself and resolves each key once, counting the work as it goes.
 
 ```yaml
 policy:
@@ -114,12 +152,16 @@ message and exit status 2, in bounded time and memory (each case below is a test
 500 MB):
 
 - files: a regular UTF-8 file of at most 1 MiB, at most 64 levels deep and 100,000 values once
-  YAML aliases are expanded, at most 256 files through `defaults:`;
+  YAML aliases are expanded, at most 100,000 pairs copied by merge keys (`<<:`, counted before
+  each copy, so a mapping merged into thousands of others is refused before it is built:
+  tests/unit/config/test_config_yaml_merge.py), at most 256 files through `defaults:`;
 - overrides: at most 64 KiB each, keys of at most 256 characters and 64 parts, values at most
   64 levels deep; checked before Hydra's parser sees them;
-- interpolation: at most 1 MiB of text from one value, 20,000 resolutions for the whole config
-  (OmegaConf resolves a key again each time another refers to it: a chain of keys that each
-  refer to the previous one twice is refused, not evaluated), 16 levels of `${` in one value;
+- interpolation, counted as it is resolved, for the whole config: what the values that
+  interpolate hold, at most 2,000 `${` and 64 KiB; what the references and resolvers yield, at
+  most 1 MiB of text and 100,000 values (a section counted at each reference to it, so a chain
+  of keys that each refer to the previous one twice is refused at the bound); chains of at most
+  32 references, and 16 levels of `${` in one value;
 - numbers: integers fit in 64 bits, floats are finite, sizes and seconds have upper bounds
   (the columns below); `teacher.server.base_url` is http(s) with a host;
 - `teachers`: at most 64; a message lists at most 20 problems, then counts the rest;
@@ -127,12 +169,16 @@ message and exit status 2, in bounded time and memory (each case below is a test
   `{}`: no conversion, format specification, attribute or item), literal braces doubled,
   checked with a dry run of the real call when the config loads.
 
-Secrets never leave the process: user-info in a URL (`http://user:password@host/...`) and a
-served teacher's API key (`teacher.server.api_key_env` names the environment variable holding
-it; the key is never in the config) are redacted (`***`) in `--print-config`, in every error
-message, in `run_config.json`, TensorBoard and W&B. A config printed with a redacted URL does
-not load back to the same URL; every other printed config does (a test round-trips each
-shipped config and strings YAML would read as something else, such as `'1e5'`).
+Secrets never leave the process: user-info in a URL (`http://user:password@host/...`, up to
+the last `@` before the path, as httpx reads it) and a served teacher's API key
+(`teacher.server.api_key_env` names the environment variable holding it; the key is never in
+the config) are redacted (`***`) in `--print-config`, in every error message (a malformed URL
+is echoed without anything before its last `@`), in `run_config.json`, TensorBoard and W&B.
+W&B is told not to record the command line (which it saves by default, overrides and their
+secrets included), the git state or the code: a run holds the redacted config, the metrics and
+the sample rollouts. A config printed with a redacted URL does not load back to the same URL;
+every other printed config does (a test round-trips each shipped config and strings YAML would
+read as something else, such as `'1e5'`).
 
 ## Keys
 

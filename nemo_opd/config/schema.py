@@ -105,6 +105,17 @@ class LossConfig(Section):
     implementation: Literal["auto", "triton", "torch"] = "auto"
     """The fused Triton kernel, the plain-torch implementation, or auto (Triton where it runs)."""
 
+    support: Literal["teacher_topk", "full", "student_topk"] = "teacher_topk"
+    """The ids the divergence runs over. teacher_topk: the teacher's top-k
+    (distillation.topk_logits_k) and the tail bucket, from the teacher's top-k log-probs.
+    full: every id of the vocabulary, exact (the teacher sends its final hidden states and the
+    student's workers apply the teacher's LM head chunk by chunk; docs/loss.md). student_topk:
+    the student's own top-k ids and the tail bucket, with the teacher's exact log-probs there
+    (hidden states too). full and student_topk need one in-process teacher with the student's
+    vocabulary, and a divergence term (the topk_kl objective, or policy_gradient with
+    topk_kl_coef > 0; the teacher then sends its hidden states and sampled-token log-probs from
+    one forward pass)."""
+
 
 class ObjectiveConfig(Section):
     """What the student is trained to minimize (docs/objectives.md).
@@ -267,6 +278,12 @@ class DistillationLoopConfig(Section):
     seed: int = Field(42, ge=0, le=MAX_SEED)
     """Seed for data order, sampling and initialization."""
 
+    @property
+    def validates(self) -> bool:
+        """Whether the run validates at all (val_period, val_at_start or val_at_end): without,
+        no validation prompts are loaded or needed."""
+        return self.val_period > 0 or self.val_at_start or self.val_at_end
+
 
 # -------- data and environments -------------------------------------------------------------------
 
@@ -274,20 +291,25 @@ class DistillationLoopConfig(Section):
 class DataConfig(Section):
     """The prompt dataset. Exactly one of dataset_name and train_path is set.
 
-    Relative file paths are resolved against the working directory.
+    Relative file paths written in a config file are resolved against that file's folder (those
+    given on the command line against the working directory).
     """
 
     dataset_name: str | None = None
-    """A dataset on the hub, or "tiny_math" for the embedded synthetic arithmetic task."""
+    """A dataset on the hub, a directory written by save_to_disk (a DatasetDict with splits, or
+    a single Dataset: the training data), or "tiny_math" for the embedded synthetic arithmetic
+    task."""
 
     val_dataset_name: str | None = None
-    """A hub dataset to validate on; null uses dataset_name's own validation split."""
+    """A dataset to validate on (a hub name or a save_to_disk directory: a single Dataset is the
+    validation data); null uses dataset_name's own validation split."""
 
     train_path: str | None = None
     """A local .jsonl or .parquet file of training prompts (instead of dataset_name)."""
 
     val_path: str | None = None
-    """A local .jsonl or .parquet file of validation prompts."""
+    """A local .jsonl or .parquet file of validation prompts (not beside val_dataset_name).
+    Loaded only when the run validates (distillation.val_period, val_at_start, val_at_end)."""
 
     val_split: str | None = None
     """Split of the validation dataset (a hub dataset with several splits); null tries
@@ -408,7 +430,9 @@ class LoggerConfig(Section):
     """Write TensorBoard event files under log_dir."""
 
     wandb_enabled: bool = False
-    """Log to Weights & Biases."""
+    """Log to Weights & Biases (the `wandb` extra, wandb 0.19 or newer): the redacted config,
+    the metrics and sample rollouts; W&B is told not to record the command line, the git state
+    or the code."""
 
     wandb: WandbConfig = Field(default_factory=WandbConfig)
     """W&B settings, used when wandb_enabled."""
@@ -430,7 +454,8 @@ class ClusterConfig(Section):
     """Worker processes per node: one per GPU, or CPU worker processes when device is cpu."""
 
     device: Literal["auto", "cuda", "cpu"] = "auto"
-    """cuda, cpu, or auto (cuda when a GPU is visible, else cpu)."""
+    """cuda, cpu, or auto (cuda when Ray sees a GPU, else cpu); the run prints which, and why,
+    at start."""
 
     cpus_per_worker: int = Field(1, gt=0, le=MAX_RANKS)
     """CPU cores reserved per worker process."""
@@ -464,7 +489,11 @@ class CheckpointingConfig(Section):
     keeps all."""
 
     metric_name: str | None = "validation/accuracy"
-    """Metric that ranks checkpoints; null ranks by step (the most recent are kept)."""
+    """Metric that ranks checkpoints; null ranks by step (the most recent are kept). One the run
+    logs: validation/accuracy or validation/avg_length; with a teacher validation/loss,
+    forward_kl, reverse_kl or top1_agreement (with several teachers also
+    validation/teacher/<name>/<metric>, accuracy too); with val_samples_per_prompt k
+    validation/accuracy_avg@k or validation/pass@k; or train/loss or train/reward."""
 
     higher_is_better: bool = True
     """Whether a higher metric_name is better."""

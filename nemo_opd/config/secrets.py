@@ -2,15 +2,19 @@
 
 Two kinds of secret:
 - the user-info of a URL, `scheme://user:password@host/...`, in any value or message: it becomes
-  `scheme://***@host/...`;
+  `scheme://***@host/...`, up to the last @ before the path (httpx sends
+  `http://alice:p@ss@host/` as the password `p@ss`); a value that failed a URL's validation is
+  echoed without anything before its last @, scheme or not (redact_user_info);
 - a secret read at run time, such as a served teacher's API key from the environment variable
   teacher.server.api_key_env names (the key itself is never in the config): once registered,
   its text is replaced by `***` wherever it appears.
 
 Applied where text leaves the process: `--print-config`, every error message the command line
-prints, the logger's run_config.json, its TensorBoard text and its W&B config, and the served
-teacher's messages. Environment variables never enter a config at all (`${oc.env:...}` is
-refused: nemo_opd.config.interpolation).
+prints, the logger's run_config.json, its TensorBoard text and its W&B config and run name, and
+the served teacher's messages. What W&B would record of the process on its own (the command
+line, whose overrides can hold a secret) it is told not to (nemo_opd.utils.logger's
+WANDB_SETTINGS). Environment variables never enter a config at all (no `${oc.env:...}`, however
+spelled: nemo_opd.config.interpolation).
 """
 
 import re
@@ -18,7 +22,11 @@ from typing import Any
 
 REDACTED = "***"
 
-_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)[^\s/@?#]+@")
+# The user-info of a URL runs from the scheme to the last @ before the path: httpx sends
+# http://alice:p@ss@host/ as the password p@ss. A ? or # in it is taken in too (httpx refuses
+# such a URL, but its text is still a password); whitespace ends it, as it ends a URL in text.
+_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)[^\s/]*@")
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
 _MIN_SECRET_CHARS = 4  # a shorter "secret" would redact ordinary text
 _secrets: set[str] = set()
 
@@ -35,6 +43,17 @@ def redact_text(text: str) -> str:
     for secret in sorted(_secrets, key=len, reverse=True):
         text = text.replace(secret, REDACTED)
     return text
+
+
+def redact_user_info(value: str) -> str:
+    """`value`, a string that may be a URL, as an error message may echo it: everything from
+    after its scheme (if any) to its last @ replaced by ***. Made for a value that failed a
+    URL's validation, so it takes in more than redact_text: `alice:s3cr3t@host/v1` has no
+    scheme, and in `http://alice:pa/ss@host/v1` the password runs past a /."""
+    scheme = _SCHEME.match(value)
+    start = scheme.end() if scheme else 0
+    at = value.rfind("@", start)
+    return value if at < 0 else f"{value[:start]}{REDACTED}{value[at:]}"
 
 
 def redact(data: Any) -> Any:

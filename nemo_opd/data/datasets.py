@@ -18,6 +18,9 @@ Rows = Iterable[tuple[str, object]]
 """Rows with where each is in its source ("line 42" of a JSONL file, "item 3", "row 7")."""
 VALIDATION_SPLITS = ("validation", "test")
 TINY_MATH_VAL_SPLITS = (None, "validation", "development")
+NON_EMPTY = ("prompt", "answer")
+"""Fields that must hold more than whitespace: an empty prompt is a chat with an empty user
+turn, an empty answer one no response can match."""
 
 
 def load_prompt_records(
@@ -84,12 +87,20 @@ def _load_rows(cfg: DataConfig, split: Split) -> tuple[Rows, str]:
     if path is not None:
         key = "data.train_path" if split == "train" else "data.val_path"
         return _load_local(path, key), f"{key} ({path})"
-    name = cfg.dataset_name if split == "train" else (cfg.val_dataset_name or cfg.dataset_name)
+    key, name = "data.dataset_name", cfg.dataset_name
+    if split == "validation" and cfg.val_dataset_name is not None:
+        key, name = "data.val_dataset_name", cfg.val_dataset_name
     if name == "tiny_math":
         return _tiny_math_rows(split, cfg.val_split)
     if name is None:
-        path_key = "train_path" if split == "train" else "val_path"
-        raise SetupError(f"no {split} data: set data.dataset_name or data.{path_key}")
+        if split == "train":
+            raise SetupError("no train data: set data.dataset_name or data.train_path")
+        raise SetupError(
+            "no validation data: set data.val_path or data.val_dataset_name, or validate not at "
+            "all (distillation.val_period 0, val_at_start and val_at_end false)"
+        )
+    if _saved_to_disk(name):
+        return _load_saved(name, split, cfg.val_split, key), f"{key} ({name}, {split})"
     return _load_hub(name, split, cfg.val_split), f"dataset {name!r} ({split})"
 
 
@@ -197,6 +208,48 @@ def _load_hub(name: str, split: Split, val_split: str | None) -> Rows:
     )
 
 
+def _saved_to_disk(name: str) -> bool:
+    """Whether `name` is a directory written by Dataset.save_to_disk or DatasetDict's (which
+    datasets.load_dataset refuses)."""
+    path = Path(name)
+    try:
+        return (path / "state.json").is_file() or (path / "dataset_dict.json").is_file()
+    except OSError:  # a name no file can have (a part too long): a hub name, or nothing
+        return False
+
+
+def _load_saved(name: str, split: Split, val_split: str | None, key: str) -> Rows:
+    """Rows of a save_to_disk directory: a DatasetDict's split (as _load_hub picks it), or a
+    single Dataset, which is the data of the key naming it: data.dataset_name's is the
+    training data (so validation needs data.val_dataset_name or data.val_path),
+    data.val_dataset_name's the validation data."""
+    import datasets
+
+    try:
+        saved = datasets.load_from_disk(name)
+    except Exception as error:  # noqa: BLE001 - a damaged or partial directory
+        raise SetupError(
+            f"{key}: could not load {name} (saved with save_to_disk): {error}"
+        ) from error
+    if isinstance(saved, datasets.Dataset):
+        if split == "validation" and key == "data.dataset_name":
+            raise SetupError(
+                f"{key}: {name} is a single Dataset saved with save_to_disk, without splits: it "
+                "is the training data; name the validation data with data.val_dataset_name or "
+                "data.val_path, or save a DatasetDict with a 'validation' split"
+            )
+        return _numbered_rows(saved)
+    candidates = ["train"] if split == "train" else [val_split] if val_split else VALIDATION_SPLITS
+    for candidate in candidates:
+        if candidate in saved:
+            return _numbered_rows(saved[candidate])
+    fix = "save it with a 'train' split" if split == "train" else "set data.val_split"
+    raise SetupError(
+        f"{key}: {name} has no split {' or '.join(map(repr, candidates))} (it has "
+        f"{', '.join(saved)}); {fix}"
+    )
+
+
 def _numbered_rows(rows: Iterable[object]) -> Rows:
     return ((f"row {number}", row) for number, row in enumerate(rows, start=1))
 
@@ -205,7 +258,8 @@ def _select_columns(rows: Rows, keys: dict[str, tuple[str, str]], where: str) ->
     """[{name: text}] from each row, for keys {name: (column, config key)} ("prompt", "answer"
     and maybe "response" and "teacher"). A prompt column holding chat messages also gives
     "messages" (chat_messages; "prompt" is then its last user message). A row that is not an
-    object, or whose column is missing, null or neither text nor a number, is refused."""
+    object, or whose column is missing, null or neither text nor a number, is refused, and so
+    is an empty (or blank) prompt or answer."""
     fields = " and ".join(f"{key!r} ({config_key})" for key, config_key in keys.values())
     records = []
     for position, row in rows:
@@ -230,6 +284,11 @@ def _select_columns(rows: Rows, keys: dict[str, tuple[str, str]], where: str) ->
                 raise SetupError(
                     f"{where}: {position}: {key!r} ({config_key}) is {_kind(value)}; the {name} "
                     "must be text or a number: fix or remove the row"
+                )
+            if name in NON_EMPTY and not str(value).strip():
+                raise SetupError(
+                    f"{where}: {position}: {key!r} ({config_key}) is empty; the {name} must "
+                    "hold text: fix or remove the row"
                 )
             record[name] = str(value)
         records.append(record)

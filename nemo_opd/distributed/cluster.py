@@ -40,6 +40,19 @@ def resolve_device_type(cluster: ClusterConfig) -> str:
     return "cuda" if ray.cluster_resources().get("GPU", 0) > 0 else "cpu"
 
 
+def describe_device(cluster: ClusterConfig, device: str, gpus_seen: float) -> str:
+    """One line for the start of a run: the device the workers use (resolve_device_type) and
+    why, so that "auto" falling back to the CPU is never silent."""
+    if cluster.device != "auto":
+        return f"device: {device} (cluster.device)"
+    if device == "cuda":
+        return f"device: cuda (cluster.device is auto and Ray sees {gpus_seen:g} GPUs)"
+    return (
+        "device: cpu (cluster.device is auto and Ray sees no GPU: every worker and vLLM run on "
+        "the CPU; set cluster.device=cuda to require GPUs)"
+    )
+
+
 def check_resources(num_workers: int, resources: WorkerResources) -> None:
     """Fail with a clear message when the Ray cluster cannot hold num_workers such workers."""
     total = ray.cluster_resources()

@@ -34,12 +34,14 @@ class GenerationInterface(Protocol):
         *,
         max_new_tokens: list[int] | int | None = None,
         greedy: bool = False,
-        seed: int | None = None,
+        seed: int | list[int] | None = None,
         temperature: float | None = None,
     ) -> GenerationOutput:
         """Sample one continuation per prompt (token ids). max_new_tokens may differ per prompt
-        (the rollout shrinks it so a sequence never exceeds max_seq_len); temperature overrides
-        the engine's configured sampling temperature for this call (None keeps it)."""
+        (the rollout shrinks it so a sequence never exceeds max_seq_len); seed is a base seed
+        (prompt i samples with seed + i), one seed per prompt, or None (the engine's RNG);
+        temperature overrides the engine's configured sampling temperature for this call (None
+        keeps it)."""
         ...
 
     def refit(self, weights: dict[str, torch.Tensor] | Any, version: int) -> bool:

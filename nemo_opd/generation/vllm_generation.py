@@ -7,8 +7,9 @@
     generation.finish_generation()
 
 Engines are data parallel: prompts are split into contiguous, nearly equal chunks, one per
-engine, and results are gathered back in prompt order. A request seeded with `seed` uses
-seed + (its index in the whole batch), so the samples do not depend on the number of engines.
+engine, and results are gathered back in prompt order. A call seeded with `seed` samples
+prompt i with seed + i (i its index in the whole batch), or with seed[i] when given one seed
+per prompt, so the samples do not depend on the number of engines.
 
 Placement (one Ray actor per engine, see VllmWorker):
 - CPU: each engine reserves cpus_per_engine Ray CPUs, 0 by default. The training workers'
@@ -33,14 +34,19 @@ The loop hands refit the ObjectRef that the student's rank 0 put there
 (Policy.full_weights_ref), so the tensors never pass through the driver; a dict is put by the
 driver. Colocated on CUDA the same call runs between training and wake-up: refit
 wakes sleeping engines first, since a sleeping engine's weights are not on the device.
+
+An engine that dies in a call (vLLM out of memory, the OOM killer, a crash) or raises ends
+the run with a RunError of one line naming the engine, its process and the call; the run's
+checkpoints are untouched, so the same command resumes from the newest.
 """
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import ray
 import torch
-from ray.exceptions import GetTimeoutError, RayActorError
+from ray.exceptions import GetTimeoutError, OutOfMemoryError, RayActorError, RayTaskError
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -101,6 +107,7 @@ class VllmGeneration:
         self.cfg = cfg
         self.device_type = device_type
         self.colocated = device_type == "cuda" and cfg.colocated.enabled
+        self.model_path = model_path
         self.loaded_version: int | None = None
         self.last_refit_time_s = 0.0
         options = _actor_options(
@@ -160,7 +167,7 @@ class VllmGeneration:
         *,
         max_new_tokens: list[int] | int | None = None,
         greedy: bool = False,
-        seed: int | None = None,
+        seed: int | list[int] | None = None,
         temperature: float | None = None,
     ) -> GenerationOutput:
         """One continuation per prompt (B prompts of token ids), in prompt order.
@@ -168,25 +175,30 @@ class VllmGeneration:
         max_new_tokens: per prompt (B ints), one int for all, or None for cfg.max_new_tokens; a
             budget of 0 yields an empty continuation with finish reason "length".
         greedy: argmax decoding (also when cfg.temperature is 0).
-        seed: base seed; prompt i samples with seed + i. None uses the engines' own RNG.
+        seed: base seed (prompt i samples with seed + i), or B seeds (prompt i samples with
+            seed[i]). None uses the engines' own RNG.
         temperature: sampling temperature of this call; None uses cfg.temperature.
         """
         budgets = _budgets(max_new_tokens, self.cfg.max_new_tokens, len(prompts))
+        seeds = _seeds(seed, len(prompts))
         active = [i for i, budget in enumerate(budgets) if budget > 0]
         sampling = self._sampling(greedy, temperature)
         chunks = _split(active, len(self.engines))
         started = time.perf_counter()
-        refs = [
-            engine.generate.remote(
-                [prompts[i] for i in chunk],
-                [budgets[i] for i in chunk],
-                sampling,
-                None if seed is None else [seed + i for i in chunk],
+        calls = [
+            (
+                index,
+                self.engines[index].generate.remote(
+                    [prompts[i] for i in chunk],
+                    [budgets[i] for i in chunk],
+                    sampling,
+                    None if seeds is None else [seeds[i] for i in chunk],
+                ),
             )
-            for engine, chunk in zip(self.engines, chunks, strict=True)
+            for index, chunk in enumerate(chunks)
             if chunk
         ]
-        results = ray.get(refs)
+        results = self._results(calls, "generating")
         wall = time.perf_counter() - started
         return _gather(len(prompts), [c for c in chunks if c], results, wall)
 
@@ -194,12 +206,12 @@ class VllmGeneration:
         """log p(token t | tokens < t), t = 1..n-1, of each full sequence at temperature 1
         (vLLM prompt log-probs; see VllmWorker.score). For probes and tests."""
         chunks = _split(list(range(len(sequences))), len(self.engines))
-        refs = [
-            engine.score.remote([sequences[i] for i in chunk])
-            for engine, chunk in zip(self.engines, chunks, strict=True)
+        calls = [
+            (index, self.engines[index].score.remote([sequences[i] for i in chunk]))
+            for index, chunk in enumerate(chunks)
             if chunk
         ]
-        return [row for rows in ray.get(refs) for row in rows]
+        return [row for rows in self._results(calls, "scoring") for row in rows]
 
     def refit(self, weights: dict[str, torch.Tensor] | ray.ObjectRef, version: int) -> bool:
         """Push `weights` (full tensors, HF names, lm_head included even when tied), or an
@@ -211,7 +223,7 @@ class VllmGeneration:
         started = time.perf_counter()
         # One copy in the object store, read by every engine.
         ref = weights if isinstance(weights, ray.ObjectRef) else ray.put(weights)
-        ray.get([engine.update_weights.remote(ref) for engine in self.engines])
+        self._on_every_engine(lambda engine: engine.update_weights.remote(ref), "loading weights")
         self.last_refit_time_s = time.perf_counter() - started
         self.loaded_version = version
         return True
@@ -219,18 +231,49 @@ class VllmGeneration:
     def prepare_for_generation(self) -> None:
         """Wake the engines (colocated on CUDA); a no-op otherwise."""
         if self.colocated:
-            ray.get([engine.wake_up.remote() for engine in self.engines])
+            self._on_every_engine(lambda engine: engine.wake_up.remote(), "waking up")
 
     def finish_generation(self) -> None:
         """Put the engines to sleep so training gets the GPU memory (colocated on CUDA)."""
         if self.colocated:
-            ray.get([engine.sleep.remote() for engine in self.engines])
+            self._on_every_engine(lambda engine: engine.sleep.remote(), "going to sleep")
 
     def shutdown(self) -> None:
         """Kill the engine actors (idempotent)."""
         for engine in self.engines:
             ray.kill(engine)
         self.engines = []
+
+    def _on_every_engine(self, call: Callable[[Any], ray.ObjectRef], doing: str) -> list:
+        """call(engine) on every engine; their results in engine order (see _results)."""
+        return self._results([(i, call(engine)) for i, engine in enumerate(self.engines)], doing)
+
+    def _results(self, calls: list[tuple[int, ray.ObjectRef]], doing: str) -> list:
+        """The results of calls (engine index, ObjectRef of its call), in order. The first
+        failure to complete ends the run: an engine that died or raised is a RunError naming
+        it (and the call, `doing`), with its own error as the cause."""
+        engine_of = {ref: index for index, ref in calls}
+        results = {}
+        pending = list(engine_of)
+        while pending:
+            [done], pending = ray.wait(pending, num_returns=1)
+            try:
+                results[done] = ray.get(done)
+            except (RayActorError, RayTaskError, OutOfMemoryError) as error:
+                raise RunError(self._failure(engine_of[done], doing, error)) from error
+        return [results[ref] for _, ref in calls]
+
+    def _failure(self, engine: int, doing: str, error: Exception) -> str:
+        """One line: which engine failed while `doing` what, how, and what is left."""
+        what = f"vLLM engine {engine} (of {len(self.engines)}, serving {self.model_path})"
+        if isinstance(error, RayTaskError):
+            how = f"raised {_first_line(getattr(error, 'cause', None) or error)}"
+        else:
+            how = f"died ({_with_memory_hint(death_notice(error))})"
+        return (
+            f"{what} {how} while {doing}; the checkpoints saved so far are intact: run the "
+            "same command to resume from the newest"
+        )
 
     def _sampling(self, greedy: bool, temperature: float | None = None) -> dict:
         """The sampling settings every request of one generate() call shares."""
@@ -290,6 +333,17 @@ def _budgets(max_new_tokens: list[int] | int | None, default: int, num_prompts: 
     return budgets
 
 
+def _seeds(seed: int | list[int] | None, num_prompts: int) -> list[int] | None:
+    """One seed per prompt (num_prompts ints): seed + i for a base seed, or the list given."""
+    if seed is None:
+        return None
+    if isinstance(seed, int):
+        return [seed + i for i in range(num_prompts)]
+    if len(seed) != num_prompts:
+        raise ValueError(f"seed needs one seed per prompt ({num_prompts}), got {len(seed)}")
+    return list(seed)
+
+
 def _split(indices: list[int], parts: int) -> list[list[int]]:
     """Contiguous chunks of `indices` whose sizes differ by at most one (parts lists)."""
     base, extra = divmod(len(indices), parts)
@@ -327,7 +381,11 @@ def _gather(
 
 def _start_failure(error: RayActorError) -> str:
     """Why an engine died while starting, with what to change when it ran out of memory."""
-    notice = death_notice(error)
+    return _with_memory_hint(death_notice(error))
+
+
+def _with_memory_hint(notice: str) -> str:
+    """An engine's death notice, with what to change when it ran out of memory."""
     if "memory" in notice.lower():
         notice += (
             " (policy.generation.vllm_cfg: gpu_memory_utilization is, on CPU, a fraction of the "
@@ -335,3 +393,11 @@ def _start_failure(error: RayActorError) -> str:
             "cache a fixed size instead)"
         )
     return notice
+
+
+def _first_line(error: BaseException) -> str:
+    """'<type>: <first line of its message>', at most 300 characters (an engine's own
+    exception can span pages)."""
+    lines = str(error).strip().splitlines()
+    text = f"{type(error).__name__}: {lines[0] if lines else ''}"
+    return text if len(text) <= 300 else text[:297] + "..."

@@ -22,7 +22,10 @@ chunks like those of microbatches (sums, or *_min / *_max).
     loss, metrics = chunked_head_loss(hidden, weight, fields, loss_of_logits, chunk=1024,
                                       project=F.linear, finish=mask_padding)
 
-chunked_scores does the same for scoring without a gradient (the teacher's top-k, log-probs).
+Under no_grad (evaluation: the validation divergence) chunked_head_loss only adds up the
+chunks' losses: nothing is differentiated and no weight gradient is formed, though the LM
+head's weight, a parameter, requires grad there too. chunked_scores does the same for scoring
+(the teacher's top-k, log-probs).
 """
 
 from collections.abc import Callable, Iterator
@@ -73,16 +76,43 @@ def chunked_head_loss(
 
     Returns:
         (loss, a scalar whose backward reaches hidden and weight; metrics, detached, combined
-        over chunks).
+        over chunks). Under no_grad (evaluation) only the loss: no chunk is differentiated and
+        no gradient is formed, although the weight, a parameter, still requires grad.
     """
     metrics: dict[str, torch.Tensor] = {}
     flat = hidden.reshape(-1, hidden.shape[-1])
     flat_fields = {name: value.reshape(-1, *value.shape[2:]) for name, value in fields.items()}
     head = (project, finish)
+    if not torch.is_grad_enabled():
+        loss = _loss_without_grad(flat, weight, head, loss_of_logits, flat_fields, chunk, metrics)
+        return loss, metrics
     loss = _ChunkedHeadLoss.apply(
         flat, weight, head, loss_of_logits, flat_fields, chunk, tp_group, metrics
     )
     return loss, metrics
+
+
+def _loss_without_grad(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    head: tuple[Project, Finish],
+    loss_of_logits: ChunkLoss,
+    fields: dict[str, torch.Tensor],
+    chunk: int,
+    metrics: dict[str, torch.Tensor],
+) -> torch.Tensor:
+    """The summed loss of the chunks of hidden [N, H] (fields [N, ...]) with grad mode off, the
+    chunks' metrics accumulated into `metrics`. autograd.Function.forward always runs with grad
+    mode off, so _ChunkedHeadLoss cannot tell evaluation from training: this is evaluation."""
+    project, finish = head
+    total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+    for start, end in chunk_ranges(hidden.shape[0], chunk):
+        part = {name: value[start:end].unsqueeze(0) for name, value in fields.items()}
+        logits = finish(project(hidden[start:end], weight)).unsqueeze(0)
+        loss, chunk_metrics = loss_of_logits(logits, part)
+        total += loss.float()
+        accumulate_metrics(metrics, chunk_metrics)
+    return total
 
 
 class _ChunkedHeadLoss(torch.autograd.Function):

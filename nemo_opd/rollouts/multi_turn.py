@@ -5,8 +5,13 @@ that keeps it within max_seq_len; the environment then grades the new assistant 
 whether the episode is done, and may answer with a new user message (for example "try again"),
 which is tokenized with the chat template and appended. A conversation stops when the
 environment is done, when max_rollout_turns assistant turns were made, when a turn ended without
-a natural stop (max_new_tokens reached), or when the sequence reached max_seq_len, in which case
-it is marked truncated.
+a natural stop (cut at max_new_tokens, or at max_seq_len), or when the sequence reached
+max_seq_len; the last two mark it truncated, so every rollout either ended naturally or was
+truncated.
+
+Seeds: with a seed, the request of conversation i (its index in the call) at turn t samples
+with request_seed(seed, i, t), whatever other conversations are still active, so a turn draws
+other random numbers than any earlier turn of any conversation.
 """
 
 from collections import defaultdict
@@ -20,6 +25,10 @@ from nemo_opd.environments.base import Environment
 from nemo_opd.generation.interface import GenerationInterface
 
 DEFAULT_TASK = "math"
+TURN_SEED_STRIDE = 2**21
+"""Turn t's seeds are turn 0's plus t times this. A call has fewer than 2**20 conversations
+and at most 1,024 turns (distillation.max_rollout_turns), so no two requests of a call share
+a seed, not even in the low 32 bits that a CPU generator (torch's mt19937) reads of it."""
 
 
 @dataclass
@@ -29,7 +38,7 @@ class RolloutResult:
     message_logs[i]: the conversation of sample i; assistant messages carry "token_ids" and
         "generation_logprobs" (one per token).
     rewards: [B] float32, the environment's reward for each sample's last assistant turn.
-    truncated: [B] bool, the sequence hit max_seq_len.
+    truncated: [B] bool, the conversation was cut (at max_new_tokens or at max_seq_len).
     metadata[i]: the environment's metadata after the last step.
     metrics: rollout statistics (see rollout_metrics).
     env_metrics: the environments' step metrics summed over turns, as env/<task>/<name>.
@@ -82,7 +91,7 @@ def run_multi_turn_rollout(
         max_rollout_turns: most assistant turns per conversation.
         max_new_tokens: most tokens per assistant turn.
         greedy: decode greedily (validation).
-        seed: sampling seed for this call.
+        seed: sampling seed of this call (see request_seed); None uses the engine's RNG.
         temperature: sampling temperature (None: the engine's configured one).
     """
     logs = [list(log) for log in message_logs]
@@ -94,9 +103,9 @@ def run_multi_turn_rollout(
         active = _stop_full(active, logs, states, max_seq_len)
         if not active:
             break
-        turn_seed = None if seed is None else seed + turn
+        seeds = None if seed is None else [request_seed(seed, i, turn) for i in active]
         budget = (max_new_tokens, max_seq_len)
-        sampling = {"greedy": greedy, "seed": turn_seed, "temperature": temperature}
+        sampling = {"greedy": greedy, "seed": seeds, "temperature": temperature}
         _generate_turn(generation, formatter, logs, states, active, budget, sampling)
         steps, step_metrics = grade(task_to_env, logs, metadata, active)
         for name, value in step_metrics.items():
@@ -110,6 +119,12 @@ def run_multi_turn_rollout(
                 continue
             logs[i] = formatter.extend(logs[i], [reply])
     return finished_rollout(logs, states, metadata, dict(env_metrics))
+
+
+def request_seed(seed: int, row: int, turn: int) -> int:
+    """The sampling seed of conversation `row` (its index in the call) at `turn` (0-based) of
+    a call seeded `seed`: seed + row at the first turn, TURN_SEED_STRIDE more per turn."""
+    return seed + row + turn * TURN_SEED_STRIDE
 
 
 def finished_rollout(
@@ -197,8 +212,8 @@ def _generate_turn(
     sampling: dict,
 ) -> None:
     """One assistant message for each active conversation, appended to its log; budget is
-    (max_new_tokens, max_seq_len), sampling the generate() keywords greedy, seed and
-    temperature."""
+    (max_new_tokens, max_seq_len), sampling the generate() keywords greedy, seed (one per
+    active conversation, or None) and temperature."""
     max_new_tokens, max_seq_len = budget
     prompts = [[t for m in logs[i] for t in m["token_ids"]] for i in active]
     budgets = [min(max_new_tokens, max_seq_len - len(p)) for p in prompts]
@@ -209,8 +224,7 @@ def _generate_turn(
         state.turns += 1
         state.generated += len(ids)
         state.natural_stop = output.finish_reasons[j] == "stop"
-        if not state.natural_stop and len(prompts[j]) + len(ids) >= max_seq_len:
-            state.truncated = True
+        state.truncated = not state.natural_stop  # cut at max_new_tokens or at max_seq_len
         logs[i].append(
             {
                 "role": "assistant",

@@ -47,6 +47,9 @@ class TeacherNeed:
     """The log-prob of the token at every next position."""
     temperature: float = 1.0
     """The teacher's temperature."""
+    hidden: bool = False
+    """The final hidden states of every position (the full-vocabulary divergence: the
+    student's engine applies the teacher's LM head)."""
 
 
 @dataclass
@@ -80,6 +83,8 @@ class TeacherScores:
     """[B, S, k] int32."""
     logprobs: torch.Tensor | None = None
     """[B, S] fp32."""
+    hidden_states: torch.Tensor | None = None
+    """[B, S, H_T] in the teacher's compute precision."""
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """The tensors present, by field name."""
@@ -87,6 +92,7 @@ class TeacherScores:
             "topk_logprobs": self.topk_logprobs,
             "topk_indices": self.topk_indices,
             "logprobs": self.logprobs,
+            "hidden_states": self.hidden_states,
         }
         return {name: value for name, value in fields.items() if value is not None}
 
@@ -116,12 +122,20 @@ class Teacher(Protocol):
 
 
 def score_with(
-    teacher_topk, teacher_logprobs, rollouts: Rollouts, need: TeacherNeed
+    teacher_topk, teacher_logprobs, rollouts: Rollouts, need: TeacherNeed, teacher_hidden=None
 ) -> TeacherScores:
-    """TeacherScores from a teacher's get_topk_logits(batch, k, temperature=...) and
-    get_logprobs(batch, temperature=...) (the Policy and ServedTeacher calls), computing only
-    what need asks for."""
+    """TeacherScores from a teacher's get_topk_logits(batch, k, temperature=...),
+    get_logprobs(batch, temperature=...) and get_hidden_states(batch) (the Policy and
+    ServedTeacher calls; None: the teacher cannot send hidden states), computing only what
+    need asks for."""
     scores = TeacherScores()
+    if need.hidden:
+        if teacher_hidden is None:
+            raise ValueError(
+                "this teacher cannot send its hidden states: loss_fn.support full and "
+                "student_topk need a teacher run by the run's own workers"
+            )
+        scores.hidden_states = teacher_hidden(rollouts.batch)
     if need.topk:
         scores.topk_logprobs, scores.topk_indices = teacher_topk(
             rollouts.batch, need.topk, temperature=need.temperature

@@ -8,6 +8,10 @@ Layout under LoggerConfig.log_dir:
 
 Resuming at step N (resume_step=N) first drops everything logged after step N, from
 metrics.jsonl and from TensorBoard, so the repeated steps are not recorded twice.
+
+No secret reaches any of them (nemo_opd.config.secrets): the run config is redacted before it is
+written, and W&B records nothing of the process on its own (WANDB_SETTINGS: W&B saves the
+command line by default, and an override can hold a password).
 """
 
 import json
@@ -17,7 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from nemo_opd.config import LoggerConfig, WandbConfig
-from nemo_opd.config.secrets import redact
+from nemo_opd.config.secrets import redact, redact_text
 from nemo_opd.utils.checkpoint import atomic_file
 from nemo_opd.utils.console import StepConsole
 
@@ -150,13 +154,28 @@ def import_wandb() -> Any:
     return wandb
 
 
+WANDB_SETTINGS = {
+    "x_disable_meta": True,  # the run's metadata holds sys.argv: overrides, secrets among them
+    "disable_git": True,  # a remote's URL can hold a token
+    "save_code": False,
+    "disable_job_creation": True,  # a job records sys.argv too
+}
+"""wandb.Settings of every run: W&B records nothing of the process beyond what the logger gives
+it (the redacted run config, metrics, rollouts), so no secret reaches its run file."""
+
+
 class WandbBackend:
     """Logs to a Weights & Biases run (online, or offline for a later `wandb sync`)."""
 
     def __init__(self, cfg: WandbConfig, log_dir: Path, run_config: dict | None) -> None:
         self._wandb = import_wandb()
         self._run = self._wandb.init(
-            project=cfg.project, name=cfg.name, mode=cfg.mode, config=run_config, dir=str(log_dir)
+            project=redact_text(cfg.project),
+            name=None if cfg.name is None else redact_text(cfg.name),
+            mode=cfg.mode,
+            config=run_config,
+            dir=str(log_dir),
+            settings=self._wandb.Settings(**WANDB_SETTINGS),
         )
 
     def log(self, metrics: dict[str, float | None], step: int) -> None:

@@ -36,7 +36,11 @@ class Run:
 
     def policy_workers(self) -> list[int]:
         """Pids of this run's training workers (student and teacher PolicyWorker actors)."""
-        return policy_worker_pids(psutil.Process(self.process.pid))
+        return actor_pids(psutil.Process(self.process.pid), "PolicyWorker")
+
+    def generation_workers(self) -> list[int]:
+        """Pids of this run's vLLM engines (VllmWorker actors)."""
+        return actor_pids(psutil.Process(self.process.pid), "VllmWorker")
 
     def finish(self, timeout: float = 600) -> tuple[int, str, str]:
         """Exit status, stdout and stderr; a run that does not end in time fails the test."""
@@ -44,12 +48,13 @@ class Run:
         return code, self.out.read_text(), self.err.read_text()
 
 
-def policy_worker_pids(root: psutil.Process) -> list[int]:
-    """Pids of the PolicyWorker actors below `root` (Ray names each actor's process after it)."""
+def actor_pids(root: psutil.Process, actor_class: str) -> list[int]:
+    """Pids of the `actor_class` actors below `root` (Ray names each actor's process after its
+    class: ray::<class>)."""
     found = []
     for child in root.children(recursive=True):
         try:
-            if "ray::PolicyWorker" in " ".join(child.cmdline()):
+            if f"ray::{actor_class}" in " ".join(child.cmdline()):
                 found.append(child.pid)
         except psutil.NoSuchProcess:
             continue

@@ -2,10 +2,11 @@
 parallelism 2, sequence packing and two-turn rollouts (a retry after a wrong answer), run
 straight through; then the same run through a chain of real faults, each ending the run with one
 clear message and each resumed from the newest intact checkpoint: SIGTERM (a clean stop with a
-checkpoint), a training worker killed mid-step, the newest checkpoint damaged on disk. The run
-that finally completes must log the same metrics as the uninterrupted one. The same config
-overlapped (distillation.max_staleness 1) samples by its schedule, and a worker killed while
-rollouts are ahead of training resumes to the uninterrupted overlapped run's metrics. (A save
+checkpoint), the vLLM engine killed between steps (as the OOM killer does), the newest
+checkpoint damaged on disk. The run that finally completes must log the same metrics as the
+uninterrupted one. The same config overlapped (distillation.max_staleness 1) samples by its
+schedule, and a training worker killed while rollouts are ahead of training ends with one
+message and resumes to the uninterrupted overlapped run's metrics. (A save
 that fails part-way is caused for real one level down, in
 tests/unit/policy/test_policy_checkpoint.py: the loop adds only the message.)
 
@@ -168,15 +169,17 @@ def test_faults_end_runs_cleanly_and_resume_exactly(micro_assets, straight, tmp_
     assert 1 <= stopped <= 2, out[-2000:]
     assert (checkpoints / f"step_{stopped}").is_dir() and not (checkpoints / "final_model").exists()
 
-    # 2. A training worker killed mid-step: one message naming it, no hang, exit 1.
+    # 2. The vLLM engine killed (the OOM killer's way): one line naming it, no hang, exit 1.
     run = start_run(micro_assets, tmp_path, *FAULTY)
     run.wait_for_checkpoint(stopped + 1)
-    victim = run.policy_workers()[0]
+    victim = run.generation_workers()[0]
     os.kill(victim, signal.SIGKILL)
     code, out, err = run.finish()
     assert code == 1, err[-3000:]
-    assert re.search(rf"error: \w+: worker rank \d died \(pid {victim}", err), err[-3000:]
-    assert "Traceback" not in err.split("error: ")[-1]
+    engine = r"vLLM engine \d \(of \d, serving [^)\n]*\)"
+    died = rf"error: {engine} died \(pid {victim}: [^\n]*\) while [^\n]* from the newest\n"
+    assert re.search(died, err), err[-3000:]
+    assert "Traceback" not in err.split("error: vLLM engine")[-1]
 
     # 3. The newest checkpoint damaged on disk: set aside (kept, with the reason) on resume,
     # and the same command once more completes, with the uninterrupted run's metrics.
@@ -232,6 +235,8 @@ def test_a_worker_killed_with_rollouts_ahead_resumes_exactly(micro_assets, overl
     os.kill(victim, signal.SIGKILL)
     code, out, err = run.finish()
     assert code == 1, err[-3000:]
+    assert re.search(rf"error: .*\w+: worker rank \d died \(pid {victim}", err), err[-3000:]
+    assert "Traceback" not in err.split("error: ")[-1]
     newest = max(int(p.name.split("_")[1]) for p in checkpoints.glob("step_*"))
     if newest < STEPS:
         assert (checkpoints / f"step_{newest}" / "rollouts_ahead.pt").is_file()

@@ -240,7 +240,6 @@ def test_real_vocabularies_qwen3_student_llama3_teacher(tmp_path):
     import real_tokenizers
 
     # head_dim 32: vLLM's CPU attention has no kernel for 16
-    # head_dim 32: vLLM's CPU attention has no kernel for 16
     shape = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                  num_key_value_heads=1, head_dim=32, max_position_embeddings=256,
                  tie_word_embeddings=True)  # fmt: skip
@@ -298,3 +297,19 @@ def _served_teacher(config: Path, overrides):
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
             process.wait(60)
+
+
+def test_full_vocabulary_divergence_is_the_top_k_one_at_k_equal_v(tmp_path):
+    """loss_fn.support full (the teacher's hidden states and LM head) and the top-k divergence
+    with every id in the top-k (k = V = 481, the tail bucket empty) grade the same first
+    step's rollouts (same seed, same weights) with the same loss."""
+    one_step = ("distillation.max_num_steps=1",)
+    full = run_loop(tmp_path / "full", "distillation_tiny_full_vocab.yaml", *one_step)[1]
+    topk = run_loop(
+        tmp_path / "topk", "distillation_tiny_100.yaml", *one_step, "distillation.topk_logits_k=481"
+    )[1]
+    assert full["train/reward"] == topk["train/reward"]  # the same rollouts
+    assert "timing/train/teacher_hidden" in full and "timing/train/teacher_topk" not in full
+    assert full["train/teacher_tail_mass"] == 0.0 and full["train/student_topk_mass"] == 1.0
+    for key in ("train/loss", "train/forward_kl", "train/reverse_kl"):
+        assert full[key] == pytest.approx(topk[key], rel=1e-4), key

@@ -44,7 +44,10 @@ from nemo_opd.distributed.vocab_parallel import vocab_parallel_logprobs, vocab_p
 from nemo_opd.losses import build_loss_mask, validate_teacher_topk
 from nemo_opd.losses.chunked_head import chunked_head_loss, chunked_scores
 from nemo_opd.losses.reduction import accumulate_metrics, metric_reduction
+from nemo_opd.policy.engines.teacher_head import TeacherHead, load_teacher_head
+from nemo_opd.policy.engines.teacher_scores import score_positions
 from nemo_opd.policy.engines.training_state import (
+    DTYPES,
     gather_rng_states,
     read_step,
     read_training_state,
@@ -60,6 +63,10 @@ LossFn = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
 """A loss function: loss_fn(logits, fields, global_valid_toks, vocab_start=, tp_group=) ->
 (loss, metrics), with an `input_fields` attribute naming the per-position fields it reads
 (DistillationLossFn, PolicyGradientLossFn)."""
+TEACHER_HIDDEN = "teacher_hidden"
+"""The teacher's final hidden states [B, S, H_T]: a loss field the engine turns into
+TEACHER_LOGITS with the teacher's LM head, chunk by chunk (load_teacher_head)."""
+TEACHER_LOGITS = "teacher_logits"
 DERIVED_FIELDS = ("loss_mask", "targets")
 """Fields the engine makes itself: the aligned loss mask, and targets[:, t] = input_ids[:, t + 1]
 (the token position t predicts)."""
@@ -113,6 +120,7 @@ class Engine(ABC):
         self.hf_config = AutoConfig.from_pretrained(self.model_dir)
         self.optimizer: torch.optim.Optimizer | None = None  # set by the backend when training
         self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+        self.teacher_head: TeacherHead | None = None  # load_teacher_head (support full)
 
     # ---------------------------------------------------------------- primitives (backends)
 
@@ -242,10 +250,15 @@ class Engine(ABC):
         """Write gather_weights()'s result into a checkpoint directory (rank 0 only)."""
         write_weights(tmp, weights, self.hf_config.to_dict())
 
-    def export(self, path: str) -> None:
-        """Write the trained model for use outside the run (Hugging Face format, loadable with
-        from_pretrained); a full-weight engine's export is its checkpoint. A collective."""
-        self.save(path)
+    def export(self, path: str, dtype: str = "float32") -> None:
+        """Write the trained model for use outside the run, atomically: Hugging Face weights in
+        `dtype` (the policy's precision) and config.json, loadable with from_pretrained and
+        vLLM; no training state (that is the checkpoint's). A collective."""
+        weights = self.gather_weights()
+        if dist.get_rank() == 0:
+            with atomic_directory(path) as tmp:
+                write_weights(tmp, weights, self.hf_config.to_dict(), dtype)
+        dist.barrier()
 
     def load(self, path: str) -> None:
         """Restore weights, optimizer, scheduler, RNG and step from a checkpoint directory (the
@@ -364,6 +377,8 @@ class Engine(ABC):
 
         def loss_of_logits(logits: torch.Tensor, fields: dict) -> tuple[torch.Tensor, dict]:
             count = valid[0].clamp(min=1)
+            if TEACHER_HIDDEN in fields:
+                fields = self._with_teacher_logits(fields)
             return loss_fn(
                 logits, fields, count, vocab_start=self.vocab_start, tp_group=self.tp_group
             )
@@ -447,6 +462,54 @@ class Engine(ABC):
         positions = torch.arange(shape[1], device=self.device)
         real = (positions < data["input_lengths"].unsqueeze(1)).unsqueeze(-1)
         return (values_out * real).cpu(), (indices_out * real).cpu()
+
+    def get_hidden_states(self, data: TensorBatch) -> torch.Tensor:
+        """The final hidden states (after the last norm: what the LM head reads) of every
+        position, [B, S, H] in the engine's compute precision; positions at or beyond
+        input_lengths are 0. What a teacher sends for the full-vocabulary divergence."""
+        return self.score(data, hidden=True)["hidden_states"]
+
+    def score(
+        self,
+        data: TensorBatch,
+        *,
+        topk: int = 0,
+        temperature: float = 1.0,
+        logprobs: bool = False,
+        hidden: bool = False,
+    ) -> dict[str, torch.Tensor]:
+        """Any of the top-k, the next-token log-probs and the hidden states of every position
+        in one forward pass per microbatch (teacher_scores.score_positions)."""
+        return score_positions(
+            self, data, topk=topk, temperature=temperature, logprobs=logprobs, hidden=hidden
+        )
+
+    def load_teacher_head(self, model_dir: str, precision: str) -> None:
+        """Hold this rank's rows of the teacher's LM head (frozen, in `precision`), with which
+        the training and evaluation loss turn the teacher's hidden states into its logits
+        (loss_fn.support full or student_topk; teacher_head.py)."""
+        self.teacher_head = load_teacher_head(
+            resolve_pretrained(model_dir),
+            self.vocab_size,
+            self.padded_vocab_size,
+            self.dims.tp,
+            self.dims.local_rank("tp"),
+            self.device,
+            DTYPES[precision],
+        )
+
+    def _with_teacher_logits(self, fields: dict) -> dict:
+        """A chunk's (or microbatch's) fields with the teacher's hidden states [..., H_T]
+        replaced by its logits [..., V_pad / tp] over this rank's columns, padding at -inf."""
+        if self.teacher_head is None:
+            raise RuntimeError(
+                "the loss reads the teacher's hidden states, but this engine holds no teacher "
+                "LM head: call load_teacher_head first"
+            )
+        fields = dict(fields)
+        hidden = fields.pop(TEACHER_HIDDEN)
+        fields[TEACHER_LOGITS] = self._mask_padding(self.teacher_head.logits(hidden))
+        return fields
 
     # ---------------------------------------------------------------- microbatching
 

@@ -8,7 +8,9 @@ Checkpoint directory (written by rank 0 into an atomic temporary directory):
                          instead, peft's adapter format; see lora.py)
     training_state.pt    {"optimizer": full state by HF name or None, "scheduler": ..., "rng":
                          [every rank's RNG state]}
-    nemo_opd.json        {"step": optimizer steps taken}
+    nemo_opd.json        {"optimizer_steps": optimizer steps taken} (not the loop's step: a
+                         loop step takes several optimizer steps; older checkpoints wrote
+                         "step", still read)
 """
 
 import json
@@ -41,14 +43,22 @@ def gather_rng_states() -> list[dict]:
     return states
 
 
-def write_weights(tmp: Path, weights: dict[str, torch.Tensor], hf_config: dict) -> None:
-    """model.safetensors and config.json (dtype float32) of a full-weight checkpoint or export."""
-    weights = {name: tensor.contiguous() for name, tensor in weights.items()}
+def write_weights(
+    tmp: Path, weights: dict[str, torch.Tensor], hf_config: dict, dtype: str = "float32"
+) -> None:
+    """model.safetensors and config.json of a full-weight checkpoint (float32, the master
+    weights) or export (the policy's precision: its floating-point tensors cast to `dtype`,
+    and config.json's dtype saying so)."""
+    weights = {name: _cast(tensor, DTYPES[dtype]).contiguous() for name, tensor in weights.items()}
     save_file(weights, tmp / WEIGHTS_FILE, metadata={"format": "pt"})
     config = dict(hf_config)
     config.pop("_attn_implementation_autoset", None)
-    config["torch_dtype"] = config["dtype"] = "float32"
+    config["torch_dtype"] = config["dtype"] = dtype
     (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+
+
+def _cast(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return tensor.to(dtype) if tensor.is_floating_point() else tensor
 
 
 def write_training_state(
@@ -62,7 +72,7 @@ def write_training_state(
         raise OSError(
             f"writing {tmp / TRAINING_STATE_FILE} failed ({error}); {write_limits(tmp)}"
         ) from error
-    (tmp / META_FILE).write_text(json.dumps({"step": step}))
+    (tmp / META_FILE).write_text(json.dumps({"optimizer_steps": step}))
 
 
 def read_training_state(root: Path) -> dict | None:
@@ -82,9 +92,12 @@ def restore_rng(states: list[dict]) -> None:
 
 
 def read_step(root: Path, default: int) -> int:
-    """The optimizer step a checkpoint was taken at (`default` when it records none)."""
+    """The optimizer steps a checkpoint was taken after (`default` when it records none)."""
     meta = root / META_FILE
-    return json.loads(meta.read_text())["step"] if meta.exists() else default
+    if not meta.exists():
+        return default
+    record = json.loads(meta.read_text())
+    return record["optimizer_steps"] if "optimizer_steps" in record else record["step"]
 
 
 def move_training_state(

@@ -4,6 +4,8 @@ are all too long before any training worker starts (the vLLM engine already load
 stopped). The message goes to stderr, as configuration errors do."""
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 import ray
@@ -92,6 +94,28 @@ def test_all_prompts_too_long(assets, tmp_path, capsys):
     assert "all 50000 prompts are longer than 4 tokens" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("section", "kept"),
+    [("policy", None), ("teacher", None), ("policy", "model.safetensors.index.json")],
+)
+def test_a_model_directory_without_weights(assets, tmp_path, capsys, section, kept):
+    # It passed setup and failed later in the workers (exit status 1, a worker traceback). A
+    # sharded checkpoint's index without its shards has no weights either.
+    source = Path(assets.student if section == "policy" else assets.teacher)
+    model = tmp_path / "model"
+    shutil.copytree(source, model, ignore=shutil.ignore_patterns("*.safetensors"))
+    if kept is not None:
+        index = {
+            "metadata": {},
+            "weight_map": {"lm_head.weight": "model-00001-of-00002.safetensors"},
+        }
+        (model / kept).write_text(json.dumps(index))
+    assert run(assets, tmp_path, f"{section}.model_name={model}") == 2
+    err = capsys.readouterr().err
+    missing = "lacks model-00001-of-00002.safetensors, which" if kept else "has no weights"
+    assert f"error: {section}.model_name: {model} {missing}" in err
+
+
 def test_topk_larger_than_vocabulary(assets, tmp_path, capsys):
     assert run(assets, tmp_path, "distillation.topk_logits_k=100000") == 2
     assert "distillation.topk_logits_k (100000) exceeds the vocabulary size" in (
@@ -126,6 +150,33 @@ def test_megatron_student_on_cpu_must_train_in_fp32():
     check_megatron_training_precision(load_config(config).policy, "cpu")  # fp32
     dtensor = load_config(config.with_name("distillation_tiny.yaml"), ["policy.precision=bfloat16"])
     check_megatron_training_precision(dtensor.policy, "cpu")  # DTensor's autocast trains on CPU
+
+
+def test_the_device_and_the_workers_are_said_at_start(assets, tmp_path, capsys):
+    # cluster.device auto fell back to CPU without a word. A Megatron student in bf16 on CPU
+    # is refused right after the device is known: the lines come before anything starts.
+    config = Path(__file__).parents[3] / "examples/configs/distillation_tiny_megatron.yaml"
+    code = main(
+        [
+            "--config",
+            str(config),
+            "cluster.device=auto",
+            "policy.precision=bfloat16",
+            f"logger.log_dir={tmp_path / 'logs'}",
+            f"checkpointing.checkpoint_dir={tmp_path / 'ckpt'}",
+        ]
+    )
+    assert code == 2
+    out = capsys.readouterr().out
+    assert (
+        "device: cpu (cluster.device is auto and Ray sees no GPU: every worker and vLLM run on "
+        "the CPU; set cluster.device=cuda to require GPUs)"
+    ) in out
+    assert (
+        "workers: 1 training worker (each runs a rank of the student and of the teacher) on 1 "
+        "node, 1 vLLM engine (sharing the training workers' CPUs); where Ray placed each is "
+        "printed once they have started"
+    ) in out
 
 
 def _data_files(tmp_path, train_lines, val_rows=5):

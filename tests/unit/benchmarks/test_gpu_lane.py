@@ -19,7 +19,7 @@ import bench_engine  # noqa: E402
 import gpu_lane_report  # noqa: E402
 import gpu_wheels  # noqa: E402
 
-STEPS = ("env", "a_kernel", "b_topk", "c_scale", "d_engine", "e_mcore")
+STEPS = ("env", "a_kernel", "b_topk", "c_scale", "d_engine", "e_mcore", "f_full")
 
 
 def run_lane(out: Path, *args: str) -> subprocess.CompletedProcess:
@@ -38,7 +38,7 @@ def step_rows(summary: str) -> dict[str, str]:
 
 
 def test_dry_run_passes_every_step_and_keeps_each_result(tmp_path):
-    done = run_lane(tmp_path)
+    done = run_lane(tmp_path, "--all")
     summary = (tmp_path / "summary.md").read_text()
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert step_rows(summary) == dict.fromkeys(STEPS, "pass")
@@ -47,7 +47,7 @@ def test_dry_run_passes_every_step_and_keeps_each_result(tmp_path):
     for step in STEPS:
         assert f"logs/{step}.log" in names
     results = ["kernel.xml", "topk_kl.json", "scale.json", "engine.json", "parity_cpu.json"]
-    results += ["parity_dtensor.json", "parity_megatron.json"]
+    results += ["parity_dtensor.json", "parity_megatron.json", "full_vocab_h64.json"]
     assert {f"results/{name}" for name in results} <= names
     assert "test_matches_brute_force" in summary  # the kernel's pass/fail table
     assert "triton bv=128" in summary and "triton inplace" in summary  # the block sweep

@@ -12,13 +12,15 @@ from pathlib import Path
 import pytest
 
 from nemo_opd import cli
-from nemo_opd.config import ConfigError, load_config
+from nemo_opd.config import ConfigError, compose_config, load_config
 from nemo_opd.config.bounds import (
     MAX_DEFAULTS_LOADS,
     MAX_DEPTH,
     MAX_FILE_BYTES,
     MAX_INTERPOLATED_CHARS,
     MAX_OVERRIDE_CHARS,
+    MAX_PARSED_CHARS,
+    MAX_REFERENCE_CHAIN,
     MAX_RESOLUTIONS,
     MAX_VALUES,
 )
@@ -122,26 +124,62 @@ def test_deep_nesting(write_yaml):
 
 
 @pytest.mark.parametrize(
-    "body",
+    ("body", "excess"),
     [
         # text that doubles at every key
-        "x0: abcdefgh\n" + "".join(f"x{i}: ${{x{i - 1}}}${{x{i - 1}}}\n" for i in range(1, 60)),
+        (
+            "x0: abcdefgh\n" + "".join(f"x{i}: ${{x{i - 1}}}${{x{i - 1}}}\n" for i in range(1, 60)),
+            f"{MAX_INTERPOLATED_CHARS:,} characters",
+        ),
         # a section that doubles at every key
-        "y0: [1, 2, 3]\n"
-        + "".join(f"y{i}: ['${{y{i - 1}}}', '${{y{i - 1}}}']\n" for i in range(1, 60)),
+        (
+            "y0: [1, 2, 3]\n"
+            + "".join(f"y{i}: ['${{y{i - 1}}}', '${{y{i - 1}}}']\n" for i in range(1, 60)),
+            f"{MAX_VALUES:,} values",
+        ),
     ],
 )
-def test_interpolation_that_doubles(write_yaml, body):
-    # OmegaConf resolves a key again each time another refers to it: the work doubles with
-    # the size, and the work bound is met first
+def test_interpolation_that_doubles(write_yaml, body, excess):
+    # OmegaConf resolved a key again each time another referred to it (2**59 resolutions
+    # here); each key is resolved once, and what the references yield is bounded
     message = refused(on_tiny(write_yaml, "double.yaml", body))
-    assert f"would take more than {MAX_RESOLUTIONS:,} steps" in message
+    assert f"interpolations would produce more than {excess}" in message
 
 
 def test_an_interpolation_that_resolves_to_too_much_text(write_yaml):
     body = "big: " + "a" * 600_000 + "\ntwice: ${big}${big}\n"
     message = refused(on_tiny(write_yaml, "big.yaml", body))
-    assert f"twice: its interpolations resolve to more than {MAX_INTERPOLATED_CHARS:,}" in message
+    produce = f"interpolations would produce more than {MAX_INTERPOLATED_CHARS:,} characters"
+    assert message.startswith(f"twice: the config's {produce}")
+    # a reference to a long text yields it again, whether or not it is joined to other text
+    body = "big: " + "a" * 600_000 + "\nonce: ${big}\nagain: ${big}\n"
+    message = refused(on_tiny(write_yaml, "big.yaml", body))
+    assert message.startswith(f"again: the config's {produce}")
+
+
+def test_what_is_parsed_is_bounded(write_yaml):
+    # OmegaConf's parser takes about a second for 5,000 interpolations or 400 KB of text
+    body = "empty: ''\nmany: " + "${empty}" * (MAX_RESOLUTIONS + 1) + "\n"
+    message = refused(on_tiny(write_yaml, "many.yaml", body))
+    assert message.startswith(
+        f"many: the config's values with interpolations hold more than {MAX_RESOLUTIONS:,} `${{`"
+    )
+    body = "empty: ''\nlong: ${empty}" + "a" * MAX_PARSED_CHARS + "\n"
+    message = refused(on_tiny(write_yaml, "long.yaml", body))
+    assert message.startswith(
+        f"long: the config's values with interpolations come to more than {MAX_PARSED_CHARS:,}"
+    )
+
+
+def test_a_long_chain_of_references(write_yaml):
+    # each key refers to the next one down, so none is resolved before the chain reaches k0
+    def chain(length: int) -> str:
+        return "".join(f"k{i}: ${{k{i - 1}}}\n" for i in range(length, 0, -1)) + "k0: 1\n"
+
+    message = refused(on_tiny(write_yaml, "chain.yaml", chain(200)))
+    assert message.startswith(f"k{200 - MAX_REFERENCE_CHAIN}: a chain of more than")
+    composed = compose_config(on_tiny(write_yaml, "chain.yaml", chain(MAX_REFERENCE_CHAIN)))
+    assert composed[f"k{MAX_REFERENCE_CHAIN}"] == 1
 
 
 @pytest.mark.parametrize(
@@ -158,6 +196,61 @@ def test_omegaconfs_own_resolvers_are_refused(write_yaml, resolver):
     assert time.monotonic() - start < 5
     assert f"the resolver {resolver!r} is not available" in message
     assert "an environment variable never enters a config" in message
+
+
+SECRET = "hunter2-env-value"
+
+
+def wandb_name(project: str, name: str) -> str:
+    """YAML that sets logger.wandb.project and .name (two keys the schema takes as any text)."""
+    return f"logger:\n  wandb:\n    project: {project}\n    name: {name}\n"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        # the resolver's name read from a key, whole or in part
+        pytest.param(wandb_name("oc.env", "'${${.project}:NEMO_OPD_TEST_SECRET}'"), id="name"),
+        pytest.param(wandb_name("env", "'${oc.${.project}:NEMO_OPD_TEST_SECRET}'"), id="part"),
+        # an escaped backslash, then the interpolation
+        pytest.param(wandb_name("p", "'\\\\${oc.env:NEMO_OPD_TEST_SECRET}'"), id="backslash"),
+        pytest.param(wandb_name("p", "'x\\\\${oc.env:NEMO_OPD_TEST_SECRET}'"), id="in-text"),
+    ],
+)
+def test_an_environment_variable_never_enters_a_config(write_yaml, monkeypatch, body):
+    monkeypatch.setenv("NEMO_OPD_TEST_SECRET", SECRET)
+    message = refused(on_tiny(write_yaml, "env.yaml", body))
+    assert "the resolver 'oc.env' is not available" in message
+    assert "an environment variable never enters a config" in message
+    assert SECRET not in message
+
+
+def resolver_alias_bomb(levels: int) -> str:
+    """A flow mapping of YAML anchors, each ten uses of the previous one: oc.create would parse
+    it to 10**levels values."""
+    anchors = ["a0: &a0 [" + ", ".join(["x"] * 10) + "]"]
+    anchors += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, levels)]
+    return "{" + ", ".join(anchors) + "}"
+
+
+def test_an_alias_bomb_cannot_reach_oc_create(write_yaml):
+    # each level took 10x the last (7 levels: minutes) before resolvers were looked up by
+    # the name they resolve to
+    body = wandb_name("oc.create", f"\"${{${{.project}}:'{resolver_alias_bomb(7)}'}}\"")
+    start = time.monotonic()
+    message = refused(on_tiny(write_yaml, "bomb.yaml", body))
+    assert time.monotonic() - start < 5
+    assert "the resolver 'oc.create' is not available" in message
+
+
+def test_keys_named_by_interpolations_are_bounded_too(write_yaml):
+    # x<i> refers twice to the key n<i> names, x<i-1>: each level doubled the work (16 levels
+    # took a minute) where the size of the text was estimated from its shape
+    levels = "".join(f"n{i}: x{i - 1}\nx{i}: ${{${{n{i}}}}}${{${{n{i}}}}}\n" for i in range(1, 40))
+    start = time.monotonic()
+    message = refused(on_tiny(write_yaml, "double.yaml", "x0: abcdefgh\n" + levels))
+    assert time.monotonic() - start < 5
+    assert f"more than {MAX_INTERPOLATED_CHARS:,} characters" in message
 
 
 def test_resolver_results_are_bounded(write_yaml):

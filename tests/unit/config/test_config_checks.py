@@ -1,5 +1,7 @@
 """Cross-field checks: each rule rejects a bad combination with a message naming the keys."""
 
+import sys
+
 import pytest
 from config_errors import problems
 
@@ -235,6 +237,17 @@ def test_exactly_one_data_source(minimal, data, state):
     ]
 
 
+def test_one_validation_source(minimal):
+    # A local validation file beside a validation dataset: neither may silently win.
+    minimal["data"].update({"val_dataset_name": "HuggingFaceH4/MATH-500", "val_path": "v.jsonl"})
+    assert problems(minimal) == [
+        "data.val_path and data.val_dataset_name are both set; set one: a local file, or a "
+        "dataset (null: data.dataset_name's own validation split)"
+    ]
+    del minimal["data"]["val_path"]
+    assert problems(minimal) == []
+
+
 def test_local_files_instead_of_a_dataset(minimal):
     minimal["data"] = {"train_path": "train.jsonl", "val_path": "val.parquet"}
     assert problems(minimal) == []
@@ -262,6 +275,41 @@ def test_validation_metric_needs_validation_at_each_save(minimal):
     assert problems(minimal) == []
     minimal["distillation"]["val_period"] = 0
     minimal["checkpointing"]["metric_name"] = None
+    assert problems(minimal) == []
+
+
+@pytest.mark.parametrize(
+    ("name", "hint"),
+    [
+        ("val:accuracy", "NeMo-RL's 'val:accuracy' is 'validation/accuracy' here"),
+        ("validation/acuracy", "did you mean 'validation/accuracy'?"),
+        ("val_reward", ""),
+    ],
+)
+def test_unknown_checkpoint_metric_is_refused(minimal, name, hint):
+    # An unknown name ranked every checkpoint as "without the metric": kept by recency, silently.
+    minimal["checkpointing"] = {"enabled": True, "save_period": 10, "metric_name": name}
+    minimal["distillation"]["val_period"] = 5
+    [message] = problems(minimal)
+    assert message.startswith(
+        f"checkpointing.metric_name: {name!r} is not a metric checkpoints are ranked by"
+    )
+    assert hint in message
+    assert message.endswith(
+        "the metrics are validation/accuracy, validation/avg_length, validation/loss, "
+        "validation/forward_kl, validation/reverse_kl, validation/top1_agreement, train/loss, "
+        "train/reward; or null to keep the most recent"
+    )
+
+
+def test_checkpoint_metrics_follow_the_run(minimal):
+    minimal["checkpointing"] = {"enabled": True, "save_period": 10}
+    minimal["distillation"].update({"val_period": 5, "val_samples_per_prompt": 4})
+    for name in ("validation/pass@4", "validation/accuracy_avg@4", "validation/reverse_kl"):
+        minimal["checkpointing"]["metric_name"] = name
+        assert problems(minimal) == []
+    minimal["checkpointing"]["metric_name"] = "train/loss"
+    minimal["checkpointing"]["higher_is_better"] = False
     assert problems(minimal) == []
 
 
@@ -412,3 +460,16 @@ def test_stream_chunks_hold_whole_prompts(minimal):
         "distillation.stream_chunks (5) is more than num_prompts_per_step (4): each part holds "
         "whole prompts; lower it"
     ]
+
+
+def test_wandb_enabled_needs_wandb_installed(minimal, monkeypatch):
+    # Without wandb, a W&B run failed after the whole setup, with a traceback.
+    monkeypatch.setitem(sys.modules, "wandb", None)  # as if not installed, wherever it is
+    minimal["logger"] = {"wandb_enabled": True}
+    assert problems(minimal) == [
+        "logger.wandb_enabled is true but the wandb package is not installed: install the "
+        "extra (uv sync --extra wandb, or pip install 'nemo_opd[wandb]'), or set "
+        "logger.wandb_enabled=false"
+    ]
+    minimal["logger"] = {"wandb_enabled": False}
+    assert problems(minimal) == []

@@ -52,6 +52,25 @@ def select_chain(resolver: str, levels: int) -> list[str]:
     ]
 
 
+def named_chain(levels: int) -> list[str]:
+    """++b.x<i> refers twice to the key ++b.n<i> names, b.x<i-1>: 2**levels characters, and
+    2**levels evaluations where each reference is resolved again."""
+    first = ["++b.x0=ab"]
+    return first + [
+        f"++b.n{i}=b.x{i - 1}" if half == 0 else f"++b.x{i}='${{${{b.n{i}}}}}${{${{b.n{i}}}}}'"
+        for i in range(1, levels + 1)
+        for half in range(2)
+    ]
+
+
+def resolver_alias_bomb(levels: int) -> str:
+    """A flow mapping of YAML anchors, each ten uses of the previous one: 10**levels values for
+    a resolver that parses YAML (oc.create)."""
+    anchors = ["a0: &a0 [" + ", ".join(["x"] * 10) + "]"]
+    anchors += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, levels)]
+    return "{" + ", ".join(anchors) + "}"
+
+
 def run_cli(tmp_path: Path, argv: list[str], env: dict | None = None) -> dict:
     """Run the command line on argv in a fresh process: exit status, seconds, peak MiB (as the
     process measured itself), output."""
@@ -83,6 +102,25 @@ CASES = {
     "200 nested add": [TINY, f"distillation.seed='{nested_add(200)}'", "--print-config"],
     # 3. an environment variable copied into the printed config
     "oc.env": [TINY, "++logger.wandb.name='${oc.env:NEMO_OPD_TEST_SECRET}'", "--print-config"],
+    "oc.env named by a key": [
+        TINY,
+        "logger.wandb.project=oc.env",
+        "logger.wandb.name='${${logger.wandb.project}:NEMO_OPD_TEST_SECRET}'",
+        "--print-config",
+    ],
+    "oc.env named in part by a key": [
+        TINY,
+        "logger.wandb.project=env",
+        "logger.wandb.name='${oc.${logger.wandb.project}:NEMO_OPD_TEST_SECRET}'",
+        "--print-config",
+    ],
+    "oc.env after an escaped backslash": [
+        TINY,
+        "logger.wandb.name='\\\\${oc.env:NEMO_OPD_TEST_SECRET}'",
+        "--print-config",
+    ],
+    # keys that refer to keys named by interpolations, doubling (24 levels: past a minute)
+    "named keys doubling": [TINY, *named_chain(24), "--print-config"],
     # 4. templates that failed at the first step, or built a gigabyte per row
     "a conversion": [TINY, "teacher.prompt_template='{prompt!z}'", "--print-config"],
     "a format spec": [TINY, "teacher.prompt_template='{prompt:d}'", "--print-config"],
@@ -93,6 +131,21 @@ CASES = {
     "back-off 1e300": [TINY, "teacher.server.retry_backoff_s=1e300", "--print-config"],
     "a file URL": [TINY, "teacher.server.base_url=file:///etc/passwd", "--print-config"],
     "no scheme": [TINY, "teacher.server.base_url=host:8000/v1", "--print-config"],
+    "user-info, no scheme": [
+        TINY,
+        f"teacher.server.base_url=alice:{SECRET}@host/v1",
+        "--print-config",
+    ],
+    "user-info, a space": [
+        TINY,
+        f"teacher.server.base_url='http://alice:{SECRET} x@host/v1'",
+        "--print-config",
+    ],
+    "user-info, a port that is not one": [
+        TINY,
+        f"teacher.server.base_url='http://alice:{SECRET}?@host/v1'",
+        "--print-config",
+    ],
     # 6. scale
     "400,000 key parts": [TINY, "++" + ".".join(["a"] * 400_000) + "=1", "--print-config"],
     "a 1 MB key": [TINY, "++" + "k" * 1_000_000 + "=1", "--print-config"],
@@ -131,6 +184,17 @@ def test_each_hostile_prompt_file_is_refused_in_bounds(tmp_path, name):
     assert message.startswith("error: data.prompt_file: the template ")
 
 
+def test_an_alias_bomb_for_a_resolver_named_by_a_key(tmp_path):
+    # oc.create parsed it: each level took 10x the last (7 levels, 466 bytes: minutes)
+    bomb = tmp_path / "bomb.yaml"
+    name = f"${{${{.project}}:'{resolver_alias_bomb(7)}'}}"
+    bomb.write_text(
+        f'defaults: {TINY}\nlogger:\n  wandb:\n    project: oc.create\n    name: "{name}"\n'
+    )
+    message = assert_refused(run_cli(tmp_path, [str(bomb), "--print-config"]))
+    assert "the resolver 'oc.create' is not available" in message
+
+
 def test_ten_thousand_teachers_or_unknown_keys(tmp_path):
     teachers = tmp_path / "teachers.yaml"
     entries = ", ".join(f"t{i}: {{model_name: m}}" for i in range(10_000))
@@ -144,8 +208,9 @@ def test_ten_thousand_teachers_or_unknown_keys(tmp_path):
     assert "(10,000 problems)" in message and message.rstrip().endswith("... and 9,980 more")
 
 
-def test_user_info_in_a_url_is_never_printed(tmp_path):
-    url = f"http://user:{SECRET}@127.0.0.1:9/v1"
+@pytest.mark.parametrize("password", [SECRET, f"p@{SECRET}"])  # httpx sends p@... whole
+def test_user_info_in_a_url_is_never_printed(tmp_path, password):
+    url = f"http://user:{password}@127.0.0.1:9/v1"
     served = ["teacher.server.enabled=true", f"teacher.server.base_url={url}"]
     printed = run_cli(tmp_path, [TINY, *served, "--print-config"])
     assert printed["status"] == 0 and printed["err"] == ""

@@ -54,6 +54,70 @@ def test_resolvers(expression, expected):
     assert type(value) is type(expected)
 
 
+SAME_AS_OMEGACONF = [
+    {
+        "a": {"x": 1, "y": [1, "${..x}"]},
+        "b": "${a}",
+        "c": "${a.y}",
+        "d": "${a.y.1}",
+        "e": "${a.y[0]}",
+    },
+    {"c": {"k": 5}, "a": "${c}", "b": "${a.k}"},  # through a key whose value interpolates
+    {"s": "v", "esc": "\\${s}", "esc2": "\\\\${s}", "mix": "pre-${s}-\\${s}-post"},
+    {
+        "n": None,
+        "r": "${n}",
+        "t": "x${n}",
+        "b": True,
+        "rb": "${b}-${b}",
+        "f": 0.5,
+        "rf": "${f}${f}",
+    },
+    {"n": 8, "q": "${mul:${n},2}", "quoted": "'${n}'", "list": "[${n}, 2]", "m": "${max:1.5, 2}"},
+    {"a": {"b": {"c": "${...top}", "d": "${.c}"}}, "top": 3, "spaced": "${ top }"},
+    {"k": "y", "y": 4, "named": "${${k}}", "text": "a b ${y} c"},
+    {"d": {"0": "zero"}, "r": "${d.0}", "sec": {"a": 1}, "t": "x${sec}", "l": [1], "u": "x${l}"},
+]
+
+
+@pytest.mark.parametrize("config", SAME_AS_OMEGACONF)
+def test_values_are_those_omegaconf_gives(config):
+    register_resolvers()
+    expected = OmegaConf.to_container(OmegaConf.create(config), resolve=True)
+    assert resolve_interpolations(config) == expected
+
+
+def test_a_section_referred_to_is_copied():
+    resolved = resolve_interpolations({"a": {"x": [1]}, "b": "${a}"})
+    assert resolved["b"] == resolved["a"] and resolved["b"]["x"] is not resolved["a"]["x"]
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        (
+            {"a": "${b}", "b": "${a}"},
+            "b: interpolations refer to one another in a cycle: a -> b -> a",
+        ),
+        (
+            {"a": {"b": "${a}"}},
+            "a.b: interpolations refer to one another in a cycle: a -> a.b -> a",
+        ),
+        ({"a": "${b}", "b": "???"}, "b: mandatory value '???' was never set"),
+        ({"a": "${..b}"}, "a: cannot resolve interpolation '${..b}': '..b' goes above the top"),
+        (
+            {"k": 3, "a": "${${k}}"},
+            "a: cannot resolve interpolation '${${k}}': The following interpolation is used to "
+            "denote a config key",
+        ),
+    ],
+)
+def test_what_cannot_be_resolved(config, message):
+    with pytest.raises(ConfigError) as info:
+        resolve_interpolations(config)
+    assert str(info.value).startswith(message)
+
+
 def test_registration_is_idempotent_and_complete():
     register_resolvers()
     register_resolvers()
@@ -64,7 +128,7 @@ def test_registration_is_idempotent_and_complete():
 @pytest.mark.parametrize(
     ("expression", "fragment"),
     [
-        ("${nope.x}", "Interpolation key 'nope.x' not found"),
+        ("${nope.x}", "refers to 'nope.x', which is not in the config"),
         ("${mull:1,2}", "the resolver 'mull' is not available; did you mean 'mul'?"),
         ("${mul:x,2}", "'mul' takes numbers, got 'x'"),
         ("${mul:true,2}", "'mul' takes numbers, got true"),

@@ -149,6 +149,26 @@ def test_every_section_forbids_unknown_keys(minimal, path):
             "policy.tokenizer: must be a section (a mapping of keys); got 'tiny:tokenizer'",
         ),
         (("policy", "model_name"), "", "policy.model_name: must have at least 1 character; got ''"),
+        # a URL's user-info is never echoed, even when the URL is malformed
+        (
+            ("teacher", "server", "base_url"),
+            "alice:s3cr3t@host/v1",
+            "teacher.server.base_url: must be an http(s) URL with a host, e.g. "
+            "http://127.0.0.1:8000/v1 (the server's OpenAI base URL); got '***@host/v1'",
+        ),
+        (
+            ("teacher", "server", "base_url"),
+            "http://alice:s3 cr3t@host/v1",
+            "teacher.server.base_url: must be a URL without spaces or control characters; got "
+            "'http://***@host/v1'",
+        ),
+        (
+            ("teacher", "server", "base_url"),
+            "http://alice:s3?cr3t@host/v1",
+            "teacher.server.base_url: has a port that is not a number from 0 to 65535 (a "
+            "password that holds /, ? or # must be percent-encoded: %2F, %3F, %23); got "
+            "'http://***@host/v1'",
+        ),
     ],
 )
 def test_bad_values_name_the_full_path_and_value(minimal, path, value, expected):

@@ -1,8 +1,9 @@
 """Redaction: URL user-info and registered secrets, in text and in plain data."""
 
+import httpx
 import pytest
 
-from nemo_opd.config.secrets import redact, redact_text, register_secret
+from nemo_opd.config.secrets import redact, redact_text, redact_user_info, register_secret
 
 
 @pytest.mark.parametrize(
@@ -14,10 +15,45 @@ from nemo_opd.config.secrets import redact, redact_text, register_secret
         ("http://host:8000/v1", "http://host:8000/v1"),  # nothing to hide
         ("mail someone@example.org", "mail someone@example.org"),  # not a URL's user-info
         ("http://host/path?q=a@b", "http://host/path?q=a@b"),  # an @ after the host
+        # an @ in the password: the user-info ends at the last @ before the path, as httpx reads it
+        ("http://alice:p@ss-s3cr3t@host/v1", "http://***@host/v1"),
+        ("at https://a:b@c@d@host:8000 and", "at https://***@host:8000 and"),
+        ("'http://alice:pa?ss@host/v1'", "'http://***@host/v1'"),  # a ? or # in it too
     ],
 )
 def test_url_user_info(text, redacted):
     assert redact_text(text) == redacted
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://alice:p@ss-s3cr3t@host/v1",
+        "http://alice:p%40ss@host:8000/v1",
+        "https://tok@en@api.example.org/v1/models?x=y@z",
+        "http://a:b@c@[::1]:8000/v1",
+    ],
+)
+def test_what_httpx_sends_as_user_info_is_redacted(url):
+    sent = httpx.URL(url)
+    shown = redact_text(url)
+    assert sent.username and sent.username not in shown
+    assert not sent.password or sent.password not in shown
+    assert shown.startswith(f"{sent.scheme}://***@") and httpx.URL(shown).host == sent.host
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        ("alice:s3cr3t@host/v1", "***@host/v1"),  # no scheme
+        ("http://alice:s3 cr3t@host/v1", "http://***@host/v1"),  # a space in the password
+        ("tok3n@host", "***@host"),
+        ("host:8000/v1", "host:8000/v1"),
+        ("http://alice:pa/ss@host/v1", "http://***@host/v1"),  # a / in the password
+    ],
+)
+def test_a_value_that_may_be_a_url_is_echoed_without_its_user_info(value, shown):
+    assert redact_user_info(value) == shown
 
 
 def test_registered_secrets_are_redacted_wherever_they_appear():

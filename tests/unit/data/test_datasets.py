@@ -233,6 +233,24 @@ def test_null_or_structured_prompt_or_answer_is_refused(tmp_path, row, refusal):
     )
 
 
+@pytest.mark.parametrize(
+    ("row", "key"),
+    [
+        ({"problem": "", "answer": "1"}, "'problem' (data.prompt_key)"),
+        ({"problem": " \n\t", "answer": "1"}, "'problem' (data.prompt_key)"),
+        ({"problem": "p", "answer": ""}, "'answer' (data.answer_key)"),
+    ],
+)
+def test_empty_prompt_or_answer_is_refused(tmp_path, row, key):
+    # An empty problem would be rendered as a chat with an empty user turn, silently.
+    path = _jsonl(tmp_path / "t.jsonl", [{"problem": "p", "answer": 1}, row])
+    kind = "prompt" if "prompt_key" in key else "answer"
+    assert _refusal(path) == (
+        f"data.train_path ({path}): line 2: {key} is empty; the {kind} must hold text: fix or "
+        "remove the row"
+    )
+
+
 def test_missing_answer_names_the_line(tmp_path):
     path = _jsonl(tmp_path / "t.jsonl", [{"problem": "p", "answer": 1}, {"problem": "p"}])
     assert re.search(r"line 2 has no column 'answer' \(data.answer_key\)", _refusal(path))
@@ -282,3 +300,46 @@ def test_a_prompt_column_of_chat_messages(tmp_path):
         cfg = DataConfig(train_path=_jsonl(tmp_path / "b.jsonl", rows), prompt_key="messages")
         with pytest.raises(SetupError, match="chat-format prompt"):
             load_prompt_records(cfg, "train")
+
+
+def _saved_rows(prefix: str, count: int) -> list[dict]:
+    return [{"problem": f"{prefix} {i}", "answer": i} for i in range(count)]
+
+
+def test_a_dataset_saved_with_save_to_disk(tmp_path):
+    # datasets.load_dataset refuses a save_to_disk directory (it wants load_from_disk): a
+    # single Dataset is the data of the key that names it, a DatasetDict has splits.
+    import datasets
+
+    single = tmp_path / "single"
+    datasets.Dataset.from_list(_saved_rows("train", 4)).save_to_disk(single)
+    held_out = tmp_path / "held_out"
+    datasets.Dataset.from_list(_saved_rows("val", 2)).save_to_disk(held_out)
+    cfg = DataConfig(dataset_name=str(single), val_dataset_name=str(held_out))
+    assert [r["prompt"] for r in load_prompt_records(cfg, "train")] == [
+        f"train {i}" for i in range(4)
+    ]
+    assert [r["answer"] for r in load_prompt_records(cfg, "validation")] == ["0", "1"]
+
+    splits = tmp_path / "splits"
+    whole = {"train": _saved_rows("train", 3), "test": _saved_rows("test", 2)}
+    datasets.DatasetDict({k: datasets.Dataset.from_list(v) for k, v in whole.items()}).save_to_disk(
+        splits
+    )
+    cfg = DataConfig(dataset_name=str(splits))
+    assert len(load_prompt_records(cfg, "train")) == 3
+    assert [r["prompt"] for r in load_prompt_records(cfg, "validation")] == ["test 0", "test 1"]
+
+
+def test_a_single_saved_dataset_is_not_also_the_validation_data(tmp_path):
+    import datasets
+
+    single = tmp_path / "single"
+    datasets.Dataset.from_list(_saved_rows("train", 4)).save_to_disk(single)
+    with pytest.raises(SetupError) as refused:
+        load_prompt_records(DataConfig(dataset_name=str(single)), "validation")
+    assert str(refused.value) == (
+        f"data.dataset_name: {single} is a single Dataset saved with save_to_disk, without "
+        "splits: it is the training data; name the validation data with data.val_dataset_name "
+        "or data.val_path, or save a DatasetDict with a 'validation' split"
+    )

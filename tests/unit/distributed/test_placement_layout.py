@@ -5,6 +5,7 @@ import pytest
 
 from nemo_opd.config import ClusterConfig, GenerationConfig
 from nemo_opd.config.worker_split import worker_split
+from nemo_opd.distributed.cluster import describe_device
 from nemo_opd.distributed.placement import bundle_node_slots, generation_bundles
 
 
@@ -55,3 +56,17 @@ def test_engines_on_their_own_devices(nodes, per_node, gen_nodes, gen_per_node, 
     found = generation_bundles(cluster, split, gen, device)
     assert found == engines
     assert all(bundle >= split.training for bundle in found)
+
+
+@pytest.mark.parametrize(
+    ("configured", "device", "gpus", "line"),
+    [
+        ("auto", "cuda", 8.0, "device: cuda (cluster.device is auto and Ray sees 8 GPUs)"),
+        ("auto", "cpu", 0.0, "device: cpu (cluster.device is auto and Ray sees no GPU: every"),
+        ("cpu", "cpu", 8.0, "device: cpu (cluster.device)"),
+    ],
+)
+def test_the_device_line_says_why(configured, device, gpus, line):
+    # "auto" used to fall back to the CPU without a word.
+    described = describe_device(ClusterConfig(device=configured), device, gpus)
+    assert described.startswith(line)

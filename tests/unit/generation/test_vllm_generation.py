@@ -64,6 +64,22 @@ def test_seeds_do_not_depend_on_the_split(generation):
     assert tail.token_ids == full.token_ids[4:]
 
 
+def test_one_seed_per_prompt(generation):
+    """Given one seed per prompt, each prompt samples as it does alone with that seed; a
+    later turn's seed (nemo_opd.rollouts.multi_turn.TURN_SEED_STRIDE apart) samples apart."""
+    from nemo_opd.rollouts.multi_turn import TURN_SEED_STRIDE
+
+    prompts = random_prompts(4, seed=4)
+    seeds = [101, 7, 3 * TURN_SEED_STRIDE + 7, TURN_SEED_STRIDE + 101]
+    out = generation.generate(prompts, seed=seeds)
+    for prompt, seed, ids in zip(prompts, seeds, out.token_ids, strict=True):
+        assert generation.generate([prompt], seed=seed).token_ids == [ids]
+    same_prompt = generation.generate([prompts[0]] * 2, seed=seeds[::3])
+    assert same_prompt.token_ids[0] == out.token_ids[0] != same_prompt.token_ids[1]
+    with pytest.raises(ValueError, match=r"one seed per prompt \(4\), got 2"):
+        generation.generate(prompts, seed=seeds[:2])
+
+
 def test_seeded_sampling_of_more_prompt_tokens_than_one_scheduler_step(generation):
     """Hundreds of seeded prompts in one call (more prompt tokens than vLLM's per-step budget on
     CPU, which with chunked prefill made vLLM rewind CPU generators and fail) sample the same
@@ -272,3 +288,45 @@ def test_an_engine_that_is_never_scheduled_times_out_with_the_reason(
         VllmGeneration(
             generation_config(), model_dirs["a"], None, device_type="cpu", cpus_per_engine=64
         )
+
+
+def test_an_engine_that_raises_or_dies_ends_the_call_with_one_line_naming_it(
+    ray_session, model_dirs
+):
+    """Real faults of a running engine: a call it rejects (a prompt past max_model_len), then
+    its process killed with SIGKILL (as the OOM killer does). Each ends the call with a
+    one-line RunError naming the engine and what happened, never a Ray traceback."""
+    import contextlib
+    import os
+    import re
+    import signal
+
+    import psutil
+    import ray
+
+    from nemo_opd.errors import RunError
+    from nemo_opd.generation import VllmGeneration
+
+    generation = VllmGeneration(generation_config(), model_dirs["a"], None, device_type="cpu")
+    engine = f"vLLM engine 0 (of 1, serving {model_dirs['a']})"
+    try:
+        with pytest.raises(RunError) as raised:
+            generation.generate(random_prompts(1, min_len=MAX_LEN + 1, max_len=MAX_LEN + 1))
+        message = str(raised.value)
+        assert message.startswith(f"{engine} raised ") and " while generating; " in message
+        assert "\n" not in message
+
+        [actor] = generation.engines
+        pid = ray.get(actor.__ray_call__.remote(lambda worker: os.getpid()))
+        os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            psutil.Process(pid).wait(timeout=30)
+        with pytest.raises(RunError) as raised:
+            generation.generate(random_prompts(2), seed=1)
+        message = str(raised.value)
+        died = rf"{re.escape(engine)} died \(pid {pid}: [^\n]*\) while generating; "
+        assert re.match(died, message), message
+        assert message.endswith("run the same command to resume from the newest")
+        assert "\n" not in message
+    finally:
+        generation.shutdown()

@@ -3,7 +3,8 @@ loss of the whole logits, and their gradients with respect to the hidden states 
 weight, for every objective's loss (the top-k divergence of every kl_type, both tails and a
 temperature; the policy gradient with and without its top-k term; the NLL), with chunks that do
 not divide the positions, a padded vocabulary, and masked positions. The unchunked reference is
-float64, autograd through F.linear."""
+float64, autograd through F.linear. Under no_grad (evaluation) it runs no backward and forms
+no weight gradient, with the same loss and metrics."""
 
 import pytest
 import torch
@@ -123,3 +124,41 @@ def test_scores_visit_every_position_once_in_order():
 
     chunked_scores(hidden, weight, keep_topk, chunk=7, finish=mask)
     torch.testing.assert_close(seen, whole)
+
+
+def test_under_no_grad_no_backward_and_no_weight_gradient():
+    # Evaluation runs under no_grad, where the LM head's weight still requires grad (it is a
+    # parameter): the chunked loss must not differentiate the chunks nor build dL/dW then.
+    # A vocabulary and width whose fp32 [V, H] size no other buffer here shares.
+    vocab, width = 1009, 24
+    loss_fn = LOSSES["topk_forward_bucket"]()
+    _, _, fields = inputs(seed=7)
+    hidden = torch.randn(B, S, width, generator=torch.Generator().manual_seed(7))
+    weight = torch.nn.Parameter(torch.randn(vocab, width) * 0.1)
+    fields = {**fields, "teacher_topk_indices": fields["teacher_topk_indices"] % vocab}
+    count = fields["loss_mask"].sum()
+    seen = []
+
+    def loss_of_logits(logits, part):
+        seen.append(logits.requires_grad)
+        return loss_fn(logits, part, count)
+
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    with torch.no_grad(), torch.profiler.profile(activities=activities, profile_memory=True) as p:
+        loss, metrics = chunked_head_loss(hidden, weight, fields, loss_of_logits, chunk=4)
+    events = p.events()
+    backward = [e.name for e in events if e.name.startswith("autograd::engine::evaluate")]
+    weight_bytes = vocab * width * 4
+    weight_sized = [e for e in events if e.cpu_memory_usage == weight_bytes]
+    assert seen == [False] * len(seen) and len(seen) == -(-B * S // 4)
+    assert backward == []
+    assert weight_sized == []
+    assert weight.grad is None and not loss.requires_grad
+    # The same loss and metrics as training's path (with gradients) computes.
+    trained, trained_metrics = chunked_head_loss(
+        hidden, weight, fields, lambda z, p: loss_fn(z, p, count), chunk=4
+    )
+    assert torch.equal(loss, trained.detach())  # the same numbers, bit for bit
+    assert metrics.keys() == trained_metrics.keys()
+    for name, value in metrics.items():
+        assert torch.equal(value, trained_metrics[name])

@@ -151,6 +151,28 @@ def test_budget_respects_max_seq_len_and_marks_truncation(chat_tokenizer):
     assert len(engine.calls) == 1  # the truncated sample is not continued
 
 
+def test_a_turn_cut_at_max_new_tokens_counts_as_truncated(chat_tokenizer):
+    # Far below max_seq_len, but every reply is longer than max_new_tokens: each rollout was
+    # cut, so each is truncated (not "neither truncated nor ended naturally").
+    scripts = [["1 + 1 = 3. " * 10 + "<|im_end|>"], ["2 + 2 = 4. " * 10 + "<|im_end|>"]]
+    formatter, logs, engine = _setup(chat_tokenizer, ["What is 1 + 1?", "What is 2 + 2?"], scripts)
+    result = run_multi_turn_rollout(
+        engine,
+        logs,
+        [{"answer": "2"}, {"answer": "4"}],
+        formatter,
+        {"math": RetryEnv()},
+        max_seq_len=512,
+        max_rollout_turns=3,
+        max_new_tokens=8,
+    )
+    assert [len(log[-1]["token_ids"]) for log in result.message_logs] == [8, 8]
+    assert result.truncated.tolist() == [True, True]
+    assert result.metrics["truncation_rate"] == 1.0
+    assert result.metrics["natural_termination_rate"] == 0.0
+    assert len(engine.calls) == 1  # a cut turn ends the conversation
+
+
 def test_unknown_task_is_named(chat_tokenizer):
     formatter, logs, engine = _setup(chat_tokenizer, ["What is 1 + 1?"], [["\\boxed{2}"]])
     with pytest.raises(KeyError, match="no environment for task 'code'"):

@@ -12,7 +12,7 @@ from rich.console import Console
 from nemo_opd.config import LoggerConfig
 from nemo_opd.config.secrets import register_secret
 from nemo_opd.utils.console import StepConsole
-from nemo_opd.utils.logger import Logger
+from nemo_opd.utils.logger import WANDB_SETTINGS, Logger
 
 
 def make_cfg(tmp_path, **overrides):
@@ -92,7 +92,9 @@ def test_wandb_backend_gets_config_mode_and_metrics(tmp_path, monkeypatch):
         calls["init"] = kwargs
         return FakeRun()
 
-    fake = types.SimpleNamespace(init=init, Table=lambda columns, data: (columns, data))
+    fake = types.SimpleNamespace(
+        init=init, Table=lambda columns, data: (columns, data), Settings=dict
+    )
     monkeypatch.setitem(sys.modules, "wandb", fake)
     cfg = make_cfg(tmp_path, wandb_enabled=True, wandb={"mode": "offline", "name": "run"})
     with Logger(cfg, run_config={"lr": 1e-3}) as logger:
@@ -161,15 +163,17 @@ def test_live_console_shows_progress_summary_and_rollouts():
         assert expected in text
 
 
-def test_no_secret_reaches_the_run_config_tensorboard_or_wandb(tmp_path, monkeypatch):
+@pytest.mark.parametrize("password", ["s3cr3t-pw", "p@ss-s3cr3t-pw"])  # httpx sends p@ss... whole
+def test_no_secret_reaches_the_run_config_tensorboard_or_wandb(tmp_path, monkeypatch, password):
     """The config a run records is redacted: URL user-info (and any registered secret) never
     reaches run_config.json, TensorBoard's text or W&B's config."""
     init = {}
     fake = types.SimpleNamespace(
-        init=lambda **kwargs: init.update(kwargs) or types.SimpleNamespace(finish=lambda: None)
+        init=lambda **kwargs: init.update(kwargs) or types.SimpleNamespace(finish=lambda: None),
+        Settings=dict,
     )
     monkeypatch.setitem(sys.modules, "wandb", fake)
-    url = "http://user:s3cr3t-pw@host:8000/v1"
+    url = f"http://user:{password}@host:8000/v1"
     register_secret("0123-api-key")  # as setup does with a served teacher's API key
     run_config = {"teacher": {"server": {"base_url": url}}, "notes": ["key 0123-api-key"]}
     cfg = make_cfg(
@@ -184,3 +188,41 @@ def test_no_secret_reaches_the_run_config_tensorboard_or_wandb(tmp_path, monkeyp
         init["config"]
     )
     assert run_config["teacher"]["server"]["base_url"] == url  # the caller's copy is untouched
+
+
+SECRET_OVERRIDE = "teacher.server.base_url=http://user:s3cr3t-argv@host:8000/v1"
+
+
+def test_wandb_is_told_not_to_record_the_command_line(tmp_path, monkeypatch):
+    """W&B records sys.argv (overrides, secrets among them) in its run's metadata unless told
+    not to; the settings the backend passes say so, and keep git state and code out too."""
+    init = {}
+    fake = types.SimpleNamespace(
+        init=lambda **kwargs: init.update(kwargs) or types.SimpleNamespace(finish=lambda: None),
+        Settings=dict,
+    )
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    cfg = make_cfg(tmp_path, wandb_enabled=True, wandb={"mode": "offline"})
+    with Logger(cfg, run_config={}):
+        pass
+    assert init["settings"] == WANDB_SETTINGS
+    assert WANDB_SETTINGS["x_disable_meta"] and WANDB_SETTINGS["disable_git"]
+    assert not WANDB_SETTINGS["save_code"] and WANDB_SETTINGS["disable_job_creation"]
+
+
+def test_no_secret_from_the_command_line_reaches_a_wandb_run(tmp_path, monkeypatch):
+    """A real offline W&B run, started while sys.argv holds a secret (as `python run.py
+    --config c.yaml teacher.server.base_url=http://user:pw@host/v1` would): no file W&B writes
+    (its run file is what `wandb sync` uploads) holds it."""
+    wandb = pytest.importorskip("wandb")
+    for variable in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):
+        monkeypatch.setenv(variable, str(tmp_path / "wandb_home"))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setattr(sys, "argv", ["run.py", "--config", "c.yaml", SECRET_OVERRIDE])
+    cfg = make_cfg(tmp_path, wandb_enabled=True, wandb={"mode": "offline", "name": "argv"})
+    with Logger(cfg, run_config={"url": "http://user:s3cr3t-argv@host:8000/v1"}) as logger:
+        logger.log({"train/loss": 0.5}, step=1)
+    wandb.teardown()  # the service writes the run's last records as it stops
+    written = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert any(p.suffix == ".wandb" for p in written)
+    assert not [p for p in written if b"s3cr3t-argv" in p.read_bytes()]

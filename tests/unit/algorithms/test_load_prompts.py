@@ -1,0 +1,48 @@
+"""The prompts setup loads (algorithms/setup.py's _load_prompts): validation prompts only where
+the run validates."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from nemo_opd.algorithms.setup import _load_prompts
+from nemo_opd.config import load_config
+from nemo_opd.errors import SetupError
+
+TINY = Path(__file__).parents[3] / "examples/configs/distillation_tiny.yaml"
+VALIDATION_OFF = (
+    "distillation.val_period=0",
+    "distillation.val_at_start=false",
+    "distillation.val_at_end=false",
+    "checkpointing.metric_name=null",
+)
+
+
+def _train_file(tmp_path: Path, rows: int) -> Path:
+    path = tmp_path / "train.jsonl"
+    lines = [json.dumps({"prompt": f"What is {i} + 1?", "answer": i + 1}) for i in range(rows)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_validation_off_needs_no_validation_data(chat_tokenizer, tmp_path):
+    # Local training prompts and no validation source: fine when the run never validates.
+    train = _train_file(tmp_path, 40)
+    local = ("data.dataset_name=null", f"data.train_path={train}")
+    cfg = load_config(TINY, [*local, *VALIDATION_OFF])
+    _, train_prompts, val_prompts = _load_prompts(cfg, chat_tokenizer)
+    assert len(train_prompts.samples) == 40
+    assert val_prompts.samples == [] and val_prompts.skipped == 0
+
+
+def test_validation_on_without_validation_data_says_what_to_set(chat_tokenizer, tmp_path):
+    train = _train_file(tmp_path, 40)
+    cfg = load_config(TINY, ["data.dataset_name=null", f"data.train_path={train}"])
+    assert cfg.distillation.validates
+    with pytest.raises(SetupError) as refused:
+        _load_prompts(cfg, chat_tokenizer)
+    assert str(refused.value) == (
+        "no validation data: set data.val_path or data.val_dataset_name, or validate not at all "
+        "(distillation.val_period 0, val_at_start and val_at_end false)"
+    )

@@ -1,0 +1,124 @@
+"""Which seed each generation request of a step gets: a function of (step, prompt, sample,
+turn) only. produce_step runs for real (multi-turn rollouts, stream_chunks parts, flattening)
+with a seeded sampler in place of vLLM whose every reply is its request's seed, and an
+environment that ends the first prompt's conversations after one turn and asks the others
+again. (That vLLM samples by the seeds it is given is tested in tests/unit/generation.)"""
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from nemo_opd.algorithms.rollout_pipeline import PlannedStep, StepPipeline
+from nemo_opd.algorithms.step_rollouts import produce_step, step_seed
+from nemo_opd.config import load_config
+from nemo_opd.data.chat import ChatFormatter
+from nemo_opd.environments.base import EnvironmentStep
+from nemo_opd.generation.interface import GenerationOutput
+
+ROOT = Path(__file__).resolve().parents[3]
+PROMPTS = 4
+COPIES = 2
+TURNS = 3
+STEP = 3
+
+
+class SeedEcho:
+    """A seeded sampler: each request's reply is its seed, as text (so what it samples
+    depends on the request's seed alone), cut at the request's budget."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def generate(self, prompts, *, max_new_tokens=None, greedy=False, seed=None, temperature=None):
+        seeds = seed if isinstance(seed, list) else [seed + i for i in range(len(prompts))]
+        out = GenerationOutput([], [], [])
+        for request_seed, budget in zip(seeds, max_new_tokens, strict=True):
+            ids = self.tokenizer(f"{request_seed}<|im_end|>", add_special_tokens=False)
+            ids = ids["input_ids"]
+            out.token_ids.append(ids[:budget])
+            out.logprobs.append([-1.0] * len(ids[:budget]))
+            out.finish_reasons.append("stop" if len(ids) <= budget else "length")
+        return out
+
+    def prepare_for_generation(self):
+        pass
+
+    def finish_generation(self):
+        pass
+
+
+class DoneOnceMarked:
+    """Ends a conversation whose metadata says "done_at_once"; asks the others again."""
+
+    def step(self, logs, metadata):
+        done = [bool(m.get("done_at_once")) for m in metadata]
+        retry = {"role": "user", "content": "Try again."}
+        return EnvironmentStep(
+            rewards=[float(d) for d in done],
+            done=done,
+            next_messages=[None if d else retry for d in done],
+            metadata=[dict(m) for m in metadata],
+        )
+
+
+def step_state(tokenizer, stream_chunks: int) -> SimpleNamespace:
+    """A run's state with what producing an on-policy step of the no-teacher GRPO config
+    reads."""
+    cfg = load_config(
+        ROOT / "examples" / "configs" / "grpo_tiny.yaml",
+        [
+            f"distillation.num_prompts_per_step={PROMPTS}",
+            f"distillation.num_generations_per_prompt={COPIES}",
+            f"distillation.max_rollout_turns={TURNS}",
+            f"distillation.stream_chunks={stream_chunks}",
+            f"policy.train_global_batch_size={PROMPTS * COPIES}",
+            f"policy.train_micro_batch_size={PROMPTS * COPIES}",
+            "policy.generation.max_new_tokens=24",
+        ],
+    )
+    return SimpleNamespace(
+        cfg=cfg,
+        saved_rollouts={},
+        generation_version=STEP - 1,  # the engine holds the step's weights: no refit
+        generation=SeedEcho(tokenizer),
+        teacher_sampler=None,
+        teacher=None,
+        formatter=ChatFormatter(tokenizer),
+        environments={"math": DoneOnceMarked()},
+    )
+
+
+def seeds_by_row(tokenizer, stream_chunks: int) -> tuple[list[list[int]], int]:
+    """The seeds of each row's turns in a step, and the step's seed."""
+    state = step_state(tokenizer, stream_chunks)
+    samples = [
+        {
+            "message_log": state.formatter.prompt_log(f"What is {p} + {p}?"),
+            "metadata": {"answer": str(2 * p), "done_at_once": p == 0},
+        }
+        for p in range(PROMPTS)
+    ]
+    plan = PlannedStep(STEP, samples, False, {}, {}, on_policy=True, version=STEP - 1)
+    pipeline = StepPipeline(iter(()), produce_step, 0, start_version=STEP - 1)
+    produced = produce_step(state, pipeline, plan)
+    pipeline.stop()
+    seeds = [
+        [int(m["content"]) for m in log if m["role"] == "assistant"]
+        for log in produced.rollout.message_logs
+    ]
+    return seeds, step_seed(state.cfg, STEP)
+
+
+@pytest.mark.parametrize("stream_chunks", [2, PROMPTS])
+def test_request_seeds_depend_only_on_step_prompt_sample_and_turn(chat_tokenizer, stream_chunks):
+    whole, base = seeds_by_row(chat_tokenizer, 1)
+    assert [len(turns) for turns in whole] == [1] * COPIES + [TURNS] * (PROMPTS - 1) * COPIES
+    # Streamed in parts, every row's turns sample with the seeds they have in the whole batch.
+    assert seeds_by_row(chat_tokenizer, stream_chunks)[0] == whole
+    # The first turn keeps the step's seed plus the row (what single-turn runs always had).
+    assert [turns[0] for turns in whole] == [base + row for row in range(PROMPTS * COPIES)]
+    # No request reuses another's seed (a later turn of its row, or of another row), not even
+    # in the low 32 bits, all that a CPU generator reads of a seed.
+    every = [seed for turns in whole for seed in turns]
+    assert len({seed % 2**32 for seed in every}) == len(every)
