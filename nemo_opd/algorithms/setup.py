@@ -336,7 +336,9 @@ def _crossed(
     if teacher_cfg.tokenizer == cfg.policy.tokenizer:  # the same files and template
         return None
     teacher_tokenizer = load_tokenizer(teacher_cfg.tokenizer, section)
-    difference = tokenizer_difference(tokenizer, teacher_tokenizer)
+    student_kwargs = cfg.policy.tokenizer.chat_template_kwargs
+    teacher_kwargs = teacher_cfg.tokenizer.chat_template_kwargs
+    difference = tokenizer_difference(tokenizer, teacher_tokenizer, student_kwargs, teacher_kwargs)
     if difference is None:
         return None
     if teacher_cfg.prompt_template is not None:
@@ -344,7 +346,16 @@ def _crossed(
             f"{section}: {difference}; a teacher with another tokenizer or chat template cannot "
             f"take a prompt of its own ({section}.prompt_template) yet: unset one of them"
         )
-    rendering = TeacherRendering(tokenizer, ChatFormatter(teacher_tokenizer), teacher_vocab_size)
+    system_prompt = read_text_file(cfg.data.system_prompt_file, "data.system_prompt_file")
+    teacher_formatter = ChatFormatter(teacher_tokenizer, template_kwargs=teacher_kwargs)
+    rendering = TeacherRendering(
+        tokenizer,
+        teacher_formatter,
+        teacher_vocab_size,
+        system_prompt,
+        # a served teacher refuses rows past its context; in-process ones score any length
+        max_length=teacher_cfg.max_total_sequence_length if _is_served(cfg) else None,
+    )
     rendering.check()
     vocab = rendering.vocab_map()
     unspellable = rendering.unspellable()
@@ -480,6 +491,7 @@ def _load_prompts(
         tokenizer,
         read_text_file(cfg.data.prompt_file, "data.prompt_file"),
         read_text_file(cfg.data.system_prompt_file, "data.system_prompt_file"),
+        cfg.policy.tokenizer.chat_template_kwargs,
     )
     max_prompt = cfg.data.max_input_seq_length or cfg.policy.max_total_sequence_length - 1
     template = _privileged_template(cfg)

@@ -39,6 +39,11 @@ class TokenizerConfig(Section):
     chat_template: str | None = None
     """A Jinja chat template (a file path or the template text); null keeps the tokenizer's own."""
 
+    chat_template_kwargs: dict[str, bool | int | float | str] | None = Field(None, max_length=32)
+    """Variables for the chat template wherever it is rendered (prompts, responses, a teacher's
+    reading of the student's text), e.g. {enable_thinking: false} for Qwen3's empty think
+    block in the generation prompt; null: none."""
+
 
 Beta = Annotated[float, Field(ge=0, lt=1)]
 

@@ -318,7 +318,8 @@ class DataConfig(Section):
     its problems, so tuning never reads the held-out split)."""
 
     prompt_key: str = Field("problem", min_length=1)
-    """Column holding the prompt text."""
+    """Column holding the prompt text, or chat messages (system and user turns, the last a
+    user message; docs/distillation.md)."""
 
     answer_key: str = Field("answer", min_length=1)
     """Column holding the reference answer the environment checks against."""

@@ -27,6 +27,8 @@ class ChatFormatter:
         prompt_template: the user message, with "{}" replaced by the record's prompt; None uses
             the prompt as is.
         system_prompt: a system message placed first; None for no system message.
+        template_kwargs: variables for the chat template (policy.tokenizer.chat_template_kwargs,
+            e.g. {"enable_thinking": False}); None for none.
     """
 
     def __init__(
@@ -34,6 +36,7 @@ class ChatFormatter:
         tokenizer: PreTrainedTokenizerBase,
         prompt_template: str | None = None,
         system_prompt: str | None = None,
+        template_kwargs: dict | None = None,
     ) -> None:
         if tokenizer.chat_template is None:
             raise SetupError(
@@ -45,16 +48,25 @@ class ChatFormatter:
         self.tokenizer = tokenizer
         self.prompt_template = prompt_template
         self.system_prompt = system_prompt
+        self.template_kwargs = dict(template_kwargs or {})
 
     def prompt_log(self, prompt: str) -> list[Message]:
         """The opening messages (system?, user) with the assistant header appended to the last
         message's tokens, ready for generation."""
         return self.prompt_logs([prompt])[0]
 
-    def prompt_logs(self, prompts: list[str]) -> list[list[Message]]:
+    def prompt_logs(
+        self, prompts: list[str], conversations: list[list[Message] | None] | None = None
+    ) -> list[list[Message]]:
         """prompt_log of every prompt, tokenized in one batched call (a dataset's worth of
-        prompts at setup)."""
-        openings = [self._opening(prompt) for prompt in prompts]
+        prompts at setup). conversations: per prompt, its chat-format messages when the
+        dataset gives them (a `messages` column: the opening as written, after the system
+        prompt unless it has its own), else None."""
+        conversations = conversations or [None] * len(prompts)
+        openings = [
+            self._opening(prompt) if messages is None else self._conversation(messages)
+            for prompt, messages in zip(prompts, conversations, strict=True)
+        ]
         texts = [text for messages in openings for text in self._new_texts([], messages)]
         token_ids = iter(self._encode_many(texts))
         return [[dict(m, token_ids=next(token_ids)) for m in messages] for messages in openings]
@@ -65,6 +77,12 @@ class ChatFormatter:
         if self.system_prompt is not None:
             messages.insert(0, {"role": "system", "content": self.system_prompt})
         return messages
+
+    def _conversation(self, messages: list[Message]) -> list[Message]:
+        opening = [_plain(m) for m in messages]
+        if self.system_prompt is not None and opening[0]["role"] != "system":
+            opening.insert(0, {"role": "system", "content": self.system_prompt})
+        return opening
 
     def extend(self, log: list[Message], new: list[Message]) -> list[Message]:
         """`log` followed by `new` (non-assistant messages), the last one ending with the
@@ -117,12 +135,27 @@ class ChatFormatter:
             rendered = full
         return texts
 
+    def closing_text(self, history: list[Message]) -> str:
+        """The text the template writes after an assistant turn's content when the turn
+        follows `history`: its end of turn, up to and including the tokenizer's EOS token if
+        there (found by rendering a placeholder content, so that a template that trims or
+        rewrites content does not hide it). SetupError if the template drops the content."""
+        turn = {"role": "assistant", "content": PLACEHOLDER}
+        rendered = self._render([*[_plain(m) for m in history], turn], False)
+        at = rendered.rfind(PLACEHOLDER)
+        if at < 0:
+            raise SetupError(
+                "the chat template does not write an assistant turn's content: a teacher with "
+                "another tokenizer needs one that does (teacher.tokenizer.chat_template)"
+            )
+        return _through_eos(rendered[at + len(PLACEHOLDER) :], self.tokenizer.eos_token)
+
     def _turn_closing(self, assistant: Message) -> str:
         """Template text after the generated ids of an assistant turn: what the template writes
         after the content ("<|im_end|>\\n"), minus the part the model already generated."""
-        rendered = self._render([{"role": "user", "content": ""}, _plain(assistant)], False)
-        content = assistant["content"]
-        tail = rendered[rendered.rfind(content) + len(content) :] if content else rendered
+        rendered = self._render([{"role": "user", "content": ""}, _plain_turn()], False)
+        at = rendered.rfind(PLACEHOLDER)
+        tail = rendered[at + len(PLACEHOLDER) :] if at >= 0 else rendered
         generated = self.tokenizer.decode(assistant["token_ids"][-4:], skip_special_tokens=False)
         for cut in range(len(tail), 0, -1):
             if generated.endswith(tail[:cut]):
@@ -131,7 +164,10 @@ class ChatFormatter:
 
     def _render(self, messages: list[Message], add_generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt
+            messages,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            **self.template_kwargs,
         )
 
     def _encode(self, text: str) -> list[int]:
@@ -139,6 +175,15 @@ class ChatFormatter:
 
     def _encode_many(self, texts: list[str]) -> list[list[int]]:
         return self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+
+
+PLACEHOLDER = "NEMOOPDCONTENT"
+"""Stands for an assistant turn's content where only the template's own text around it is
+wanted: no whitespace to trim, no markup to rewrite."""
+
+
+def _plain_turn() -> Message:
+    return {"role": "assistant", "content": PLACEHOLDER}
 
 
 def _through_eos(text: str, eos: str | None) -> str:
