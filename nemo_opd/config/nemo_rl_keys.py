@@ -162,12 +162,7 @@ _MODEL: dict[str, Fate] = {
         "null is the tokenizer's own template here; NeMo-RL's null is a passthrough template "
         "(the messages' text joined) and its \"default\" the tokenizer's own",
     ),
-    "{model}.tokenizer.chat_template_kwargs": Fate(
-        "dropped",
-        None,
-        "not yet: the chat template renders with its own defaults (Qwen3's enable_thinking "
-        "is true)",
-    ),
+    **_same("{model}.tokenizer.chat_template_kwargs"),
     **_dropped(
         "vLLM takes each step's prompts at once and schedules its own batches",
         "{model}.generation_batch_size",
