@@ -189,7 +189,8 @@ def _yaml_entrypoints(body: list[str], first: int, path: Path) -> list[Command]:
 
 @dataclass(frozen=True)
 class Section:
-    """A heading and the lines under it up to the next heading, with its ancestors' text."""
+    """A heading and the lines under it up to the next heading, with the text of the sections
+    it is nested in (below the page's title)."""
 
     doc: str
     line: int
@@ -216,6 +217,8 @@ def sections(path: Path) -> list[Section]:
         own = "\n".join(lines[start:end])
         while stack and stack[-1][0] >= level and level > 0:
             stack.pop()
-        out.append(Section(_relative(path), start + 1, title, own, "\n".join(t for _, t in stack)))
+        # the page's title section (level 1) is no ancestor: its intro is about the page
+        ancestors = "\n".join(text for lvl, text in stack if lvl > 1)
+        out.append(Section(_relative(path), start + 1, title, own, ancestors))
         stack.append((level, own))
     return out

@@ -249,3 +249,22 @@ def test_a_wrong_flag_or_key_is_caught(tmp_path):
     for line in bad:
         with pytest.raises((AssertionError, pytest.fail.Exception)):
             check(Command(tuple(line.split()), "test", 0))
+
+
+def _example_configs():
+    """The YAML blocks of the docs that extend a shipped config (`defaults: examples/...`)."""
+    from doc_markdown import code_blocks
+
+    for path in DOC_FILES:
+        for language, line, body in code_blocks(path.read_text(encoding="utf-8")):
+            text = "\n".join(body)
+            if language == "yaml" and re.search(r"^defaults: examples/configs/", text, re.M):
+                yield pytest.param(text, id=f"{path.relative_to(REPO)}:{line}")
+
+
+@pytest.mark.parametrize("text", list(_example_configs()))
+def test_example_configs_load(text, tmp_path):
+    """A config a doc shows for the reader to copy loads as written (beside `examples/`)."""
+    (tmp_path / "examples").symlink_to(REPO / "examples")
+    (tmp_path / "my_run.yaml").write_text(text, encoding="utf-8")
+    load_config(tmp_path / "my_run.yaml")
