@@ -26,7 +26,7 @@ PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
 EXTRAS = set(PYPROJECT["project"]["optional-dependencies"])
 GROUPS = set(PYPROJECT.get("dependency-groups", {}))
 PYTHONS = ("python", "python3", ".venv/bin/python")
-PLACEHOLDER = re.compile(r"^\.\.\.$|<[^>]*>|\$")
+PLACEHOLDER = re.compile(r"\.\.\.|<[^>]*>|\$")
 """Words a doc writes for the reader to fill in (`...`, `<checkout>`) or a shell expands."""
 
 
@@ -120,8 +120,6 @@ def _check_overrides(command: Command, namespace: argparse.Namespace | None) -> 
     grid = list(getattr(namespace, "grid", None) or [])
     overrides += [axis.split(",")[0] for axis in grid]  # each axis's first point
     for override in overrides:
-        if override == "...":
-            continue
         key = override.lstrip("+~").split("=", 1)[0]
         assert "=" in override or override.startswith("~"), f"{command.where}: {override!r}"
         assert has_path(DistillationConfig, key.split(".")), f"{command.where}: no key {key}"
@@ -131,7 +129,7 @@ def _check_overrides(command: Command, namespace: argparse.Namespace | None) -> 
     for config in configs:
         if (REPO / config).is_file() and concrete:
             try:
-                load_config(REPO / config, [o for o in overrides if o != "..."])
+                load_config(REPO / config, overrides)
             except ConfigError as error:
                 pytest.fail(f"{command.where}: {error}")
 
@@ -190,7 +188,7 @@ def _check_pytest(command: Command, args: list[str]) -> None:
 
 def check(command: Command) -> bool:
     """Check one command; False when it is not the project's (left alone)."""
-    words = [word for word in command.words]
+    words = [word for word in command.words if word != "..."]  # "and more": left out
     if words[:2] in (["uv", "run"], ["uv", "sync"]):
         words = _check_uv(command, words)
         if not words:
@@ -199,7 +197,7 @@ def check(command: Command) -> bool:
         return True
     program, rest = words[0], words[1:]
     if program in PYTHONS:
-        if rest and rest != ["..."]:
+        if rest:
             _check_python(command, rest)
         return True
     if program == "bash" and rest:
