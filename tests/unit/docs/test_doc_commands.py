@@ -136,6 +136,8 @@ def _check_overrides(command: Command, namespace: argparse.Namespace | None) -> 
 
 def _check_python(command: Command, words: list[str]) -> None:
     """`python -m MODULE ...` or `python SCRIPT ...` (MODULE of nemo_opd; others skipped)."""
+    if words == ["-m"]:
+        return  # "run with `python -m`" in a sentence
     if words[0] == "-m":
         module, args = words[1], words[2:]
         if not module.startswith("nemo_opd"):
