@@ -13,6 +13,7 @@ import re
 import runpy
 import sys
 import tomllib
+import warnings
 from importlib.util import find_spec
 
 import pytest
@@ -145,12 +146,13 @@ def _check_python(command: Command, words: list[str]) -> None:
         assert find_spec(module) is not None, f"{command.where}: no module {module}"
         if command.inline and not args:
             return  # the module named in prose
-        namespace = _parse(
-            lambda: runpy.run_module(module, run_name="__main__", alter_sys=True),
-            module,
-            args,
-            command.inline,
-        )
+
+        def run():
+            with warnings.catch_warnings():  # a module this process imported already
+                warnings.filterwarnings("ignore", "'.*' found in sys.modules", RuntimeWarning)
+                runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+        namespace = _parse(run, module, args, command.inline)
     else:
         _check_script(command, words[0], words[1:])
         return
