@@ -201,7 +201,9 @@ def render_reference() -> str:
     return "\n".join(parts)
 
 
-TEACHER_ONLY = [name for name in TeacherConfig.model_fields if name not in PolicyConfig.model_fields]
+TEACHER_ONLY = [
+    name for name in TeacherConfig.model_fields if name not in PolicyConfig.model_fields
+]
 """The keys a teacher has beyond the policy's schema (server, prompt_template)."""
 
 

@@ -5,9 +5,9 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from nemo_opd.config import DistillationConfig
-from nemo_opd.config.schema import PolicyConfig, TeacherConfig
 from nemo_opd.config.key_paths import section_model
 from nemo_opd.config.reference import main, render_reference
+from nemo_opd.config.schema import PolicyConfig, TeacherConfig
 
 REPO = Path(__file__).resolve().parents[3]
 DOC = REPO / "docs" / "config.md"
