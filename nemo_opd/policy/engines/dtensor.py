@@ -8,8 +8,9 @@ only, the rest frozen). One process training in float32 (world size 1, no CPU of
 FSDP: there is nothing to shard, gather or reduce, and its mixed-precision cast would be the
 identity, so the plain module computes the same step without FSDP's and DTensor's per-layer
 hooks and dispatch (docs/benchmarks.md). Every other layout, and a lone process in bf16 (whose
-fp32 master weights FSDP keeps), is wrapped; the rest of the engine serves both. Weights, checkpoints and optimizer state leave the engine
-with the real vocabulary's rows and are padded again when loaded.
+fp32 master weights FSDP keeps), is wrapped; the rest of the engine serves both. Weights,
+checkpoints and optimizer state leave the engine with the real vocabulary's rows and are padded
+again when loaded.
 
 A LoRA student's refit weights and export are merged (W + s B A, computed per weight without
 touching the base copy); its checkpoints hold the adapters and their optimizer state only.
