@@ -270,7 +270,10 @@ class DTensorEngine(Engine):
         """The full weights, or a LoRA student's adapters under peft's keys (lora.peft_name)."""
         if self.lora:
             adapters = (item for item in self.model.named_parameters() if is_adapter(item[0]))
-            return {peft_name(n): _full(p).detach().to("cpu", torch.float32) for n, p in adapters}
+            return {
+                peft_name(n): _full(p).detach().to("cpu", torch.float32, copy=True)
+                for n, p in adapters
+            }
         weights = self._full_state()
         if self.hf_config.tie_word_embeddings:
             weights.pop("lm_head.weight", None)

@@ -60,3 +60,12 @@ def test_unwrapped_step_equals_the_fsdp_step(world1, model_dirs, monkeypatch):
     live = dict(engines[False].model.named_parameters())
     for name, weight in plain_weights.items():
         assert weight.data_ptr() != live[name].data_ptr()
+
+
+def test_unwrapped_lora_adapters_are_gathered_as_copies(world1, model_dirs):
+    lora = {"lora__enabled": True, "lora__rank": 2, "lora__target_modules": ["q_proj"]}
+    engine = DTensorEngine(policy_config(model_dirs["tied"], **lora), world1, torch.device("cpu"))
+    assert not isinstance(engine.model, dtensor.FSDPModule)
+    live = {p.data_ptr() for p in engine.model.parameters()}
+    adapters = engine.gather_weights()
+    assert adapters and all(a.data_ptr() not in live for a in adapters.values())
