@@ -6,13 +6,21 @@ Mistral SentencePiece <- Qwen3; the tokenizers built offline by tests/real_token
   setup      seconds and resident memory added by what setup builds: the byte tables, the
              vocabulary map, the spelling check and the probe (TeacherRendering, vocab_map,
              unspellable, check); the share of the teacher's vocabulary that maps.
-  driver     microseconds per student position (CPU time of the driver's process, one torch
-             thread; all its
-             threads, and wall time) of what the driver does per step: render the rows
-             for the teacher and align them (teacher_rows), move a top-k of width k onto the
-             student's positions and vocabulary (topk_to_student, the teacher's top-k random)
-             and spread sampled log-probs (logprobs_to_student); rows of --length tokens of
-             mixed text (prose, LaTeX, code, numbers, CJK, emoji).
+  work       microseconds per student position (CPU time of this process, one torch thread,
+             all its threads; and wall time) of the path's work per step, wherever it runs (a
+             served teacher's on the driver, an in-process teacher's in its workers): render
+             the rows for the teacher and align them (teacher_rows), move a top-k of width k
+             onto the student's positions and vocabulary (topk_to_student, the teacher's top-k
+             random), spread sampled log-probs (logprobs_to_student) and count the rows for
+             the metrics (counts); rows of --length tokens of mixed text (prose, LaTeX, code,
+             numbers, CJK, emoji).
+  driver     microseconds per student position of the driver's CPU with an in-process
+             teacher, whose --dp workers do the work above: CrossTokenizerTeacher.score through
+             Policy.score_rendered, the workers played by _OfflinePolicy (each shard serialized
+             as ray.put does it, with pickle; canned answers of the right shapes back): the
+             conversations stripped of their generation log-probs, cut into the workers'
+             shards and serialized, the answers joined (as for a teacher of the student's own
+             tokenizer) and counted. Ray's own transport is not in it.
   graded     the share of the student's response positions that get a teacher distribution.
 
     uv run --extra cpu python benchmarks/bench_xtok.py            # --rows 16 --length 4096
@@ -21,6 +29,7 @@ Mistral SentencePiece <- Qwen3; the tokenizers built offline by tests/real_token
 import argparse
 import gc
 import json
+import pickle
 import random
 import sys
 import time
@@ -34,7 +43,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import real_tokenizers  # noqa: E402
 
 from nemo_opd.data.chat import ChatFormatter  # noqa: E402
-from nemo_opd.teachers.cross_tokenizer import TeacherRendering  # noqa: E402
+from nemo_opd.data.message_log import flatten_message_logs  # noqa: E402
+from nemo_opd.distributed.parallel_dims import ParallelDims  # noqa: E402
+from nemo_opd.policy.policy import Policy  # noqa: E402
+from nemo_opd.teachers.base import Rollouts, TeacherNeed  # noqa: E402
+from nemo_opd.teachers.cross_tokenizer import CrossTokenizerTeacher, TeacherRendering  # noqa: E402
+from nemo_opd.teachers.xtok_rows import COUNTS  # noqa: E402
 
 PAIRS = [("qwen3", "llama3"), ("qwen3", "tekken"), ("llama3", "qwen3"), ("mistral_sp", "qwen3")]
 PROSE = (
@@ -60,7 +74,12 @@ def _logs(student, rows: int, length: int) -> list[list[dict]]:
     for row in range(rows):
         ids = student(_text(length * 4, seed=row), add_special_tokens=False)["input_ids"]
         ids = [*ids[:length], student.eos_token_id]
-        turn = {"role": "assistant", "content": "", "token_ids": ids}
+        turn = {
+            "role": "assistant",
+            "content": "",
+            "token_ids": ids,
+            "generation_logprobs": [-0.5] * len(ids),
+        }
         logs.append([*formatter.prompt_log(f"Problem {row}: compute 7 * 6."), turn])
     return logs
 
@@ -83,8 +102,10 @@ def _setup(student, teacher) -> tuple[TeacherRendering, dict]:
     }
 
 
-def _driver(rendering: TeacherRendering, logs, k: int) -> dict:
+def _work(rendering: TeacherRendering, logs, k: int) -> dict:
+    """The path's work per position: render and align; move the top-k and log-probs."""
     width = max(sum(len(m["token_ids"]) for m in log) for log in logs)
+    student_rows = flatten_message_logs(logs, 0)
     clock = _Clock()
     rows = rendering.teacher_rows(logs)
     render = clock.lap()
@@ -93,8 +114,9 @@ def _driver(rendering: TeacherRendering, logs, k: int) -> dict:
     values = torch.log_softmax(torch.randn(*shape, k, generator=gen), -1)
     indices = torch.randint(0, len(rendering.teacher), (*shape, k), generator=gen)
     clock.lap()
-    rows.topk_to_student(values, indices.int(), width, rendering.vocab_map())
+    moved = rows.topk_to_student(values, indices.int(), width, rendering.vocab_map())
     rows.logprobs_to_student(values[..., 0], width)
+    rows.counts(student_rows["token_mask"], (values, moved[0]))
     move = clock.lap()
     positions = sum(len(log[-1]["token_ids"]) for log in logs)
     source = rows.source_positions(width)
@@ -112,6 +134,45 @@ def _driver(rendering: TeacherRendering, logs, k: int) -> dict:
         "graded_share": round(graded / positions, 4),
         "unrendered_rows": rows.unrendered,
     }
+
+
+def _driver(rendering: TeacherRendering, logs, k: int, dp: int) -> dict:
+    """The driver's share per position when the workers do the work (module docstring)."""
+    rows = flatten_message_logs(logs, 0)
+    workers = _OfflinePolicy(dp, rows["input_ids"].shape, k)
+    teacher = CrossTokenizerTeacher(None, rendering, workers=workers)
+    rollouts = Rollouts(rows, logs, [{}] * len(logs))
+    need = TeacherNeed(topk=k, sampled=True)
+    clock = _Clock()
+    teacher.score(rollouts, need)
+    wall, cpu = clock.lap()
+    per = 1e6 / sum(len(log[-1]["token_ids"]) for log in logs)
+    return {"driver_cpu_us": round(cpu * per, 3), "driver_wall_us": round(wall * per, 3)}
+
+
+class _OfflinePolicy(Policy):
+    """A teacher's Policy whose workers are played here: score_rendered as the Policy runs it,
+    each shard serialized as ray.put serializes it (pickle) and answers of the shapes the
+    workers send (rows in the student's positions)."""
+
+    def __init__(self, dp: int, shape: tuple[int, int], k: int) -> None:
+        self.dims = ParallelDims(dp)
+        rows, width = -(-shape[0] // dp), shape[1]
+        answer = {
+            "topk_logprobs": torch.randn(rows, width, k),
+            "topk_indices": torch.randint(0, 1000, (rows, width, k), dtype=torch.int32),
+            "logprobs": torch.randn(rows, width),
+            "xtok_counts": torch.ones(rows, len(COUNTS), dtype=torch.float64),
+        }
+        self.answers = [answer] * dp
+
+    def set_rendering(self, rendering: TeacherRendering) -> None:
+        pass  # once per run, at the first step
+
+    def _run_on_replicas(self, shards: list, call) -> list:
+        for shard in shards:
+            pickle.dumps(shard, protocol=5)
+        return self.answers
 
 
 class _Clock:
@@ -132,6 +193,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=16)
     parser.add_argument("--length", type=int, default=4096, help="student tokens per response")
     parser.add_argument("--k", type=int, default=64)
+    parser.add_argument("--dp", type=int, default=2, help="the teacher's data-parallel workers")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(1)  # CPU time per position without the thread pool's spinning
@@ -139,8 +201,9 @@ def main() -> None:
     for student_name, teacher_name in PAIRS:
         student, teacher = real_tokenizers.load(student_name), real_tokenizers.load(teacher_name)
         rendering, setup = _setup(student, teacher)
-        driver = _driver(rendering, _logs(student, args.rows, args.length), args.k)
-        result = {"student": student_name, "teacher": teacher_name, **setup, **driver}
+        logs = _logs(student, args.rows, args.length)
+        work, driver = _work(rendering, logs, args.k), _driver(rendering, logs, args.k, args.dp)
+        result = {"student": student_name, "teacher": teacher_name, **setup, **work, **driver}
         results.append(result)
         print(json.dumps(result), flush=True)
     if args.json:
