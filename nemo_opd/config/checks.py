@@ -4,8 +4,10 @@ Each check takes the whole config and returns a list of problems, one message pe
 naming the full key paths involved and their values. The first line of each check's docstring
 is the rule as listed in docs/config.md.
 
-Not checked here, because the information only exists at setup: that teacher and student use
-the same tokenizer, and that distillation.topk_logits_k is at most the vocabulary size.
+Not checked here, because the information only exists at setup: whether teacher and student
+share a tokenizer and chat template (where they do not, the teacher reads the student's text in
+its own tokens: nemo_opd.teachers.cross_tokenizer), and that distillation.topk_logits_k is at
+most the vocabulary size.
 """
 
 import importlib.util
@@ -333,9 +335,10 @@ def _token_budget_problems(
 
 
 def check_sequence_length_divisibility(cfg: "DistillationConfig") -> list[str]:
-    """make_sequence_length_divisible_by is a multiple of the tensor-parallel size when
-    sequence_parallel is on (sequences split evenly over tp). The context-parallel size needs
-    no setting: the engines pad to a multiple of lcm(make_sequence_length_divisible_by, cp)."""
+    """make_sequence_length_divisible_by is a multiple of the tensor-parallel size where
+    sequence_parallel is on (which is refused for now, so this only adds to that message). The
+    context-parallel size needs no setting: the engines pad to a multiple of
+    lcm(make_sequence_length_divisible_by, cp)."""
     problems = []
     for name, model in _models(cfg):
         if model.dtensor_cfg.enabled == model.megatron_cfg.enabled:

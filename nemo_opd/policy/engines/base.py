@@ -44,6 +44,7 @@ from nemo_opd.distributed.vocab_parallel import vocab_parallel_logprobs, vocab_p
 from nemo_opd.losses import build_loss_mask, validate_teacher_topk
 from nemo_opd.losses.chunked_head import chunked_head_loss, chunked_scores
 from nemo_opd.losses.reduction import accumulate_metrics, metric_reduction
+from nemo_opd.losses.teacher_logits import TeacherLogits
 from nemo_opd.policy.engines.teacher_head import TeacherHead, load_teacher_head
 from nemo_opd.policy.engines.teacher_scores import score_positions
 from nemo_opd.policy.engines.training_state import (
@@ -500,7 +501,8 @@ class Engine(ABC):
 
     def _with_teacher_logits(self, fields: dict) -> dict:
         """A chunk's (or microbatch's) fields with the teacher's hidden states [..., H_T]
-        replaced by its logits [..., V_pad / tp] over this rank's columns, padding at -inf."""
+        replaced by its logits [..., V_pad / tp] over this rank's columns, padding at -inf,
+        made block of rows by block of rows as the loss reaches them (TeacherLogits)."""
         if self.teacher_head is None:
             raise RuntimeError(
                 "the loss reads the teacher's hidden states, but this engine holds no teacher "
@@ -508,7 +510,13 @@ class Engine(ABC):
             )
         fields = dict(fields)
         hidden = fields.pop(TEACHER_HIDDEN)
-        fields[TEACHER_LOGITS] = self._mask_padding(self.teacher_head.logits(hidden))
+        head = self.teacher_head
+
+        def logits(rows: torch.Tensor) -> torch.Tensor:
+            return self._mask_padding(head.logits(rows))
+
+        local = head.weight.shape[0]
+        fields[TEACHER_LOGITS] = TeacherLogits.from_hidden(hidden, logits, local)
         return fields
 
     # ---------------------------------------------------------------- microbatching

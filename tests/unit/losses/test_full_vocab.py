@@ -13,6 +13,7 @@ from nemo_opd.losses import PolicyGradientLossFn, TopkKLParams, topk_kl_weighted
 from nemo_opd.losses.divergence import EPS
 from nemo_opd.losses.full_vocab import BLOCK_ELEMENTS, full_vocab_kl_weighted_sum
 from nemo_opd.losses.full_vocab_loss import FullVocabDistillationLossFn
+from nemo_opd.losses.teacher_logits import TeacherLogits
 
 KL_TYPES = ("forward", "reverse", "mixed", "jsd")
 
@@ -264,3 +265,21 @@ def test_policy_gradient_loss_adds_the_full_vocabulary_term():
     full_loss, full_metrics = full(logits, data, 8)
     torch.testing.assert_close(loss, pg_loss + 0.5 * full_loss)
     torch.testing.assert_close(metrics["topk_forward_kl"], full_metrics["forward_kl"])
+
+
+def test_teacher_logits_made_block_by_block_from_hidden_states():
+    """TeacherLogits.from_hidden (what the engine hands the loss) gives the tensor's answer,
+    for both supports, over several row blocks."""
+    gen = torch.Generator().manual_seed(10)
+    vocab, hidden_size = BLOCK_ELEMENTS // 4 + 3, 8  # 4 rows per block: 9 rows, 3 blocks
+    hidden = torch.randn(1, 9, hidden_size, generator=gen)
+    head = torch.randn(vocab, hidden_size, generator=gen)
+    student = torch.randn(1, 9, vocab, generator=gen)
+    mask = torch.ones(1, 9)
+    for support in ("full", "student_topk"):
+        loss_fn = FullVocabDistillationLossFn(support=support, k=3, implementation="torch")
+        lazy = TeacherLogits.from_hidden(hidden, lambda rows: rows @ head.t(), vocab)
+        eager = hidden @ head.t()
+        got = loss_fn(student, {"teacher_logits": lazy, "loss_mask": mask}, 9)
+        want = loss_fn(student, {"teacher_logits": eager, "loss_mask": mask}, 9)
+        torch.testing.assert_close(got, want, msg=support)
