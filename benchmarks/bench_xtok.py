@@ -5,7 +5,8 @@ Mistral SentencePiece <- Qwen3; the tokenizers built offline by tests/real_token
 
   setup      seconds and resident memory added by what setup builds: the byte tables, the
              vocabulary map, the spelling check and the probe (TeacherRendering, vocab_map,
-             unspellable, check); the share of the teacher's vocabulary that maps.
+             unspellable, check); the share of the teacher's vocabulary that maps; the MiB
+             of the rendering as it is sent to each of an in-process teacher's workers, once.
   work       microseconds per student position (CPU time of this process, one torch thread,
              all its threads; and wall time) of the path's work per step, wherever it runs (a
              served teacher's on the driver, an in-process teacher's in its workers): render
@@ -14,16 +15,19 @@ Mistral SentencePiece <- Qwen3; the tokenizers built offline by tests/real_token
              random), spread sampled log-probs (logprobs_to_student) and count the rows for
              the metrics (counts); rows of --length tokens of mixed text (prose, LaTeX, code,
              numbers, CJK, emoji).
-  driver     microseconds per student position of the driver's CPU with an in-process
-             teacher, whose --dp workers do the work above: CrossTokenizerTeacher.score through
-             Policy.score_rendered, the workers played by _OfflinePolicy (each shard serialized
-             as ray.put does it, with pickle; canned answers of the right shapes back): the
-             conversations stripped of their generation log-probs, cut into the workers'
-             shards and serialized, the answers joined (as for a teacher of the student's own
-             tokenizer) and counted. Ray's own transport is not in it.
+  driver     the driver's CPU (and wall) seconds per step of --step-rows responses of --length
+             tokens (512 x 4,096 by default) with an in-process teacher, whose --dp workers do
+             the work above (what setup builds: CrossTokenizerTeacher.score through
+             Policy.score_rendered), the workers played by _OfflinePolicy (each shard
+             serialized as ray.put does it, with pickle; canned answers of the right shapes
+             back): the conversations stripped of their generation log-probs, cut into the
+             workers' shards and serialized ("ship", and the MiB shipped), the answers joined
+             ("join": the same for a teacher of the student's own tokenizer) and counted.
+             Ray's own transport (the copy into its object store, the answers' way back) is
+             not in it.
   graded     the share of the student's response positions that get a teacher distribution.
 
-    uv run --extra cpu python benchmarks/bench_xtok.py            # --rows 16 --length 4096
+    uv run --extra cpu python benchmarks/bench_xtok.py    # --rows 16 --step-rows 512 --length 4096
 """
 
 import argparse
@@ -45,7 +49,7 @@ import real_tokenizers  # noqa: E402
 from nemo_opd.data.chat import ChatFormatter  # noqa: E402
 from nemo_opd.data.message_log import flatten_message_logs  # noqa: E402
 from nemo_opd.distributed.parallel_dims import ParallelDims  # noqa: E402
-from nemo_opd.policy.policy import Policy  # noqa: E402
+from nemo_opd.policy.policy import Policy, joined  # noqa: E402
 from nemo_opd.teachers.base import Rollouts, TeacherNeed  # noqa: E402
 from nemo_opd.teachers.cross_tokenizer import CrossTokenizerTeacher, TeacherRendering  # noqa: E402
 from nemo_opd.teachers.xtok_rows import COUNTS  # noqa: E402
@@ -76,7 +80,7 @@ def _logs(student, rows: int, length: int) -> list[list[dict]]:
         ids = [*ids[:length], student.eos_token_id]
         turn = {
             "role": "assistant",
-            "content": "",
+            "content": student.decode(ids[:-1]),  # shipped to the workers with the ids
             "token_ids": ids,
             "generation_logprobs": [-0.5] * len(ids),
         }
@@ -99,6 +103,7 @@ def _setup(student, teacher) -> tuple[TeacherRendering, dict]:
         "map_mib": round(vocab.teacher_to_student.numel() * 8 / 2**20, 2),
         "teacher_vocab_mapped": round(vocab.coverage(), 4),
         "unspellable": len(unspellable),
+        "rendering_mib": round(len(pickle.dumps(rendering, protocol=5)) / 2**20, 1),
     }
 
 
@@ -137,7 +142,7 @@ def _work(rendering: TeacherRendering, logs, k: int) -> dict:
 
 
 def _driver(rendering: TeacherRendering, logs, k: int, dp: int) -> dict:
-    """The driver's share per position when the workers do the work (module docstring)."""
+    """The driver's share of a step when the workers do the work (module docstring)."""
     rows = flatten_message_logs(logs, 0)
     workers = _OfflinePolicy(dp, rows["input_ids"].shape, k)
     teacher = CrossTokenizerTeacher(None, rendering, workers=workers)
@@ -146,8 +151,18 @@ def _driver(rendering: TeacherRendering, logs, k: int, dp: int) -> dict:
     clock = _Clock()
     teacher.score(rollouts, need)
     wall, cpu = clock.lap()
+    joined(workers.answers, len(logs))  # the join alone, as any teacher's answers are joined
+    join = clock.lap()
     per = 1e6 / sum(len(log[-1]["token_ids"]) for log in logs)
-    return {"driver_cpu_us": round(cpu * per, 3), "driver_wall_us": round(wall * per, 3)}
+    return {
+        "step_rows": len(logs),
+        "driver_step_cpu_s": round(cpu, 3),
+        "driver_step_wall_s": round(wall, 3),
+        "driver_ship_cpu_s": round(workers.ship[1], 3),
+        "driver_join_cpu_s": round(join[1], 3),
+        "shipped_mib": round(workers.shipped / 2**20, 1),
+        "driver_cpu_us": round(cpu * per, 3),
+    }
 
 
 class _OfflinePolicy(Policy):
@@ -165,13 +180,15 @@ class _OfflinePolicy(Policy):
             "xtok_counts": torch.ones(rows, len(COUNTS), dtype=torch.float64),
         }
         self.answers = [answer] * dp
+        self.ship, self.shipped = (0.0, 0.0), 0
 
     def set_rendering(self, rendering: TeacherRendering) -> None:
         pass  # once per run, at the first step
 
     def _run_on_replicas(self, shards: list, call) -> list:
-        for shard in shards:
-            pickle.dumps(shard, protocol=5)
+        clock = _Clock()
+        self.shipped = sum(len(pickle.dumps(shard, protocol=5)) for shard in shards)
+        self.ship = clock.lap()
         return self.answers
 
 
@@ -190,7 +207,8 @@ class _Clock:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=16)
+    parser.add_argument("--rows", type=int, default=16, help="responses for setup and work")
+    parser.add_argument("--step-rows", type=int, default=512, help="responses of the driver's step")
     parser.add_argument("--length", type=int, default=4096, help="student tokens per response")
     parser.add_argument("--k", type=int, default=64)
     parser.add_argument("--dp", type=int, default=2, help="the teacher's data-parallel workers")
@@ -201,8 +219,10 @@ def main() -> None:
     for student_name, teacher_name in PAIRS:
         student, teacher = real_tokenizers.load(student_name), real_tokenizers.load(teacher_name)
         rendering, setup = _setup(student, teacher)
-        logs = _logs(student, args.rows, args.length)
-        work, driver = _work(rendering, logs, args.k), _driver(rendering, logs, args.k, args.dp)
+        work = _work(rendering, _logs(student, args.rows, args.length), args.k)
+        step = _logs(student, args.step_rows, args.length)
+        driver = _driver(rendering, step, args.k, args.dp)
+        del step
         result = {"student": student_name, "teacher": teacher_name, **setup, **work, **driver}
         results.append(result)
         print(json.dumps(result), flush=True)
