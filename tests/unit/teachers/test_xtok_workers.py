@@ -66,10 +66,10 @@ class LocalWorkers:
     """Policy's set_rendering and score_rendered, its dp replicas played in this process."""
 
     def __init__(self, teacher: PositionTeacher, dp: int) -> None:
-        self.teacher, self.dp, self.renderings = teacher, dp, []
+        self.teacher, self.dp, self.rendering = teacher, dp, None
 
     def set_rendering(self, rendering: TeacherRendering) -> None:
-        self.renderings = [pickle.loads(pickle.dumps(rendering))] * self.dp  # as Ray sends it
+        self.rendering = pickle.loads(pickle.dumps(rendering))  # as Ray sends it
 
     def score_rendered(self, data, message_logs, *, topk, temperature, logprobs):
         pickle.dumps(message_logs)  # what Ray sends a worker: plain data
@@ -80,8 +80,8 @@ class LocalWorkers:
 
         payloads, size = rendered_shards(data, message_logs, self.dp)
         answers = [
-            score_rendered(rendering, TensorBatch(rows), logs, need, score_rows)
-            for rendering, (rows, logs) in zip(self.renderings, payloads, strict=True)
+            score_rendered(self.rendering, TensorBatch(rows), logs, need, score_rows)
+            for rows, logs in payloads
         ]
         return joined(answers, size)
 
@@ -117,13 +117,15 @@ def test_workers_give_the_drivers_answers_bit_for_bit(real_tokenizer, student_na
     # the longest row is cut 8 tokens short (a served teacher's context)
     rendering.max_length = int(rendering.teacher_rows(logs).batch["input_lengths"].max()) - 8
     inner = PositionTeacher(len(teacher))
-    for dp in (1, 3):  # 13 rows: 3 shards of 5, 5 and 3 rows and 2 padding rows
-        _check_workers(rendering, inner, rollouts, dp)
-
-
-def _check_workers(rendering, inner, rollouts, dp) -> None:
     on_driver = CrossTokenizerTeacher(inner, rendering)
-    in_workers = CrossTokenizerTeacher(inner, rendering, workers=LocalWorkers(inner, dp))
+    workers = LocalWorkers(inner, dp=1)
+    in_workers = CrossTokenizerTeacher(inner, rendering, workers=workers)  # sent once: seconds
+    for dp in (1, 3):  # 13 rows: 3 shards of 5, 5 and 3 rows and 2 padding rows
+        workers.dp = dp
+        _check_workers(on_driver, in_workers, rollouts)
+
+
+def _check_workers(on_driver, in_workers, rollouts) -> None:
     for need in (TeacherNeed(topk=K), TeacherNeed(sampled=True), TeacherNeed(topk=K, sampled=True)):
         expected, got = on_driver.score(rollouts, need), in_workers.score(rollouts, need)
         assert expected.tensors().keys() == got.tensors().keys()
@@ -133,4 +135,3 @@ def _check_workers(rendering, inner, rollouts, dp) -> None:
     assert in_workers.take_metrics() == metrics
     assert metrics["teacher/xtok_truncated_rows"] > 0
     assert 0.0 < metrics["teacher/xtok_graded_share"] < 1.0
-    print(metrics)
