@@ -6,7 +6,8 @@ Mistral SentencePiece <- Qwen3; the tokenizers built offline by tests/real_token
   setup      seconds and resident memory added by what setup builds: the byte tables, the
              vocabulary map, the spelling check and the probe (TeacherRendering, vocab_map,
              unspellable, check); the share of the teacher's vocabulary that maps; the MiB
-             of the rendering as it is sent to each of an in-process teacher's workers, once.
+             of the rendering as it is sent to each of an in-process teacher's workers, once,
+             and the seconds a worker takes to read it.
   work       microseconds per student position (CPU time of this process, one torch thread,
              all its threads; and wall time) of the path's work per step, wherever it runs (a
              served teacher's on the driver, an in-process teacher's in its workers): render
@@ -97,13 +98,18 @@ def _setup(student, teacher) -> tuple[TeacherRendering, dict]:
     unspellable = rendering.unspellable()
     rendering.check()
     seconds = time.perf_counter() - start
+    sent = pickle.dumps(rendering, protocol=5)  # as each worker of an in-process teacher gets it
+    start = time.perf_counter()
+    pickle.loads(sent)
+    read = time.perf_counter() - start
     return rendering, {
         "setup_s": round(seconds, 2),
         "setup_rss_mib": round((process.memory_info().rss - before) / 2**20, 1),
         "map_mib": round(vocab.teacher_to_student.numel() * 8 / 2**20, 2),
         "teacher_vocab_mapped": round(vocab.coverage(), 4),
         "unspellable": len(unspellable),
-        "rendering_mib": round(len(pickle.dumps(rendering, protocol=5)) / 2**20, 1),
+        "rendering_mib": round(len(sent) / 2**20, 1),
+        "rendering_read_s": round(read, 2),
     }
 
 
