@@ -226,12 +226,11 @@ def _tiny_model_with(tokenizer, config, path: Path) -> str:
     return str(path)
 
 
-def test_real_vocabularies_qwen3_student_llama3_teacher(tmp_path):
-    """The loop end to end with real vocabularies: a Qwen3-architecture student at Qwen3's
+@pytest.fixture(scope="module")
+def real_vocabulary_models(tmp_path_factory) -> tuple[str, ...]:
+    """Tiny random models with real vocabularies: a Qwen3-architecture student at Qwen3's
     151,936 ids with Qwen3's tokenizer and template, a Llama-architecture teacher at Llama 3's
-    128,256 with Llama 3's, both tiny and random, in process: a few steps run, the teacher
-    reads the student's rollouts in its own tokens and its top-k reaches the student's ids;
-    then the same with the teacher served by vLLM's OpenAI-compatible server."""
+    128,256 with Llama 3's; the overrides that name them."""
     if not os.environ.get("CI"):  # in CI the dev group installs them: a missing one fails
         pytest.importorskip("dashscope", reason="the vocabularies' packages: uv sync --group dev")
     from transformers import LlamaConfig, Qwen3Config
@@ -244,34 +243,53 @@ def test_real_vocabularies_qwen3_student_llama3_teacher(tmp_path):
                  num_key_value_heads=1, head_dim=32, max_position_embeddings=256,
                  tie_word_embeddings=True)  # fmt: skip
     qwen, llama = real_tokenizers.load("qwen3"), real_tokenizers.load("llama3")
+    tmp_path = tmp_path_factory.mktemp("real_vocabularies")
     student = _tiny_model_with(qwen, Qwen3Config(vocab_size=151936, **shape), tmp_path / "s")
     teacher_config = LlamaConfig(
         vocab_size=128256, bos_token_id=128000, eos_token_id=128009, **shape
     )
     teacher = _tiny_model_with(llama, teacher_config, tmp_path / "t")
-    models = (
+    return (
         f"policy.model_name={student}",
         f"policy.tokenizer.name={student}",
         f"teacher.model_name={teacher}",
         f"teacher.tokenizer.name={teacher}",
     )
-    in_process = run_loop(
-        tmp_path / "run", "distillation_tiny.yaml", "distillation.max_num_steps=2", *models
-    )
+
+
+def assert_real_vocabulary_steps(metrics: dict[int, dict]) -> None:
+    """The teacher read the student's rollouts in its own tokens and its top-k reached the
+    student's ids, on both steps."""
+    for step in (1, 2):
+        assert 0.0 < metrics[step]["teacher/xtok_graded_share"] <= 1.0
+        assert 0.5 < metrics[step]["teacher/xtok_mapped_mass"] <= 1.0 + 1e-4
+        assert metrics[step]["teacher/xtok_unrendered_rows"] == 0.0
+        assert math.isfinite(metrics[step]["train/loss"])
+
+
+def test_real_vocabularies_qwen3_student_llama3_teacher(real_vocabulary_models, tmp_path):
+    """The loop end to end with real vocabularies, the teacher in process (its workers render
+    and map the student's rollouts)."""
+    metrics = run_loop(
+        tmp_path / "run", "distillation_tiny.yaml", "distillation.max_num_steps=2",
+        *real_vocabulary_models,
+    )  # fmt: skip
+    assert_real_vocabulary_steps(metrics)
+
+
+@pytest.mark.slow  # a vLLM server of its own: `pytest -m slow`
+def test_real_vocabularies_with_the_teacher_served(real_vocabulary_models, tmp_path):
+    """The same with the teacher served by vLLM's OpenAI-compatible server."""
+    models = real_vocabulary_models
     with _served_teacher(CONFIGS / "distillation_tiny_served_teacher.yaml", models) as url:
-        served = run_loop(
+        metrics = run_loop(
             tmp_path / "served",
             "distillation_tiny_served_teacher.yaml",
             "distillation.max_num_steps=2",
             f"teacher.server.base_url={url}",
             *models,
         )
-    for metrics in (in_process, served):
-        for step in (1, 2):
-            assert 0.0 < metrics[step]["teacher/xtok_graded_share"] <= 1.0
-            assert 0.5 < metrics[step]["teacher/xtok_mapped_mass"] <= 1.0 + 1e-4
-            assert metrics[step]["teacher/xtok_unrendered_rows"] == 0.0
-            assert math.isfinite(metrics[step]["train/loss"])
+    assert_real_vocabulary_steps(metrics)
 
 
 @contextlib.contextmanager

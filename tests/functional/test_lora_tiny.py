@@ -77,6 +77,7 @@ def test_lora_run_refits_checkpoints_adapters_and_exports_merged(straight):
     assert (merged_logprobs - base_logprobs).abs().max() > 1e-3  # the adapters trained
 
 
+@pytest.mark.slow  # two more runs of their own: `pytest -m slow`
 def test_sigkill_of_a_training_worker_resumes_like_the_straight_run(straight, tmp_path):
     faulty = command(tmp_path, *CHECKPOINTS, "checkpointing.save_period=1")
     run = Run(faulty, tmp_path)

@@ -38,6 +38,7 @@ def _runs(tmp_path: Path, done: subprocess.CompletedProcess) -> dict:
     return runs
 
 
+@pytest.mark.slow  # the benchmark's own runs: `pytest -m slow`
 def test_chunked_peak_is_a_fraction_of_the_whole_logits(tmp_path):
     flags = ("--chunk", "64", "256", "--impls", "chunked", "unchunked")
     runs = _runs(tmp_path, _bench(tmp_path, *flags))

@@ -37,6 +37,7 @@ def step_rows(summary: str) -> dict[str, str]:
     return rows
 
 
+@pytest.mark.slow  # every step of the lane on a CPU: `pytest -m slow`
 def test_dry_run_passes_every_step_and_keeps_each_result(tmp_path):
     done = run_lane(tmp_path, "--all")
     summary = (tmp_path / "summary.md").read_text()

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
@@ -33,6 +35,7 @@ def _sweep(out: Path, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO)
 
 
+@pytest.mark.slow  # two short runs of the tiny task: `pytest -m slow`
 def test_a_sweep_runs_its_grid_once_and_resumes_without_running_again(tmp_path):
     first = _sweep(tmp_path)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
