@@ -435,7 +435,8 @@ class PolicyConfig(Section):
     microbatch, each chunk's logits and their gradient freed before the next, so [N, V] logits
     never exist (a chunk holds about 2 x chunk x V / tp x 4 bytes: 0.29 GiB at 256 positions of
     Qwen3's 151,936 ids; smaller chunks save little more and cost time, docs/benchmarks.md).
-    null: the whole microbatch's logits at once (docs/loss.md)."""
+    In training only the positions of the loss mask are walked (prompt and padding positions
+    get no logits). null: the whole microbatch's logits at once (docs/loss.md)."""
 
     dtensor_cfg: DTensorConfig = Field(default_factory=DTensorConfig)
     """The DTensor backend."""

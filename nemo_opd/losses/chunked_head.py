@@ -61,6 +61,7 @@ def chunked_head_loss(
     project: Project = torch.nn.functional.linear,
     finish: Finish = lambda raw: raw,
     tp_group: dist.ProcessGroup | None = None,
+    keep: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The loss of all positions of hidden, the LM head applied chunk by chunk.
 
@@ -73,6 +74,10 @@ def chunked_head_loss(
         chunk: positions per chunk.
         project, finish: the LM head, raw = project(h, W), logits = finish(raw).
         tp_group: the tensor-parallel group over which dL/dhidden is summed (None: no tp).
+        keep: optional [b, s] bool, the positions whose loss terms can be nonzero (the loss
+            mask's): the head runs on these only (at least one, so that every rank's metrics
+            keep their names), and the others get a zero gradient. Exact for losses whose
+            terms are masked by it: prompt, tool-output and padding positions cost nothing.
 
     Returns:
         (loss, a scalar whose backward reaches hidden and weight; metrics, detached, combined
@@ -82,6 +87,8 @@ def chunked_head_loss(
     metrics: dict[str, torch.Tensor] = {}
     flat = hidden.reshape(-1, hidden.shape[-1])
     flat_fields = {name: value.reshape(-1, *value.shape[2:]) for name, value in fields.items()}
+    if keep is not None:
+        flat, flat_fields = _kept_positions(flat, flat_fields, keep)
     head = (project, finish)
     if not torch.is_grad_enabled():
         loss = _loss_without_grad(flat, weight, head, loss_of_logits, flat_fields, chunk, metrics)
@@ -90,6 +97,20 @@ def chunked_head_loss(
         flat, weight, head, loss_of_logits, flat_fields, chunk, tp_group, metrics
     )
     return loss, metrics
+
+
+def _kept_positions(
+    flat: torch.Tensor, fields: dict[str, torch.Tensor], keep: torch.Tensor
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """hidden [N, H] and fields [N, ...] at the kept positions only (index_select: the
+    gradient of hidden is scattered back, zero elsewhere); position 0 when none is kept."""
+    index = keep.reshape(-1).nonzero().squeeze(1)
+    if index.numel() == 0:
+        index = torch.zeros(1, dtype=torch.long, device=flat.device)
+    index = index.to(flat.device)
+    return flat.index_select(0, index), {
+        name: value.index_select(0, index.to(value.device)) for name, value in fields.items()
+    }
 
 
 def _loss_without_grad(

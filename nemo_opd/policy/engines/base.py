@@ -415,6 +415,7 @@ class Engine(ABC):
             project=self._project,
             finish=self._mask_padding,
             tp_group=self._tp_shards(),
+            keep=fields["loss_mask"] != 0 if "loss_mask" in fields else None,
         )
 
     @torch.no_grad()

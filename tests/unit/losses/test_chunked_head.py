@@ -102,6 +102,54 @@ def test_chunked_equals_the_whole_logits(name, chunk):
         torch.testing.assert_close(value.double(), ref_metrics[key].double(), rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("chunk", [1, 4, 1000])
+@pytest.mark.parametrize("name", list(LOSSES))
+def test_the_head_on_the_loss_masks_positions_only_equals_the_whole_logits(name, chunk):
+    """keep = the loss mask: the head runs on the kept positions only, and the loss, both
+    gradients and every metric still equal the float64 reference of the whole logits."""
+    loss_fn = LOSSES[name]()
+    hidden, weight, fields = inputs(seed=7)
+    count = fields["loss_mask"].sum()
+    ref_loss, ref_metrics, ref_dh, ref_dw = unchunked(loss_fn, hidden, weight, fields, count)
+    h = hidden.clone().requires_grad_()
+    w = weight.clone().requires_grad_()
+    projected = []
+
+    def project(rows, weight):
+        projected.append(rows.shape[0])
+        return torch.nn.functional.linear(rows, weight)
+
+    loss, metrics = chunked_head_loss(
+        h, w, fields, lambda z, part: loss_fn(z, part, count), chunk=chunk, project=project,
+        finish=mask, keep=fields["loss_mask"] != 0,
+    )  # fmt: skip
+    loss.backward()
+    assert sum(projected) == int((fields["loss_mask"] != 0).sum()) < B * S
+    torch.testing.assert_close(loss.double(), ref_loss.double(), rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(h.grad.double(), ref_dh.double(), rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(w.grad.double(), ref_dw.double(), rtol=1e-4, atol=1e-6)
+    assert set(metrics) == set(ref_metrics)
+    for key, value in metrics.items():
+        torch.testing.assert_close(value.double(), ref_metrics[key].double(), rtol=1e-4, atol=1e-6)
+
+
+def test_with_nothing_kept_one_position_keeps_the_metrics_names():
+    """A dummy microbatch (an empty loss mask) still reports every metric, with a zero loss
+    and zero gradients: every rank reduces the same names."""
+    loss_fn = LOSSES["topk_forward_bucket"]()
+    hidden, weight, fields = inputs(seed=9)
+    fields["loss_mask"] = torch.zeros(B, S)
+    h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    _, ref_metrics = loss_fn(head(hidden, weight), fields, 1)
+    loss, metrics = chunked_head_loss(
+        h, w, fields, lambda z, part: loss_fn(z, part, 1), chunk=4, finish=mask,
+        keep=fields["loss_mask"] != 0,
+    )  # fmt: skip
+    loss.backward()
+    assert float(loss) == 0.0 and set(metrics) == set(ref_metrics)
+    assert not h.grad.any() and not w.grad.any()
+
+
 def test_without_gradients_only_the_loss():
     loss_fn = LOSSES["topk_forward_bucket"]()
     hidden, weight, fields = inputs(seed=3)
