@@ -38,6 +38,7 @@ from nemo_opd.tiny.recipe import ModelRecipe, TinyRecipe, TrainRecipe, recipe_ke
 from nemo_opd.tiny.sft import SFTExample, encode_sft_examples, train_sft
 from nemo_opd.tiny.task import build_tiny_math_splits, save_jsonl
 from nemo_opd.tiny.tokenizer import build_tiny_tokenizer
+from nemo_opd.tiny.tool_task import corpus_texts, encode_tool_examples, tool_accuracy
 
 MANIFEST = "manifest.json"
 ROLES = ("teacher", "student")
@@ -96,7 +97,7 @@ def build_model_role(
     log(f"{role}: held-out accuracy {accuracy:.1%} ({eval_seconds:.1f}s)")
     model.save_pretrained(out_dir / role)
     tokenizer.save_pretrained(out_dir / role)
-    return {
+    entry = {
         "parameters": n_params,
         "heldout_accuracy": accuracy,
         "final_train_loss": result.final_loss,
@@ -104,6 +105,12 @@ def build_model_role(
         "eval_seconds": round(eval_seconds, 2),
         "trained_tokens": result.trained_tokens,
     }
+    if recipe.tools is not None:
+        with_tools = tool_accuracy(model, tokenizer, validation, recipe, with_tools=True)
+        log(f"{role}: with the calculator offered {with_tools}")
+        entry["heldout_accuracy_tools"] = with_tools.pop("accuracy")
+        entry.update(with_tools)
+    return entry
 
 
 def versions() -> dict[str, str]:
@@ -142,22 +149,27 @@ def build_tiny_assets(
         #    once for both models
         phase = time.perf_counter()
         tok = recipe.tokenizer
+        first = splits["train"][: tok.num_train_records]
         tokenizer = build_tiny_tokenizer(
-            splits["train"][: tok.num_train_records],
+            first,
             tok.vocab_size,
             tok.min_frequency,
             tok.model_max_length,
             tok.chat_style,
+            extra_texts=corpus_texts(first) if recipe.tools is not None else (),
         )
         tokenizer.save_pretrained(out_dir / "tokenizer")
-        examples = encode_sft_examples(splits["train"], tokenizer)
+        examples = None if recipe.tools else encode_sft_examples(splits["train"], tokenizer)
         timings["tokenizer"] = time.perf_counter() - phase
         log(f"tokenizer: {len(tokenizer)} tokens")
 
-        # 3. teacher and student, each trained, evaluated and saved
+        # 3. teacher and student, each trained, evaluated and saved (the tool task's
+        #    conversations differ by role)
         models = {}
         for role in recipe_roles(recipe):
             phase = time.perf_counter()
+            if recipe.tools is not None:
+                examples = encode_tool_examples(splits["train"], tokenizer, role, recipe)
             models[role] = build_model_role(
                 role, recipe, tokenizer, examples, splits["validation"], out_dir, log
             )

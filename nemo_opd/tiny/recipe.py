@@ -63,6 +63,17 @@ class TrainRecipe:
     seed: int = 0
 
 
+@dataclass(frozen=True)
+class ToolsRecipe:
+    """The tool task (nemo_opd.tiny.tool_task): ``offered_share`` of the train problems are
+    shown with the calculator offered; on those the teacher's solutions call it for the
+    problems tool_task.needs_calculator picks, the student's never do. Evaluation allows
+    ``max_turns`` assistant turns."""
+
+    offered_share: float = 0.5
+    max_turns: int = 3
+
+
 # The student is wider than the teacher but stopped early in its supervised training, at a
 # constant learning rate: on this task a narrow student (64 x 2) learns so little per example
 # that a few minutes of distillation on a 2-core CPU barely move it, while a wide one climbs.
@@ -92,6 +103,8 @@ class TinyRecipe:
     eval_max_new_tokens: int = 32
     torch_threads: int = 2
     format_version: int = FORMAT_VERSION
+    tools: ToolsRecipe | None = None
+    """The tool task's data and evaluation; None for the plain task."""
 
 
 def recipe_key(recipe: TinyRecipe) -> str:
@@ -122,6 +135,19 @@ def xtok_recipe() -> TinyRecipe:
         tokenizer=TokenizerRecipe(vocab_size=320, chat_style="plain"),
         student=None,
         student_train=None,
+    )
+
+
+def tools_recipe() -> TinyRecipe:
+    """The recipe behind ``tiny:tools_teacher``, ``tiny:tools_student`` and
+    ``tiny:tools_tokenizer``: the tool task (nemo_opd.tiny.tool_task), with a tokenizer whose
+    chat template offers tools and whose vocabulary holds the call format, and the default
+    models and training."""
+    return replace(
+        default_recipe(),
+        tokenizer=TokenizerRecipe(vocab_size=640, chat_style="tools"),
+        eval_max_new_tokens=40,
+        tools=ToolsRecipe(),
     )
 
 
