@@ -50,6 +50,7 @@ from nemo_opd.config.schema import (
     TeacherConfig,
     TeacherServerConfig,
     TokenizerConfig,
+    ToolsConfig,
     VllmConfig,
     WandbConfig,
 )
@@ -79,6 +80,7 @@ __all__ = [
     "SchedulerConfig",
     "SequencePackingConfig",
     "TokenizerConfig",
+    "ToolsConfig",
     "VllmConfig",
     "WandbConfig",
     "apply_overrides",

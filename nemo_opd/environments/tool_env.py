@@ -82,13 +82,14 @@ class ToolEnvironment:
             self._grade_answers(step, message_logs, metadata, answered)
         results = self._results([attempts[i] for i in calling])
         step.metrics.update(tool_metrics(results, [metadata[i] for i in calling]))
-        for i, (calls, outcome) in zip(calling, results, strict=True):
+        for i, outcome in zip(calling, results, strict=True):
             step.next_messages[i] = [
-                tool_message(call, result) for call, result in zip(calls, outcome, strict=True)
+                tool_message(call, result)
+                for call, result in zip(attempts[i], outcome, strict=True)
             ]
             errors = sum(result.error is not None for result in outcome)
             meta = step.metadata[i]
-            meta["tool_calls"] = int(meta.get("tool_calls", 0)) + len(calls)
+            meta["tool_calls"] = int(meta.get("tool_calls", 0)) + len(outcome)
             meta["tool_errors"] = int(meta.get("tool_errors", 0)) + errors
         return step
 

@@ -108,3 +108,9 @@ def load_tool(spec: str) -> Tool:
     if isinstance(tool, type) or not isinstance(tool, Tool):
         raise ValueError(f"tool {spec!r}: {target!r} has no name, description, parameters and call")
     return tool
+
+
+def tool_schemas(specs: list[str]) -> list[dict] | None:
+    """The tools a config names as chat templates take them, or None for none; ValueError
+    for a spec that names no tool."""
+    return [tool_schema(load_tool(spec)) for spec in specs] or None
