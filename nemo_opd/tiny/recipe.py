@@ -142,11 +142,13 @@ def tools_recipe() -> TinyRecipe:
     """The recipe behind ``tiny:tools_teacher``, ``tiny:tools_student`` and
     ``tiny:tools_tokenizer``: the tool task (nemo_opd.tiny.tool_task), with a tokenizer whose
     chat template offers tools and whose vocabulary holds the call format, and the default
-    models and training."""
+    models and training, on one torch thread (on a 2-core CPU shared with other work, two
+    threads spent 10x the time of one per step, waiting for each other)."""
     return replace(
         default_recipe(),
         tokenizer=TokenizerRecipe(vocab_size=640, chat_style="tools"),
         eval_max_new_tokens=40,
+        torch_threads=1,
         tools=ToolsRecipe(),
     )
 
