@@ -95,6 +95,11 @@ class ChatFormatter:
         turn = {"role": "assistant", "content": PLACEHOLDER}
         before = [*(_plain(m) for m in log[:-1]), turn]
         count = self._render(before, False).count(PLACEHOLDER)  # the turn's is the last one
+        if not count:
+            raise SetupError(
+                "the chat template does not write an assistant turn's content: rollouts need "
+                "one that does (policy.tokenizer.chat_template)"
+            )
         full = self._render([*before, *(_plain(m) for m in new)], True)
         at = -len(PLACEHOLDER)
         for _ in range(count):

@@ -75,3 +75,20 @@ def test_tool_results_after_a_call_read_as_the_whole_conversation(tool_tokenizer
     expected = [float(m["role"] == "assistant") for m in log for _ in m["token_ids"]]
     assert mask == expected
     assert sum(mask) == sum(len(m["token_ids"]) for m in log if m["role"] == "assistant")
+
+
+def test_a_template_that_drops_the_assistant_content_is_refused(tool_tokenizer):
+    import copy
+
+    from nemo_opd.errors import SetupError
+
+    tokenizer = copy.deepcopy(tool_tokenizer)
+    tokenizer.chat_template = (
+        "{%- for m in messages %}{{- m['role'] + ': ' }}"
+        "{%- if m['role'] != 'assistant' %}{{- m['content'] }}{%- endif %}{{- '\\n' }}"
+        "{%- endfor %}{%- if add_generation_prompt %}assistant: {% endif %}"
+    )
+    formatter = ChatFormatter(tokenizer)
+    log = [*formatter.prompt_log("What is 1 + 1?"), generated(tokenizer, "2")]
+    with pytest.raises(SetupError, match="does not write an assistant turn's content"):
+        formatter.extend(log, [{"role": "user", "content": "Again."}])
