@@ -188,7 +188,7 @@ def ensure_tiny_assets(
                 install_prebuilt(recipe, shipped, build_dir, log)
             else:
                 log(f"building tiny assets {final.name} into {final}")
-                manifest = build_tiny_assets(recipe, build_dir, log)
+                manifest = build_tiny_assets(recipe, build_dir, log, reuse=not rebuild)
                 log(f"built in {manifest['timings_seconds']['total']:.0f}s")
             install(build_dir, final)
         except BaseException:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import sys
 import time
 import uuid
@@ -34,7 +35,7 @@ from transformers.utils import logging as hf_logging
 import nemo_opd
 from nemo_opd.tiny.evaluation import heldout_accuracy
 from nemo_opd.tiny.model import build_tiny_model, count_parameters
-from nemo_opd.tiny.recipe import ModelRecipe, TinyRecipe, TrainRecipe, recipe_key
+from nemo_opd.tiny.recipe import ModelRecipe, TinyRecipe, TrainRecipe, recipe_key, role_key
 from nemo_opd.tiny.sft import SFTExample, encode_sft_examples, train_sft
 from nemo_opd.tiny.task import build_tiny_math_splits, save_jsonl
 from nemo_opd.tiny.tokenizer import build_tiny_tokenizer
@@ -133,10 +134,37 @@ def write_data_splits(recipe: TinyRecipe, out_dir: Path) -> dict[str, list[dict]
     return splits
 
 
+def reusable_role(recipe: TinyRecipe, role: str, cache: Path) -> Path | None:
+    """A complete build in `cache` (a directory of builds) whose `role` model is the one
+    `recipe` would train (the same role key, recipe.role_key, and the same versions), or
+    None."""
+    wanted = role_key(asdict(recipe), role)
+    for manifest_file in sorted(cache.glob(f"*/{MANIFEST}")):
+        try:
+            manifest = json.loads(manifest_file.read_text())
+            same = role_key(manifest["recipe"], role) == wanted
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if same and manifest.get("versions") == versions() and role in manifest["models"]:
+            return manifest_file.parent
+    return None
+
+
+def copy_role(source: Path, role: str, out_dir: Path, log: Callable[[str], None]) -> dict:
+    """The `role` model of the build at `source`, copied into out_dir; its manifest entry,
+    marked with where it came from."""
+    shutil.copytree(source / role, out_dir / role)
+    entry = json.loads((source / MANIFEST).read_text())["models"][role]
+    log(f"{role}: the same as in the build {source.name}, copied (not trained again)")
+    return {**entry, "copied_from": source.name}
+
+
 def build_tiny_assets(
-    recipe: TinyRecipe, out_dir: Path, log: Callable[[str], None] = print
+    recipe: TinyRecipe, out_dir: Path, log: Callable[[str], None] = print, reuse: bool = True
 ) -> dict:
-    """Build everything into ``out_dir`` (which must exist) and return the manifest."""
+    """Build everything into ``out_dir`` (which must exist) and return the manifest. With
+    `reuse`, a model that a complete build beside out_dir already trained from the same
+    inputs (reusable_role) is copied from it instead of trained again."""
     start = time.perf_counter()
     timings: dict[str, float] = {}
     with torch_threads(recipe.torch_threads), quiet_progress_bars():
@@ -168,11 +196,15 @@ def build_tiny_assets(
         models = {}
         for role in recipe_roles(recipe):
             phase = time.perf_counter()
-            if recipe.tools is not None:
-                examples = encode_tool_examples(splits["train"], tokenizer, role, recipe)
-            models[role] = build_model_role(
-                role, recipe, tokenizer, examples, splits["validation"], out_dir, log
-            )
+            source = reusable_role(recipe, role, out_dir.parent) if reuse else None
+            if source is not None:
+                models[role] = copy_role(source, role, out_dir, log)
+            else:
+                if recipe.tools is not None:
+                    examples = encode_tool_examples(splits["train"], tokenizer, role, recipe)
+                models[role] = build_model_role(
+                    role, recipe, tokenizer, examples, splits["validation"], out_dir, log
+                )
             timings[role] = time.perf_counter() - phase
     timings["total"] = time.perf_counter() - start
 

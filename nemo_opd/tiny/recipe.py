@@ -67,11 +67,15 @@ class TrainRecipe:
 class ToolsRecipe:
     """The tool task (nemo_opd.tiny.tool_task): ``offered_share`` of the train problems are
     shown with the calculator offered; on those the teacher's solutions call it for the
-    problems tool_task.needs_calculator picks, the student's never do. Evaluation allows
-    ``max_turns`` assistant turns."""
+    problems tool_task.needs_calculator picks, the student's on ``student_call_share`` of
+    them whatever the problem. Evaluation allows ``max_turns`` assistant turns."""
 
     offered_share: float = 0.5
     max_turns: int = 3
+    student_call_share: float = 0.1
+    """Share of the offered problems (spread evenly, whatever the arithmetic) on which the
+    student's solutions call the calculator: a student that knows the call format, as real
+    students do from their instruction tuning, but not when a call pays."""
 
 
 # The student is wider than the teacher but stopped early in its supervised training, at a
@@ -112,6 +116,20 @@ def recipe_key(recipe: TinyRecipe) -> str:
     that optional fields added later keep the keys of the recipes that do not set them."""
     canonical = json.dumps(_without_none(asdict(recipe)), sort_keys=True)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:12]
+
+
+def role_key(recipe: dict, role: str) -> str:
+    """A short hash of what decides the `role` model of a build, from its recipe as a dict
+    (asdict, or a manifest's "recipe"): everything but the other role's model and training
+    (and, for the teacher, the student's share of calls). Builds with the same role key train
+    the same model."""
+    fields = _without_none(recipe)
+    other = "student" if role == "teacher" else "teacher"
+    fields.pop(other, None)
+    fields.pop(f"{other}_train", None)
+    if role == "teacher" and "tools" in fields:
+        fields["tools"] = {k: v for k, v in fields["tools"].items() if k != "student_call_share"}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode("utf-8")).hexdigest()[:12]
 
 
 def _without_none(value):

@@ -5,7 +5,9 @@ calculator offered (the chat template's tools line). On those, the teacher's sol
 for the kinds of arithmetic the default tiny teacher gets wrong most often alone
 (needs_calculator: a multiplication, 76% right alone, or an operand of three digits, 79-85%;
 against 93-96% for smaller sums and differences, docs/tiny_assets.md), then writes the usual
-solution with the result; the student's solutions never call it. Without the calculator
+solution with the result. The student's solutions call it on a few offered problems
+(ToolsRecipe.student_call_share, 10%), whatever the arithmetic: it knows the format, as real
+students do from their instruction tuning, but not when a call pays. Without the calculator
 offered, both write the usual solution. A call, in the Hermes / Qwen3 format:
 
     user       What is 123 + 456?
@@ -89,25 +91,42 @@ def corpus_texts(records: list[dict]) -> Iterator[str]:
 def encode_tool_examples(
     records: list[dict], tokenizer: PreTrainedTokenizerBase, role: str, recipe: TinyRecipe
 ) -> list[SFTExample]:
-    """The training conversations of `role` ("teacher" calls the calculator, "student" never
-    does; module docstring), tokenized as rollouts are, assistant tokens as targets."""
-    share = recipe.tools.offered_share
+    """The training conversations of `role` ("teacher" or "student": where each calls the
+    calculator is _calls'), tokenized as rollouts are, assistant tokens as targets."""
     plain = ChatFormatter(tokenizer)
     tools = ChatFormatter(tokenizer, tools=calculator_schemas())
-    with_tools = [offered(i, share) for i in range(len(records))]
+    with_tools = [offered(i, recipe.tools.offered_share) for i in range(len(records))]
     openings = _openings(records, with_tools, plain, tools)
     eos = tokenizer.eos_token
     answers = tokenizer([r["solution"] + eos for r in records], add_special_tokens=False)
     examples = []
-    for record, shown, log, answer in zip(
-        records, with_tools, openings, answers["input_ids"], strict=True
+    for record, call, log, answer in zip(
+        records,
+        _calls(records, with_tools, role, recipe),
+        openings,
+        answers["input_ids"],
+        strict=True,
     ):
-        triple = triple_of(record)
-        if role == "teacher" and shown and needs_calculator(*triple):
-            log = _with_call(log, triple, tools)
+        if call:
+            log = _with_call(log, triple_of(record), tools)
         log = [*log, {"role": "assistant", "content": record["solution"], "token_ids": answer}]
         examples.append(_example(log))
     return examples
+
+
+def _calls(records: list[dict], with_tools: list[bool], role: str, recipe: TinyRecipe) -> list:
+    """Whether each record's solution calls the calculator (module docstring): the teacher's
+    where offered and needs_calculator, the student's on student_call_share of the offered
+    ones, spread evenly."""
+    if role == "teacher":
+        return [
+            s and needs_calculator(*triple_of(r)) for r, s in zip(records, with_tools, strict=True)
+        ]
+    share, calls, seen = recipe.tools.student_call_share, [], 0
+    for shown in with_tools:
+        calls.append(shown and offered(seen, share))
+        seen += shown
+    return calls
 
 
 def _openings(records, with_tools, plain: ChatFormatter, tools: ChatFormatter) -> list[list]:

@@ -64,16 +64,23 @@ def test_a_call_is_a_hermes_call_of_the_calculator():
     assert triple_of({"solution": "123 - 45 = 78. \\boxed{78}"}) == (123, "-", 45)
 
 
-def test_the_teacher_calls_where_offered_and_needed_the_student_never(records, tokenizer):
+def test_the_teacher_calls_where_needed_the_student_on_a_few_whatever_the_problem(
+    records, tokenizer
+):
     teacher = encode_tool_examples(records, tokenizer, "teacher", MICRO_TOOLS)
     student = encode_tool_examples(records, tokenizer, "student", MICRO_TOOLS)
     call_id = tokenizer.convert_tokens_to_ids("<tool_call>")
     response_id = tokenizer.convert_tokens_to_ids("<tool_response>")
     tools_line = tokenizer("tools:", add_special_tokens=False)["input_ids"]
+    student_calls = [call_id in s.input_ids for s in student]
+    offered_rows = [i for i in range(len(records)) if offered(i, 0.5)]
+    assert sum(student_calls) == round(0.1 * len(offered_rows))
+    assert not any(student_calls[i] for i in range(len(records)) if not offered(i, 0.5))
+    needed = [needs_calculator(*triple_of(records[i])) for i, c in enumerate(student_calls) if c]
+    assert 0 < sum(needed) < len(needed)  # on easy and hard problems alike
     for index, (record, t, s) in enumerate(zip(records, teacher, student, strict=True)):
         calls = offered(index, 0.5) and needs_calculator(*triple_of(record))
         assert (call_id in t.input_ids) == calls
-        assert call_id not in s.input_ids
         shown = t.input_ids[: len(tools_line) + 4]
         assert any(shown[i : i + len(tools_line)] == tools_line for i in range(4)) == offered(
             index, 0.5
@@ -84,7 +91,8 @@ def test_the_teacher_calls_where_offered_and_needed_the_student_never(records, t
             assert not t.targets[start]
             answer = tokenizer(record["solution"], add_special_tokens=False)["input_ids"]
             assert t.input_ids[-len(answer) - 1 : -1] == answer and t.targets[-1]
-        assert s.targets[s.prompt_len :] == (True,) * (len(s.input_ids) - s.prompt_len)
+        if call_id not in s.input_ids:
+            assert s.targets[s.prompt_len :] == (True,) * (len(s.input_ids) - s.prompt_len)
 
 
 def test_examples_are_tokenized_as_rollouts_are(records, tokenizer):
@@ -146,3 +154,21 @@ def test_the_tools_recipe_is_named_and_keyed():
     recipe = tools_recipe()
     assert recipe.tools is not None and recipe.tokenizer.chat_style == "tools"
     assert recipe_key(recipe) != recipe_key(replace(recipe, tools=None))
+
+
+def test_a_role_trained_from_the_same_inputs_is_copied_not_trained(tmp_path, monkeypatch):
+    """A recipe that changes only the student (its share of calls) copies the teacher of the
+    complete build beside it; the student is trained; rebuild copies nothing."""
+    monkeypatch.setenv("NEMO_OPD_CACHE", str(tmp_path))
+    first = ensure_tiny_assets(MICRO_TOOLS, log=lambda _: None)
+    other = replace(MICRO_TOOLS, tools=replace(MICRO_TOOLS.tools, student_call_share=0.5))
+    lines = []
+    second = ensure_tiny_assets(other, log=lines.append)
+    assert any(f"teacher: the same as in the build {first.key}" in line for line in lines)
+    assert not any(line.startswith("student: the same") for line in lines)
+    weights = "model.safetensors"
+    assert (second.teacher / weights).read_bytes() == (first.teacher / weights).read_bytes()
+    assert second.manifest()["models"]["teacher"]["copied_from"] == first.key
+    lines.clear()
+    ensure_tiny_assets(other, rebuild=True, log=lines.append)
+    assert not any("copied" in line for line in lines)
