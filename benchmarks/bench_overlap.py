@@ -13,7 +13,8 @@ at 0, 50 and 100). The served-teacher runs share one teacher server
 - the whole command's wall time, and the final validation accuracy;
 - where the time goes, medians over steps of each process's busy seconds per step: the
   trainer (total_step_time - rollout_wait), generation (refit + generation), the teacher
-  (teacher_topk + teacher_logprobs), and the trainer's wait for rollouts.
+  (its one call per step, whatever it computed: TEACHER_PHASES), and the trainer's wait for
+  rollouts.
 
 Writes OUT/results.json and OUT/results.md and prints the tables.
 """
@@ -39,7 +40,11 @@ CONFIGS = {
     "tiny": "examples/configs/distillation_tiny_100.yaml",
     "served": "examples/configs/distillation_tiny_served_teacher.yaml",
 }
-TEACHER_PHASES = ("teacher_topk", "teacher_logprobs")
+TEACHER_PHASES = (
+    "teacher_topk", "teacher_logprobs", "teacher_topk_logprobs", "teacher_hidden",
+    "teacher_hidden_logprobs",
+)  # fmt: skip
+"""The teacher's call in a step, named by what it computed (step_rollouts.teacher_phase)."""
 SERVER_START_TIMEOUT_S = 600.0
 RUN_TIMEOUT_S = 3600.0
 

@@ -127,12 +127,16 @@ def run_once(args, inputs: dict) -> None:
     fields, count = inputs["fields"], float(n)
     if args.impl == "full":
         from nemo_opd.losses.full_vocab_loss import FullVocabDistillationLossFn
+        from nemo_opd.losses.teacher_logits import TeacherLogits
 
         full_fn = FullVocabDistillationLossFn(params=TopkKLParams(kl_type="forward"))
         teacher_weight = inputs["teacher_weight"]
 
+        def head(rows):
+            return _linear(rows.to(teacher_weight.dtype), teacher_weight)
+
         def chunk_loss(z, part):  # what the engine does with the teacher's hidden states
-            teacher = _linear(part["teacher_hidden"].to(teacher_weight.dtype), teacher_weight)
+            teacher = TeacherLogits.from_hidden(part["teacher_hidden"], head, args.vocab)
             return full_fn(z, {"loss_mask": part["loss_mask"], "teacher_logits": teacher}, count)
 
         fields = {

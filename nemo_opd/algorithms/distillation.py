@@ -78,6 +78,7 @@ from nemo_opd.losses import build_loss_mask
 from nemo_opd.losses.reduction import metric_reduction
 from nemo_opd.rollouts import RolloutResult, rollout_state
 from nemo_opd.tiny.assets import recorded_heldout_accuracy
+from nemo_opd.utils.hf_export import write_model_files
 from nemo_opd.utils.plot import ROLLOUTS_KEY, plot_metrics
 from nemo_opd.utils.startup import startup_metrics
 from nemo_opd.utils.stop_signal import StopSignal
@@ -397,22 +398,32 @@ def _rollout_records(rollout: RolloutResult) -> list[dict]:
 # ------------------------------------------------------------------------------------- validation
 
 
-def validate(state: DistillationRun, timers: Timers) -> dict:
+def validate(state: DistillationRun, timers: Timers, responses: list[dict] | None = None) -> dict:
     """Greedy rollouts of the validation prompts: accuracy (mean env reward), average generated
     length and, with a teacher, the top-k divergence between student and teacher on those
     rollouts; with distillation.val_samples_per_prompt = k, also avg@k and pass@k of k sampled
-    rollouts per prompt."""
+    rollouts per prompt. Every graded response is appended to `responses` when given (the
+    records of the rollout dumps, with "mode": greedy or sampled, and "sample": 0..k-1)."""
     loop = state.cfg.distillation
     with timers.time("validation"):
         with timers.time("refit"):
             _refit_if_stale(state)
-        metrics = _validate_greedy(state, timers)
+        metrics = _validate_greedy(state, timers, responses)
         if loop.val_samples_per_prompt:
-            metrics.update(_validate_sampled(state, timers, loop.val_samples_per_prompt))
+            k = loop.val_samples_per_prompt
+            metrics.update(_validate_sampled(state, timers, k, responses))
     return metrics
 
 
-def _validate_greedy(state: DistillationRun, timers: Timers) -> dict:
+def _graded(rollout: RolloutResult, mode: str, samples: int) -> list[dict]:
+    """The rollouts' records (_rollout_records) marked with how they were sampled."""
+    records = _rollout_records(rollout)
+    for index, record in enumerate(records):
+        record.update(mode=mode, sample=index % samples)
+    return records
+
+
+def _validate_greedy(state: DistillationRun, timers: Timers, responses: list | None = None) -> dict:
     """validation/accuracy, avg_length and, with a teacher, the divergence metrics; with several
     teachers, each teacher's own as validation/teacher/<name>/* (its prompts' rollouts)."""
     loop = state.cfg.distillation
@@ -425,6 +436,8 @@ def _validate_greedy(state: DistillationRun, timers: Timers) -> dict:
         with timers.time("generation"):
             rollout = rollout_with(state, logs, metadata, greedy=True, seed=None)
         rewards.append(rollout.rewards)
+        if responses is not None:
+            responses += _graded(rollout, "greedy", 1)
         for name, value in rollout.env_metrics.items():
             env_metrics[f"validation/{name}"] += value
         lengths.append(rollout.metrics["mean_generated_tokens"] * len(chunk))
@@ -480,7 +493,9 @@ class DivergenceSums:
         return metrics
 
 
-def _validate_sampled(state: DistillationRun, timers: Timers, k: int) -> dict:
+def _validate_sampled(
+    state: DistillationRun, timers: Timers, k: int, responses: list | None = None
+) -> dict:
     """validation/accuracy_avg@k (mean reward over k samples of every prompt at
     distillation.val_temperature) and validation/pass@k (the fraction of prompts with a
     reward-1 sample). Seeds depend only on (seed, prompt index), so every validation samples
@@ -497,6 +512,8 @@ def _validate_sampled(state: DistillationRun, timers: Timers, k: int) -> dict:
                 state, logs, metadata, greedy=False, seed=seed, temperature=loop.val_temperature
             )
         rewards.append(rollout.rewards)
+        if responses is not None:
+            responses += _graded(rollout, "sampled", k)
     per_prompt = torch.cat(rewards).reshape(len(samples), k)
     return {
         f"validation/accuracy_avg@{k}": float(per_prompt.mean()),
@@ -538,12 +555,13 @@ def _save_checkpoint(state: DistillationRun, pipeline: StepPipeline) -> None:
 
 
 def export_final_model(state: DistillationRun) -> Path:
-    """The trained student in Hugging Face format (weights, config, tokenizer; a LoRA student
-    merged, with its peft adapter in final_model/adapter) under
+    """The trained student as a Hugging Face model (nemo_opd.utils.hf_export: weights in the
+    policy's precision, config, tokenizer, chat template, generation_config.json; a LoRA
+    student merged, with its peft adapter in final_model/adapter; no training state) under
     checkpointing.checkpoint_dir/final_model, and the PNG of the training curves."""
     target = Path(state.cfg.checkpointing.checkpoint_dir) / FINAL_MODEL_DIR
-    state.student.export(str(target))
-    state.formatter.tokenizer.save_pretrained(str(target))
+    state.student.export(str(target), state.cfg.policy.precision)
+    write_model_files(target, state.formatter.tokenizer, state.cfg.policy)
     metrics_file = Path(state.cfg.logger.log_dir) / "metrics.jsonl"
     if metrics_file.exists():
         references = {}

@@ -24,7 +24,9 @@ def encode_prompts(
     """Render every record; records whose prompt exceeds max_tokens are skipped (not an error:
     real datasets have a few outliers). Raises SetupError when nothing is left."""
     samples, skipped = [], 0
-    logs = formatter.prompt_logs([record["prompt"] for record in records])
+    logs = formatter.prompt_logs(
+        [record["prompt"] for record in records], [record.get("messages") for record in records]
+    )
     for record, log in zip(records, logs, strict=True):
         if log_length(log) > max_tokens:
             skipped += 1

@@ -337,7 +337,9 @@ def _crossed(
     if teacher_cfg.tokenizer == cfg.policy.tokenizer:  # the same files and template
         return None
     teacher_tokenizer = load_tokenizer(teacher_cfg.tokenizer, section)
-    difference = tokenizer_difference(tokenizer, teacher_tokenizer)
+    student_kwargs = cfg.policy.tokenizer.chat_template_kwargs
+    teacher_kwargs = teacher_cfg.tokenizer.chat_template_kwargs
+    difference = tokenizer_difference(tokenizer, teacher_tokenizer, student_kwargs, teacher_kwargs)
     if difference is None:
         return None
     if teacher_cfg.prompt_template is not None:
@@ -345,8 +347,18 @@ def _crossed(
             f"{section}: {difference}; a teacher with another tokenizer or chat template cannot "
             f"take a prompt of its own ({section}.prompt_template) yet: unset one of them"
         )
-    teacher_formatter = ChatFormatter(teacher_tokenizer, tools=offered_tools(cfg))
-    rendering = TeacherRendering(tokenizer, teacher_formatter, teacher_vocab_size)
+    system_prompt = read_text_file(cfg.data.system_prompt_file, "data.system_prompt_file")
+    teacher_formatter = ChatFormatter(
+        teacher_tokenizer, template_kwargs=teacher_kwargs, tools=offered_tools(cfg)
+    )
+    rendering = TeacherRendering(
+        tokenizer,
+        teacher_formatter,
+        teacher_vocab_size,
+        system_prompt,
+        # a served teacher refuses rows past its context; in-process ones score any length
+        max_length=teacher_cfg.max_total_sequence_length if _is_served(cfg) else None,
+    )
     rendering.check()
     vocab = rendering.vocab_map()
     unspellable = rendering.unspellable()
@@ -491,6 +503,7 @@ def _load_prompts(
         tokenizer,
         read_text_file(cfg.data.prompt_file, "data.prompt_file"),
         read_text_file(cfg.data.system_prompt_file, "data.system_prompt_file"),
+        cfg.policy.tokenizer.chat_template_kwargs,
         tools=offered_tools(cfg),
     )
     max_prompt = cfg.data.max_input_seq_length or cfg.policy.max_total_sequence_length - 1
@@ -695,8 +708,9 @@ def _build_loss(cfg: DistillationConfig) -> DistillationLossFn | PolicyGradientL
         return distillation_loss(cfg)
     if cfg.objective.loss == "sft":
         return NLLLossFn()
+    divergence = distillation_loss(cfg) if cfg.objective.topk_kl_coef > 0 else None
     return PolicyGradientLossFn.from_config(
-        cfg.objective, cfg.loss_fn, temperature=sampling_temperature(cfg)
+        cfg.objective, cfg.loss_fn, temperature=sampling_temperature(cfg), topk_kl=divergence
     )
 
 

@@ -203,8 +203,8 @@ def score_rollout(
     teacher_topk_indices [B, S, k]) and its log-prob of every sampled token
     (teacher_logprobs [B, S], position t scoring token t + 1), or with loss_fn.support full
     or student_topk its final hidden states instead of its top-k (teacher_hidden
-    [B, S, H_T]); and the seconds of each teacher call ("teacher_topk", "teacher_hidden",
-    "teacher_logprobs")."""
+    [B, S, H_T]), all from one call of the teacher; and that call's seconds, named by what it
+    computed (teacher_phase: "teacher_topk", "teacher_topk_logprobs", ...)."""
     cfg, objective = state.cfg, state.cfg.objective
     sampled = objective.uses_sampled_teacher and topk is None
     topk = objective.uses_topk if topk is None else topk
@@ -212,24 +212,32 @@ def score_rollout(
     rollouts = Rollouts(batch, rollout.message_logs, rollout.metadata)
     temperature = teacher_temperature(cfg)
     seconds = {}
-    if topk and cfg.loss_fn.support != "teacher_topk":
+    hidden = topk and cfg.loss_fn.support != "teacher_topk"
+    need = TeacherNeed(
+        topk=cfg.distillation.topk_logits_k if topk and not hidden else 0,
+        sampled=sampled,
+        temperature=temperature,
+        hidden=hidden,
+    )
+    if need.topk or need.sampled or need.hidden:
         started = time.perf_counter()
-        scores = state.teacher.score(rollouts, TeacherNeed(hidden=True))
-        batch["teacher_hidden"] = scores.hidden_states
-        seconds["teacher_hidden"] = time.perf_counter() - started
-    elif topk:
-        started = time.perf_counter()
-        need = TeacherNeed(topk=cfg.distillation.topk_logits_k, temperature=temperature)
         scores = state.teacher.score(rollouts, need)
-        batch["teacher_topk_logprobs"] = scores.topk_logprobs
-        batch["teacher_topk_indices"] = scores.topk_indices
-        seconds["teacher_topk"] = time.perf_counter() - started
-    if sampled:
-        started = time.perf_counter()
-        scores = state.teacher.score(rollouts, TeacherNeed(sampled=True, temperature=temperature))
-        batch["teacher_logprobs"] = scores.logprobs
-        seconds["teacher_logprobs"] = time.perf_counter() - started
+        fields = {
+            "teacher_topk_logprobs": scores.topk_logprobs,
+            "teacher_topk_indices": scores.topk_indices,
+            "teacher_hidden": scores.hidden_states,
+            "teacher_logprobs": scores.logprobs,
+        }
+        batch.update({name: value for name, value in fields.items() if value is not None})
+        seconds[teacher_phase(need)] = time.perf_counter() - started
     return batch, seconds
+
+
+def teacher_phase(need: TeacherNeed) -> str:
+    """The timing phase of one teacher call: "teacher_" and what it computed, in the order
+    topk, hidden, logprobs ("teacher_topk", "teacher_hidden_logprobs", ...)."""
+    asked = {"topk": need.topk, "hidden": need.hidden, "logprobs": need.sampled}
+    return "teacher_" + "_".join(name for name, wanted in asked.items() if wanted)
 
 
 def _step_rollout(

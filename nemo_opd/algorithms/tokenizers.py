@@ -35,15 +35,24 @@ PROBE = [
 
 
 def tokenizer_difference(
-    student: PreTrainedTokenizerBase, teacher: PreTrainedTokenizerBase
+    student: PreTrainedTokenizerBase,
+    teacher: PreTrainedTokenizerBase,
+    student_kwargs: dict | None = None,
+    teacher_kwargs: dict | None = None,
 ) -> str | None:
-    """None when the teacher can read the student's rows as they are (the same vocabulary,
-    special tokens and chat-template text); else what differs, in a sentence."""
-    try:
-        check_same_vocabulary(student, teacher, limit=1)
-    except SetupError as error:
-        return "its tokenizer differs from the student's (" + str(error).split("\n  ")[-1] + ")"
-    rendered = [_render(t) for t in (student, teacher)]
+    """None when the teacher can read the student's rows as they are (the same ids for the
+    same tokens, and the same chat-template text); else what differs, in a sentence. Special
+    token names alone (eos_token, pad_token, bos_token) do not matter here: the teacher scores
+    the student's ids, whatever each tokenizer calls its end of sequence. The kwargs: each
+    side's chat-template variables (tokenizer.chat_template_kwargs)."""
+    differing = _vocabulary_differences(student, teacher, limit=1)
+    if differing:
+        total = max(len(student), len(teacher))
+        return (
+            f"its vocabulary differs from the student's ({len(teacher):,} tokens against "
+            f"{len(student):,}; first difference: {differing[0]}; of {total:,} ids compared)"
+        )
+    rendered = [_render(student, student_kwargs), _render(teacher, teacher_kwargs)]
     if rendered[0] != rendered[1]:
         at = next(
             (i for i, pair in enumerate(zip(*rendered, strict=False)) if pair[0] != pair[1]),
@@ -57,9 +66,11 @@ def tokenizer_difference(
     return None
 
 
-def _render(tokenizer: PreTrainedTokenizerBase) -> str:
+def _render(tokenizer: PreTrainedTokenizerBase, kwargs: dict | None) -> str:
     try:
-        return tokenizer.apply_chat_template(PROBE, tokenize=False, add_generation_prompt=True)
+        return tokenizer.apply_chat_template(
+            PROBE, tokenize=False, add_generation_prompt=True, **(kwargs or {})
+        )
     except Exception as error:  # noqa: BLE001 - a template that cannot render the probe
         return f"<cannot render: {error}>"
 
@@ -69,14 +80,7 @@ def check_same_vocabulary(
 ) -> None:
     """Raise SetupError naming the first differing tokens unless both tokenizers map the same
     strings to the same ids and share their special tokens."""
-    student_vocab, teacher_vocab = student.get_vocab(), teacher.get_vocab()
-    differences = []
-    for token in sorted(set(student_vocab) | set(teacher_vocab), key=_id_order(student_vocab)):
-        ids = student_vocab.get(token), teacher_vocab.get(token)
-        if ids[0] != ids[1]:
-            differences.append(f"{token!r}: student id {ids[0]}, teacher id {ids[1]}")
-        if len(differences) == limit:
-            break
+    differences = _vocabulary_differences(student, teacher, limit)
     for name in ("eos_token", "pad_token", "bos_token"):
         if getattr(student, name) != getattr(teacher, name):
             differences.append(
@@ -88,6 +92,23 @@ def check_same_vocabulary(
             "vocabulary (the teacher's top-k ids index the student's logits). First "
             "differences:\n  " + "\n  ".join(differences)
         )
+
+
+def _vocabulary_differences(
+    student: PreTrainedTokenizerBase, teacher: PreTrainedTokenizerBase, limit: int
+) -> list[str]:
+    """Up to `limit` tokens whose ids differ between the two vocabularies, in id order."""
+    student_vocab, teacher_vocab = student.get_vocab(), teacher.get_vocab()
+    if student_vocab == teacher_vocab:
+        return []
+    differences = []
+    for token in sorted(set(student_vocab) | set(teacher_vocab), key=_id_order(student_vocab)):
+        ids = student_vocab.get(token), teacher_vocab.get(token)
+        if ids[0] != ids[1]:
+            differences.append(f"{token!r}: student id {ids[0]}, teacher id {ids[1]}")
+        if len(differences) == limit:
+            break
+    return differences
 
 
 def _id_order(vocab: dict[str, int]):

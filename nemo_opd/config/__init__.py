@@ -11,7 +11,8 @@ key_paths.py (the schema by key path), loader.py (reading, inheritance, validati
 interpolation.py (`${...}`, bounded), overrides.py (the command line's overrides, in Hydra's
 grammar), bounds.py (loading's limits), checks.py (the cross-field rules), worker_split.py and
 address.py (the arithmetic and syntax those rules use), errors.py (ConfigError and its
-messages), reference.py (docs/config.md, generated from the schema).
+messages), nemo_rl_keys.py (what NeMo-RL's keys became here, for messages and the converter),
+reference.py (docs/config.md, generated from the schema).
 
 Every problem is raised as ConfigError with a message naming the full key path.
 """

@@ -4,8 +4,10 @@ Each check takes the whole config and returns a list of problems, one message pe
 naming the full key paths involved and their values. The first line of each check's docstring
 is the rule as listed in docs/config.md.
 
-Not checked here, because the information only exists at setup: that teacher and student use
-the same tokenizer, and that distillation.topk_logits_k is at most the vocabulary size.
+Not checked here, because the information only exists at setup: whether teacher and student
+share a tokenizer and chat template (where they do not, the teacher reads the student's text in
+its own tokens: nemo_opd.teachers.cross_tokenizer), and that distillation.topk_logits_k is at
+most the vocabulary size.
 """
 
 import importlib.util
@@ -334,9 +336,10 @@ def _token_budget_problems(
 
 
 def check_sequence_length_divisibility(cfg: "DistillationConfig") -> list[str]:
-    """make_sequence_length_divisible_by is a multiple of the tensor-parallel size when
-    sequence_parallel is on (sequences split evenly over tp). The context-parallel size needs
-    no setting: the engines pad to a multiple of lcm(make_sequence_length_divisible_by, cp)."""
+    """make_sequence_length_divisible_by is a multiple of the tensor-parallel size where
+    sequence_parallel is on (which is refused for now, so this only adds to that message). The
+    context-parallel size needs no setting: the engines pad to a multiple of
+    lcm(make_sequence_length_divisible_by, cp)."""
     problems = []
     for name, model in _models(cfg):
         if model.dtensor_cfg.enabled == model.megatron_cfg.enabled:
@@ -726,16 +729,19 @@ def check_served_teacher(cfg: "DistillationConfig") -> list[str]:
 
 def check_loss_support(cfg: "DistillationConfig") -> list[str]:
     """loss_fn.support full and student_topk need one teacher run by the run's workers (not
-    served, not routed) and the topk_kl objective."""
+    served, not routed) and a divergence term: the topk_kl objective, or policy_gradient with
+    topk_kl_coef > 0."""
     support = cfg.loss_fn.support
     if support == "teacher_topk":
         return []
     why = f"loss_fn.support={support} (the teacher's hidden states and LM head)"
     problems = []
-    if cfg.objective.loss != "topk_kl":
+    objective = cfg.objective
+    if objective.loss == "sft" or (objective.loss == "policy_gradient" and not objective.uses_topk):
         problems.append(
-            f"{why} is a divergence of the topk_kl objective, not of objective.loss="
-            f"{cfg.objective.loss}; set loss_fn.support=teacher_topk"
+            f"{why} chooses the ids of the divergence term, which objective.loss="
+            f"{objective.loss} does not have (policy_gradient: set objective.topk_kl_coef > 0); "
+            "or set loss_fn.support=teacher_topk"
         )
     if cfg.teachers is not None:
         problems.append(f"{why} needs one teacher; `teachers` names {len(cfg.teachers)}")

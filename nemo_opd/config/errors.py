@@ -18,9 +18,36 @@ def closest(name: str, candidates: Iterable[str]) -> str | None:
 
 
 def suggest(name: str, candidates: Iterable[str]) -> str:
-    """Return "; did you mean 'x'?" for the closest candidate to `name`, or "" if none is close."""
-    match = closest(name, candidates)
+    """Return "; did you mean 'x'?" for the closest key to `name` that can be a misspelling
+    of it (closest_key), or "" if none is."""
+    match = closest_key(name, candidates)
     return f"; did you mean '{match}'?" if match else ""
+
+
+def closest_key(name: str, candidates: Iterable[str]) -> str | None:
+    """The candidate most similar to `name` whose words (split at '_') each spell a word of
+    `name` closely, or None. A key of other words is another meaning, however many letters
+    it shares: generation_batch_size is not a misspelling of train_micro_batch_size, nor
+    logprob_chunk_size of logprob_batch_size."""
+    if len(name) > 256:
+        return None
+    matches = difflib.get_close_matches(name, sorted(set(candidates)), n=5, cutoff=0.6)
+    return next((match for match in matches if _same_words(name, match)), None)
+
+
+def _same_words(name: str, key: str) -> bool:
+    """Whether every word of `name` is a word of `key` or a misspelling of one (a prefix of it,
+    or difflib ratio >= 0.75): `kl_typ` and `kl_type`, `loss` and `loss_fn`."""
+    words = [word for word in key.lower().split("_") if word]
+    return all(
+        any(_same_word(part, word) for word in words) for part in name.lower().split("_") if part
+    )
+
+
+def _same_word(part: str, word: str) -> bool:
+    if word.startswith(part) or part.startswith(word):
+        return len(min(part, word, key=len)) >= min(3, len(word))
+    return difflib.SequenceMatcher(None, part, word).ratio() >= 0.75
 
 
 def show(value: object, limit: int = 80) -> str:

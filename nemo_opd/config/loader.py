@@ -11,14 +11,19 @@ turns a validated config back into YAML that load_config reads to an equal confi
 
 Loading is bounded whatever the input (bounds.py): a config file must be a regular file of at
 most MAX_FILE_BYTES; a parsed file, an override and the merged config may hold at most
-MAX_VALUES values once every YAML alias is expanded, nested at most MAX_DEPTH deep; `defaults:`
-loads at most MAX_DEFAULTS_LOADS files in all; and interpolation counts its work as it resolves
-(interpolation.py). Each check costs at most its bound, so an alias bomb, a diamond of includes
-or an interpolation that doubles at every step is refused at once.
+MAX_VALUES values once every YAML alias is expanded, nested at most MAX_DEPTH deep; the merge
+keys of one file may copy at most MAX_VALUES pairs, counted before they are copied;
+`defaults:` loads at most MAX_DEFAULTS_LOADS files in all; and interpolation counts its work as
+it resolves (interpolation.py). Each check costs at most its bound, so an alias bomb, a
+merge-key bomb, a diamond of includes or an interpolation that doubles at every step is refused
+at once.
 
 YAML, two departures from PyYAML's YAML 1.1 defaults, both to match what users expect: `1e-5`
 is a float (YAML 1.1 reads it as a string because it has no dot), and dates such as
-`2024-01-01` stay strings (a run name is not a datetime).
+`2024-01-01` stay strings (a run name is not a datetime). Anchors, aliases and merge keys
+(`teacher: {<<: *policy, model_name: ...}`, as NeMo-RL's configs are written) work in a
+config and in every file it inherits; each use of an alias is a copy of its own, so an
+override of `policy.x` never changes a `teacher.x` that was merged from it.
 
 `defaults:` inheritance: a file may start with `defaults: base.yaml` or `defaults: [a.yaml,
 b.yaml]`, paths relative to the including file. The listed files are loaded (recursively) and
@@ -53,12 +58,14 @@ from nemo_opd.config.bounds import (
     MAX_FILE_BYTES,
     MAX_PROBLEMS_SHOWN,
     MAX_TEACHERS,
+    MAX_VALUES,
     check_integers,
     check_size,
 )
 from nemo_opd.config.errors import ConfigError, closest, join_path, show, show_path, suggest
 from nemo_opd.config.interpolation import interpolated_keys, resolve_interpolations
 from nemo_opd.config.key_paths import keys_at
+from nemo_opd.config.nemo_rl_keys import CONVERTER, unknown_key_hint
 from nemo_opd.config.overrides import apply_overrides
 from nemo_opd.config.schema import DistillationConfig
 from nemo_opd.config.secrets import redact_user_info
@@ -92,16 +99,72 @@ def _merge_and_override(path: str | Path, overrides: Sequence[str]) -> dict[str,
 
 
 _FLOAT_WITHOUT_DOT = re.compile(r"^[-+]?[0-9]+[eE][-+]?[0-9]+$")
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+_VALUE_TAG = "tag:yaml.org,2002:value"
+_SIMPLE_KEY = str | int | float | bool | None
 
 
 class StrictLoader(yaml.SafeLoader):
-    """SafeLoader that rejects duplicate keys and keeps dates as strings."""
+    """SafeLoader that rejects duplicate keys, keeps dates as strings, and expands merge keys
+    (`<<: *anchor`, `<<: [*a, *b]`) within a bound on the work.
 
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    A merge copies the merged mappings' keys into the mapping that names them: the mapping's
+    own keys win, then the first of `[*a, *b]`. Each mapping is expanded once, keeping only the
+    pairs that survive, and the pairs all the merges of one document copy are counted before
+    each copy: past MAX_VALUES the document is refused, so one mapping merged into thousands
+    (a few hundred kilobytes asking for billions of copies) costs no more than the bound.
+    """
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.expanded: set[int] = set()  # id() of the mapping nodes expanded so far
+        self.merged_pairs = 0
+
+    def flatten_mapping(self, node: yaml.MappingNode) -> None:
+        """Expand `node`'s merge keys in place (see the class docstring); a key written twice
+        in the mapping itself is an error."""
+        self._expand(node, chain=())
+
+    def _expand(self, node: yaml.MappingNode, chain: tuple[int, ...]) -> None:
+        if id(node) in self.expanded:
+            return
+        if id(node) in chain:
+            raise yaml.constructor.ConstructorError(
+                None, None, "a merge key (<<) includes the mapping it is in", node.start_mark
+            )
+        if len(chain) >= MAX_DEPTH:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"merge keys (<<) nested more than {MAX_DEPTH} deep", node.start_mark
+            )
+        own, sources = [], []
+        for key_node, value_node in node.value:
+            if key_node.tag == _MERGE_TAG:
+                sources += _merge_sources(value_node)
+            else:
+                if key_node.tag == _VALUE_TAG:  # `=` as a key is the text "="
+                    key_node.tag = "tag:yaml.org,2002:str"
+                own.append((key_node, value_node))
+        seen = self._own_keys(own)
+        merged = []
+        for source in sources:
+            self._expand(source, (*chain, id(node)))
+            self._count(len(source.value), node)
+            for key_node, value_node in source.value:
+                key = self.construct_object(key_node, deep=True)
+                if isinstance(key, _SIMPLE_KEY):
+                    if key in seen:
+                        continue
+                    seen.add(key)
+                merged.append((key_node, value_node))
+        node.value = merged + own
+        self.expanded.add(id(node))
+
+    def _own_keys(self, pairs: list[tuple[yaml.Node, yaml.Node]]) -> set:
+        """The keys written in a mapping itself; a duplicate is an error."""
         seen: dict[Any, yaml.Mark] = {}
-        for key_node, _ in node.value:
+        for key_node, _ in pairs:
             key = self.construct_object(key_node, deep=True)
-            if not isinstance(key, str | int | float | bool | None):
+            if not isinstance(key, _SIMPLE_KEY):
                 continue  # unhashable keys are left for the schema to reject
             if key in seen:
                 first = seen[key].line + 1
@@ -112,7 +175,34 @@ class StrictLoader(yaml.SafeLoader):
                     key_node.start_mark,
                 )
             seen[key] = key_node.start_mark
-        return super().construct_mapping(node, deep=deep)
+        return set(seen)
+
+    def _count(self, pairs: int, node: yaml.Node) -> None:
+        """Add a merge's pairs to the document's count; refuse the document past MAX_VALUES."""
+        self.merged_pairs += pairs
+        if self.merged_pairs > MAX_VALUES:
+            raise yaml.constructor.ConstructorError(
+                None,
+                None,
+                f"more than {MAX_VALUES:,} values once YAML merge keys (<<) are expanded; a "
+                "config this large is a mistake (a mapping merged too often, for one)",
+                node.start_mark,
+            )
+
+
+def _merge_sources(value: yaml.Node) -> list[yaml.MappingNode]:
+    """The mappings a merge key names: one mapping, or a list of them."""
+    items = value.value if isinstance(value, yaml.SequenceNode) else [value]
+    for item in items:
+        if not isinstance(item, yaml.MappingNode):
+            raise yaml.constructor.ConstructorError(
+                None,
+                None,
+                "a merge key (<<) takes a mapping or a list of mappings (`<<: *anchor`), "
+                f"not a {item.id}",
+                item.start_mark,
+            )
+    return items
 
 
 StrictLoader.add_implicit_resolver(
@@ -135,6 +225,17 @@ def parse_yaml(text: str, source: str) -> Any:
     except ValueError as error:  # an integer of more digits than Python converts, for one
         raise ConfigError(f"{source}: invalid value: {_first_clause(error)}") from None
     check_size(data, source)
+    return unshared(data)
+
+
+def unshared(data: Any) -> Any:
+    """A copy of parsed YAML in which every alias use (and every merged value) is a value of its
+    own, so that an override of one use leaves the others as they were. Called after
+    check_size, which bounds the copy."""
+    if isinstance(data, dict):
+        return {key: unshared(value) for key, value in data.items()}
+    if isinstance(data, list):
+        return [unshared(value) for value in data]
     return data
 
 
@@ -354,7 +455,7 @@ def validate_config(
         return DistillationConfig.model_validate(dict(data))
     except ValidationError as error:
         problems = describe_validation_error(error, interpolations or {})
-        raise ConfigError(format_problems(problems)) from None
+        raise ConfigError(format_problems(problems) + _converter_note(problems)) from None
 
 
 def format_problems(problems: list[str]) -> str:
@@ -386,15 +487,33 @@ def describe_validation_error(
     return problems
 
 
+def _converter_note(problems: list[str]) -> str:
+    """A last line pointing to the converter when several problems are NeMo-RL's keys (a
+    NeMo-RL config, not one key written from habit)."""
+    count = sum(any(mark in problem for mark in NEMO_RL_MARKS) for problem in problems)
+    if count < 2:
+        return ""
+    return (
+        f"\n{count:,} keys are NeMo-RL's: `{CONVERTER}` converts a NeMo-RL config and prints "
+        "what each key became (docs/nemo_rl.md)"
+    )
+
+
+NEMO_RL_MARKS = ("NeMo-RL's key", "NeMo-RL's form of the key")
+"""How unknown_key_hint's messages begin."""
+
+
 def _explain(item: Mapping[str, Any], loc: tuple[str | int, ...]) -> str:
     """What is wrong at `loc` and what is allowed, in words."""
     kind, value = item["type"], item.get("input")
     if kind == "extra_forbidden":
-        return _unknown_key(str(loc[-1]), keys_at(DistillationConfig, loc[:-1]))
+        return _unknown_key(loc, keys_at(DistillationConfig, loc[:-1]))
     if kind == "missing":
         return "required key is missing"
+    nemo_rl = unknown_key_hint(loc)
+    nemo_rl = f"; {nemo_rl}" if nemo_rl else ""
     if kind in ("model_type", "model_attributes_type", "dict_type"):
-        return f"must be a section (a mapping of keys); got {_shown(value)}"
+        return f"must be a section (a mapping of keys); got {_shown(value)}{nemo_rl}"
     message = re.sub(r"^(Input|String|Value|List|Tuple) should ", "must ", item["msg"])
     message = message.removeprefix("Value error, ").replace(", got a ", ", not a ")
     hint = ""
@@ -402,7 +521,7 @@ def _explain(item: Mapping[str, Any], loc: tuple[str | int, ...]) -> str:
         choices = re.findall(r"'([^']*)'", item.get("ctx", {}).get("expected", ""))
         match = closest(value, choices)
         hint = f" (did you mean '{match}'?)" if match else ""
-    return f"{message}; got {_shown(value)}{hint}"
+    return f"{message}; got {_shown(value)}{hint}{nemo_rl}"
 
 
 def _shown(value: Any) -> str:
@@ -411,9 +530,13 @@ def _shown(value: Any) -> str:
     return show(redact_user_info(value) if isinstance(value, str) else value)
 
 
-def _unknown_key(key: str, valid: list[str]) -> str:
-    """Message for a key the section does not accept, with the closest valid key if any."""
-    hint = suggest(key, valid)
+def _unknown_key(loc: tuple[str | int, ...], valid: list[str]) -> str:
+    """Message for a key the section does not accept: what it is here when NeMo-RL has it,
+    else the closest valid key of the same meaning, else the valid keys."""
+    nemo_rl = unknown_key_hint(loc)
+    if nemo_rl:
+        return f"unknown key; {nemo_rl}"
+    hint = suggest(str(loc[-1]), valid)
     if hint:
         return f"unknown key{hint}"
     return f"unknown key; valid keys here: {', '.join(valid)}"

@@ -39,6 +39,11 @@ class TokenizerConfig(Section):
     chat_template: str | None = None
     """A Jinja chat template (a file path or the template text); null keeps the tokenizer's own."""
 
+    chat_template_kwargs: dict[str, bool | int | float | str] | None = Field(None, max_length=32)
+    """Variables for the chat template wherever it is rendered (prompts, responses, a teacher's
+    reading of the student's text), e.g. {enable_thinking: false} for Qwen3's empty think
+    block in the generation prompt; null: none."""
+
 
 Beta = Annotated[float, Field(ge=0, lt=1)]
 
@@ -83,7 +88,8 @@ class SchedulerConfig(Section):
 
 
 class DTensorConfig(Section):
-    """The DTensor backend: FSDP2 over data parallel, plus tensor and context parallel."""
+    """The DTensor backend: FSDP2 over data parallel, plus tensor and context parallel
+    (sequence parallel not yet)."""
 
     enabled: bool = True
     """Use the DTensor backend. Exactly one of dtensor_cfg.enabled and megatron_cfg.enabled."""
@@ -95,8 +101,8 @@ class DTensorConfig(Section):
     """Context-parallel ranks: each holds a slice of every sequence's tokens."""
 
     sequence_parallel: bool = False
-    """Shard activations outside attention and MLP along the sequence over the tensor-parallel
-    ranks."""
+    """Not supported yet (true is refused at load): would shard activations outside attention
+    and MLP along the sequence over the tensor-parallel ranks."""
 
     activation_checkpointing: bool = False
     """Recompute activations in the backward pass instead of storing them."""
@@ -106,7 +112,9 @@ class DTensorConfig(Section):
 
 
 class MegatronConfig(Section):
-    """The Megatron-core backend: tensor, pipeline, context and expert parallel."""
+    """The Megatron-core backend: tensor and context parallel over megatron-core's DDP and
+    optimizer (pipeline and expert parallel, sequence parallel and the distributed optimizer
+    not yet: refused at load)."""
 
     enabled: bool = False
     """Use the Megatron backend. Exactly one of dtensor_cfg.enabled and megatron_cfg.enabled."""
@@ -115,24 +123,27 @@ class MegatronConfig(Section):
     """Tensor-parallel ranks per model replica."""
 
     pipeline_model_parallel_size: int = Field(1, ge=1, le=MAX_RANKS)
-    """Pipeline stages per model replica."""
+    """Pipeline stages per model replica. Not supported yet: any value but 1 is refused at
+    load."""
 
     context_parallel_size: int = Field(1, ge=1, le=MAX_RANKS)
     """Context-parallel ranks: each holds a slice of every sequence's tokens."""
 
     expert_model_parallel_size: int = Field(1, ge=1, le=MAX_RANKS)
-    """Expert-parallel ranks for mixture-of-experts layers (1 for dense models)."""
+    """Expert-parallel ranks for mixture-of-experts layers. Not supported yet: any value but 1
+    is refused at load."""
 
     sequence_parallel: bool = False
-    """Shard activations outside attention and MLP along the sequence over the tensor-parallel
-    ranks."""
+    """Not supported yet (true is refused at load): would shard activations outside attention
+    and MLP along the sequence over the tensor-parallel ranks."""
 
     activation_checkpointing: bool = False
     """Recompute activations in the backward pass instead of storing them."""
 
     distributed_optimizer: bool = False
-    """Shard optimizer state across data-parallel ranks (Megatron's distributed optimizer). Not
-    supported yet: the Megatron engine keeps AdamW state replicated over data-parallel ranks."""
+    """Not supported yet (true is refused at load): would shard optimizer state across
+    data-parallel ranks (Megatron's distributed optimizer); the Megatron engine keeps AdamW
+    state replicated over data-parallel ranks."""
 
 
 class SequencePackingConfig(Section):
@@ -155,7 +166,10 @@ class SequencePackingConfig(Section):
         "first_fit_shuffle",
         "modified_first_fit_decreasing",
     ] = "modified_first_fit_decreasing"
-    """Bin-packing algorithm that assigns sequences to rows."""
+    """Bin-packing algorithm that assigns sequences to rows: first_fit_decreasing (longest
+    first, into the first row it fits), first_fit_shuffle (first fit in a seeded random order),
+    concatenative (in order, a new row when one is full); modified_first_fit_decreasing, the
+    default, packs exactly as first_fit_decreasing does here."""
 
     sequence_length_round: int = Field(64, ge=1, le=MAX_TOKENS)
     """Each packed sequence's length is rounded up to a multiple of this."""
@@ -374,8 +388,9 @@ class PolicyConfig(Section):
     """A model: the student under `policy`, the teacher under `teacher`.
 
     The teacher is frozen: its optimizer, scheduler and generation are null, and its training
-    batch sizes are unused. Whether the teacher's tokenizer matches the student's is checked at
-    setup, when both tokenizers are loaded, not when the config is read.
+    batch sizes are unused. Whether the teacher's tokenizer and chat template match the
+    student's is found at setup, when both tokenizers are loaded: where they differ, the
+    teacher reads the student's text in its own tokens (docs/cross_tokenizer.md).
     """
 
     model_name: str = Field(min_length=1)
@@ -404,8 +419,8 @@ class PolicyConfig(Section):
     """Clip the global gradient norm to this; null disables clipping."""
 
     make_sequence_length_divisible_by: int = Field(1, ge=1, le=MAX_TOKENS)
-    """Pad each batch's sequence length to a multiple of this (sequence parallel needs a
-    multiple of the tensor-parallel size; context parallel is padded for automatically)."""
+    """Pad each batch's sequence length to a multiple of this (context parallel is padded for
+    automatically)."""
 
     make_vocab_size_divisible_by: int = Field(128, ge=1, le=MAX_TOKENS)
     """Inside the engine, the embedding and output layer get the vocabulary rounded up to a

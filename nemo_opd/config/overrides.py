@@ -32,6 +32,7 @@ from pydantic import BaseModel
 from nemo_opd.config.bounds import MAX_DEPTH, MAX_KEY_CHARS, MAX_OVERRIDE_CHARS, check_size
 from nemo_opd.config.errors import ConfigError, show, suggest
 from nemo_opd.config.key_paths import has_path, keys_at
+from nemo_opd.config.nemo_rl_keys import unknown_key_hint
 from nemo_opd.config.schema import DistillationConfig
 
 Operation = Literal["set", "add", "force", "delete"]
@@ -211,7 +212,11 @@ def _delete(parent: dict[str, Any], override: Override, schema: type[BaseModel])
 
 
 def _hint(key: str, section: dict[str, Any], path: tuple[str, ...], schema: type[BaseModel]) -> str:
-    """'; did you mean ...?' from the keys set in `section` and those the schema allows."""
+    """What NeMo-RL's key of that path is here, if it is one; else '; did you mean ...?' from
+    the keys set in `section` and those the schema allows."""
+    nemo_rl = unknown_key_hint((*path, key))
+    if nemo_rl:
+        return f"; {nemo_rl}"
     return suggest(key, [*section, *keys_at(schema, path)])
 
 

@@ -22,7 +22,7 @@ from pydantic.fields import FieldInfo
 
 from nemo_opd.config.checks import CHECKS
 from nemo_opd.config.key_paths import section_model
-from nemo_opd.config.schema import DistillationConfig, TeacherConfig
+from nemo_opd.config.schema import DistillationConfig, PolicyConfig, TeacherConfig
 
 INTRO = """\
 # Configuration reference
@@ -62,6 +62,23 @@ policy:
   dtensor_cfg: {enabled: false}      # only these keys change; the rest is inherited
   megatron_cfg: {enabled: true, tensor_model_parallel_size: 2}
 ```
+
+YAML anchors, aliases and merge keys work in a config and in every file it inherits, as
+NeMo-RL's configs use them: the mapping's own keys win over merged ones, and the first of
+`<<: [*a, *b]` over the next. Each use of an alias is a copy of its own, so an override of
+`policy.x` leaves a `teacher.x` merged from the policy as it was.
+
+```yaml
+policy: &STUDENT
+  model_name: Qwen/Qwen3-1.7B-Base
+  dtensor_cfg: &DTENSOR {tensor_parallel_size: 2, activation_checkpointing: true}
+teacher:
+  <<: *STUDENT                       # every key of the policy's section...
+  model_name: Qwen/Qwen3-4B          # ...but these
+  dtensor_cfg: {<<: *DTENSOR, activation_checkpointing: false}
+```
+
+A NeMo-RL config needs converting first (its keys differ): [nemo_rl.md](nemo_rl.md).
 
 ## Relative paths
 
@@ -135,7 +152,9 @@ message and exit status 2, in bounded time and memory (each case below is a test
 500 MB):
 
 - files: a regular UTF-8 file of at most 1 MiB, at most 64 levels deep and 100,000 values once
-  YAML aliases are expanded, at most 256 files through `defaults:`;
+  YAML aliases are expanded, at most 100,000 pairs copied by merge keys (`<<:`, counted before
+  each copy, so a mapping merged into thousands of others is refused before it is built:
+  tests/unit/config/test_config_yaml_merge.py), at most 256 files through `defaults:`;
 - overrides: at most 64 KiB each, keys of at most 256 characters and 64 parts, values at most
   64 levels deep; checked before Hydra's parser sees them;
 - interpolation, counted as it is resolved, for the whole config: what the values that
@@ -173,8 +192,7 @@ def render_reference() -> str:
     parts = [INTRO]
     for name, field in DistillationConfig.model_fields.items():
         if name == "teacher":
-            parts.append(_teacher_note(field))
-            parts += _render_section("teacher.server", TeacherConfig.model_fields["server"], 4)
+            parts += _render_teacher(field)
         elif name == "teachers":
             parts.append(_teachers_note(field))
         else:
@@ -183,23 +201,39 @@ def render_reference() -> str:
     return "\n".join(parts)
 
 
-def _teacher_note(field: FieldInfo) -> str:
-    """The teacher shares the policy's schema: a note instead of a copy of its tables (its
-    own section, server, follows it)."""
-    return (
-        f"### teacher\n\n{_clean(field.description)} Every other key is the same as under "
-        "`policy` (TeacherConfig extends PolicyConfig): `teacher.model_name`, "
-        "`teacher.dtensor_cfg.*`, and so on. The training-only keys (`train_*`, "
-        "`max_grad_norm`) are unused.\n"
-    )
+TEACHER_ONLY = [
+    name for name in TeacherConfig.model_fields if name not in PolicyConfig.model_fields
+]
+"""The keys a teacher has beyond the policy's schema (server, prompt_template)."""
+
+
+def _render_teacher(field: FieldInfo) -> list[str]:
+    """The teacher shares the policy's schema: a note instead of a copy of its tables, then a
+    table of the keys only a teacher has and their sections."""
+    fields = TeacherConfig.model_fields
+    leaves = [name for name in TEACHER_ONLY if not _is_section(fields[name])]
+    parts = [
+        f"### teacher\n\n{_clean(field.description)} Every key of `policy` is a key of the "
+        "teacher too (TeacherConfig extends PolicyConfig): `teacher.model_name`, "
+        "`teacher.dtensor_cfg.*`, and so on; the training-only keys (`train_*`, "
+        "`max_grad_norm`) are unused. The keys only a teacher has:\n",
+        "| key | type | default | constraint | description |\n"
+        "| --- | --- | --- | --- | --- |\n"
+        + "\n".join(_row(f"teacher.{name}", fields[name]) for name in leaves)
+        + "\n",
+    ]
+    for name in TEACHER_ONLY:
+        if _is_section(fields[name]):
+            parts += _render_section(f"teacher.{name}", fields[name], 4)
+    return parts
 
 
 def _teachers_note(field: FieldInfo) -> str:
     """Several teachers: a mapping of teacher sections, a note instead of a table."""
     return (
-        f"### teachers\n\n{_clean(field.description)} An entry `teachers.<name>` takes every "
-        "key of `teacher`: `teachers.<name>.model_name`, `teachers.<name>.dtensor_cfg.*`, and "
-        "so on. Defaults to `null`.\n"
+        f"### teachers\n\n{_clean(field.description)} So an entry's keys are "
+        "`teachers.<name>.model_name`, `teachers.<name>.dtensor_cfg.*`, and so on, each "
+        "checked under its own key path. Defaults to `null`.\n"
     )
 
 
@@ -236,8 +270,10 @@ def _render_checks() -> str:
         summary = _clean((inspect.getdoc(check) or "").split("\n\n")[0])
         lines.append(f"- {summary}")
     lines.append(
-        "\nChecked at setup instead, when tokenizers are loaded: teacher and student share a "
-        "tokenizer, and `distillation.topk_logits_k` is at most the vocabulary size.\n"
+        "\nFound at setup instead, when tokenizers are loaded: whether teacher and student "
+        "share a tokenizer and chat template (where they differ, the teacher reads the "
+        "student's text in its own tokens: [cross_tokenizer.md](cross_tokenizer.md)), and "
+        "that `distillation.topk_logits_k` is at most the vocabulary size.\n"
     )
     return "\n".join(lines)
 

@@ -112,7 +112,9 @@ class LossConfig(Section):
     student's workers apply the teacher's LM head chunk by chunk; docs/loss.md). student_topk:
     the student's own top-k ids and the tail bucket, with the teacher's exact log-probs there
     (hidden states too). full and student_topk need one in-process teacher with the student's
-    vocabulary and the topk_kl objective."""
+    vocabulary, and a divergence term (the topk_kl objective, or policy_gradient with
+    topk_kl_coef > 0; the teacher then sends its hidden states and sampled-token log-probs from
+    one forward pass)."""
 
 
 class ObjectiveConfig(Section):
@@ -234,8 +236,9 @@ class DistillationLoopConfig(Section):
 
     seq_kd: bool = False
     """TRL GKD's seq_kd: the off-policy steps (lmbda < 1) train on responses the teacher
-    samples (a vLLM engine holding the teacher, at the teacher's temperature:
-    teacher_temperature or loss_fn.temperature) instead of the dataset's responses."""
+    samples (a vLLM engine holding the teacher, at the student's generation settings,
+    policy.generation.temperature included, as TRL's GKD samples both models with one
+    temperature) instead of the dataset's responses."""
 
     max_staleness: int = Field(0, ge=0, le=MAX_STALENESS)
     """Overlap: the rollouts of step t are sampled from the student's weights after step
@@ -303,10 +306,12 @@ class DataConfig(Section):
     validation data); null uses dataset_name's own validation split."""
 
     train_path: str | None = None
-    """A local .jsonl or .parquet file of training prompts (instead of dataset_name)."""
+    """A local .jsonl, .json (a list of objects, or JSON lines) or .parquet file of training
+    prompts (instead of dataset_name)."""
 
     val_path: str | None = None
-    """A local .jsonl or .parquet file of validation prompts (not beside val_dataset_name).
+    """A local .jsonl, .json or .parquet file of validation prompts (not beside
+    val_dataset_name).
     Loaded only when the run validates (distillation.val_period, val_at_start, val_at_end)."""
 
     val_split: str | None = None
@@ -316,7 +321,8 @@ class DataConfig(Section):
     its problems, so tuning never reads the held-out split)."""
 
     prompt_key: str = Field("problem", min_length=1)
-    """Column holding the prompt text."""
+    """Column holding the prompt text, or chat messages (system and user turns, the last a
+    user message; docs/distillation.md)."""
 
     answer_key: str = Field("answer", min_length=1)
     """Column holding the reference answer the environment checks against."""
@@ -540,8 +546,9 @@ class DistillationConfig(Section):
     """An on-policy distillation run.
 
     Validation checks every field, then the cross-field rules in nemo_opd.config.checks.
-    Teacher and student must share a tokenizer; that is checked at setup, when the tokenizers
-    are loaded, not here.
+    Whether teacher and student share a tokenizer and chat template is found at setup, when
+    the tokenizers are loaded: where they differ, the teacher reads the student's text in its
+    own tokens (docs/cross_tokenizer.md).
     """
 
     policy: PolicyConfig
@@ -549,14 +556,15 @@ class DistillationConfig(Section):
 
     teacher: TeacherConfig | None = None
     """The frozen teacher that grades every token of the rollouts (the policy's schema plus
-    `server`; optimizer, scheduler and generation are null). Null when no objective term uses
-    a teacher (a reward-only baseline such as GRPO): then no teacher is started."""
+    `server` and `prompt_template`; optimizer, scheduler and generation are null, lora off).
+    Null when no objective term uses a teacher (a reward-only baseline such as GRPO): then no
+    teacher is started."""
 
     teachers: dict[str, TeacherConfig] | None = None
     """Several frozen teachers by name, instead of `teacher`: each prompt is scored by the one
     its record names in data.teacher_key (routing by data source; docs/gkd.md). Each entry has
-    the keys of `teacher` (not yet `server` or `prompt_template`); they share the workers'
-    devices like one teacher does."""
+    the keys of `teacher`, but a served teacher (`server.enabled`) and `prompt_template` are
+    refused there (not yet); they share the workers' devices like one teacher does."""
 
     loss_fn: LossConfig = Field(default_factory=LossConfig)
     """The top-k divergence between teacher and student (the loss of objective.loss topk_kl,

@@ -34,6 +34,8 @@ class ChatFormatter:
         prompt_template: the user message, with "{}" replaced by the record's prompt; None uses
             the prompt as is.
         system_prompt: a system message placed first; None for no system message.
+        template_kwargs: variables for the chat template (policy.tokenizer.chat_template_kwargs,
+            e.g. {"enable_thinking": False}); None for none.
         tools: the tools offered to the model, as the template takes them (`tools=`); None
             for none.
     """
@@ -43,6 +45,7 @@ class ChatFormatter:
         tokenizer: PreTrainedTokenizerBase,
         prompt_template: str | None = None,
         system_prompt: str | None = None,
+        template_kwargs: dict | None = None,
         tools: list[dict] | None = None,
     ) -> None:
         if tokenizer.chat_template is None:
@@ -55,6 +58,7 @@ class ChatFormatter:
         self.tokenizer = tokenizer
         self.prompt_template = prompt_template
         self.system_prompt = system_prompt
+        self.template_kwargs = dict(template_kwargs or {})
         self.tools = tools or None
 
     def prompt_log(self, prompt: str) -> list[Message]:
@@ -62,10 +66,18 @@ class ChatFormatter:
         message's tokens, ready for generation."""
         return self.prompt_logs([prompt])[0]
 
-    def prompt_logs(self, prompts: list[str]) -> list[list[Message]]:
+    def prompt_logs(
+        self, prompts: list[str], conversations: list[list[Message] | None] | None = None
+    ) -> list[list[Message]]:
         """prompt_log of every prompt, tokenized in one batched call (a dataset's worth of
-        prompts at setup)."""
-        openings = [self._opening(prompt) for prompt in prompts]
+        prompts at setup). conversations: per prompt, its chat-format messages when the
+        dataset gives them (a `messages` column: the opening as written, after the system
+        prompt unless it has its own), else None."""
+        conversations = conversations or [None] * len(prompts)
+        openings = [
+            self._opening(prompt) if messages is None else self._conversation(messages)
+            for prompt, messages in zip(prompts, conversations, strict=True)
+        ]
         texts = [text for messages in openings for text in self._new_texts([], messages)]
         token_ids = iter(self._encode_many(texts))
         return [[dict(m, token_ids=next(token_ids)) for m in messages] for messages in openings]
@@ -76,6 +88,12 @@ class ChatFormatter:
         if self.system_prompt is not None:
             messages.insert(0, {"role": "system", "content": self.system_prompt})
         return messages
+
+    def _conversation(self, messages: list[Message]) -> list[Message]:
+        opening = [_plain(m) for m in messages]
+        if self.system_prompt is not None and opening[0]["role"] != "system":
+            opening.insert(0, {"role": "system", "content": self.system_prompt})
+        return opening
 
     def extend(self, log: list[Message], new: list[Message]) -> list[Message]:
         """`log` followed by `new` (non-assistant messages), the last one ending with the
@@ -157,9 +175,28 @@ class ChatFormatter:
             rendered = full
         return texts
 
+    def closing_text(self, history: list[Message]) -> str:
+        """The text the template writes after an assistant turn's content when the turn
+        follows `history`: its end of turn, up to and including the tokenizer's EOS token if
+        there (found by rendering a placeholder content, so that a template that trims or
+        rewrites content does not hide it). SetupError if the template drops the content."""
+        turn = {"role": "assistant", "content": PLACEHOLDER}
+        rendered = self._render([*[_plain(m) for m in history], turn], False)
+        at = rendered.rfind(PLACEHOLDER)
+        if at < 0:
+            raise SetupError(
+                "the chat template does not write an assistant turn's content: a teacher with "
+                "another tokenizer needs one that does (teacher.tokenizer.chat_template)"
+            )
+        return _through_eos(rendered[at + len(PLACEHOLDER) :], self.tokenizer.eos_token)
+
     def _render(self, messages: list[Message], add_generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(
-            messages, tools=self.tools, tokenize=False, add_generation_prompt=add_generation_prompt
+            messages,
+            tools=self.tools,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            **self.template_kwargs,
         )
 
     def _encode(self, text: str) -> list[int]:
@@ -169,17 +206,17 @@ class ChatFormatter:
         return self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
 
 
+PLACEHOLDER = "NEMOOPDCONTENT"
+"""Stands for an assistant turn's content where only the template's own text around it is
+wanted: no whitespace to trim, no markup to rewrite."""
+
+
 def _through_eos(text: str, eos: str | None) -> str:
     """`text` cut after its first EOS token (the template's end-of-turn text after it is what
     the next turn's rendering adds)."""
     if eos and eos in text:
         return text[: text.index(eos) + len(eos)]
     return text
-
-
-PLACEHOLDER = "NEMOOPDCONTENT"
-"""Stands for an assistant turn's content where only the template's own text around it is
-wanted: no whitespace to trim, no markup to rewrite."""
 
 
 def _plain(message: Message) -> Message:

@@ -256,9 +256,10 @@ def _numbered_rows(rows: Iterable[object]) -> Rows:
 
 def _select_columns(rows: Rows, keys: dict[str, tuple[str, str]], where: str) -> list[dict]:
     """[{name: text}] from each row, for keys {name: (column, config key)} ("prompt", "answer"
-    and maybe "response" and "teacher"). A row that is not an object, or whose column is
-    missing, null or neither text nor a number, is refused, and so is an empty (or blank)
-    prompt or answer."""
+    and maybe "response" and "teacher"). A prompt column holding chat messages also gives
+    "messages" (chat_messages; "prompt" is then its last user message). A row that is not an
+    object, or whose column is missing, null or neither text nor a number, is refused, and so
+    is an empty (or blank) prompt or answer."""
     fields = " and ".join(f"{key!r} ({config_key})" for key, config_key in keys.values())
     records = []
     for position, row in rows:
@@ -275,6 +276,10 @@ def _select_columns(rows: Rows, keys: dict[str, tuple[str, str]], where: str) ->
                     f"{', '.join(sorted(row))}. Set {config_key} or fix the row"
                 )
             value = row[key]
+            if name == "prompt" and isinstance(value, list):  # chat-format messages
+                record["messages"] = chat_messages(value, f"{where}: {position}: {key!r}")
+                record[name] = record["messages"][-1]["content"]
+                continue
             if not isinstance(value, str | Number):
                 raise SetupError(
                     f"{where}: {position}: {key!r} ({config_key}) is {_kind(value)}; the {name} "
@@ -288,6 +293,28 @@ def _select_columns(rows: Rows, keys: dict[str, tuple[str, str]], where: str) ->
             record[name] = str(value)
         records.append(record)
     return records
+
+
+def chat_messages(value: list, where: str) -> list[dict]:
+    """A prompt given as chat messages ([{"role", "content"}], the last a user message, roles
+    system or user), as plain {"role", "content"} dicts; SetupError otherwise. Assistant
+    turns are refused: in a message log they would read as the student's own, trained on."""
+    roles = ("system", "user")
+    messages = []
+    for message in value:
+        if not (
+            isinstance(message, dict)
+            and message.get("role") in roles
+            and isinstance(message.get("content"), str)
+        ):
+            raise SetupError(
+                f"{where}: a chat-format prompt is a list of {{role, content}} messages with "
+                f"roles {', '.join(roles)} and text content; one is {str(message)[:60]!r}"
+            )
+        messages.append({"role": message["role"], "content": message["content"]})
+    if not messages or messages[-1]["role"] != "user":
+        raise SetupError(f"{where}: a chat-format prompt must end with a user message")
+    return messages
 
 
 def _kind(value: object) -> str:

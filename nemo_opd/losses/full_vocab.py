@@ -32,6 +32,7 @@ import torch.distributed as dist
 
 from nemo_opd.distributed.collectives import all_reduce_vocab_stats
 from nemo_opd.losses.divergence import EPS, TopkKLParams
+from nemo_opd.losses.teacher_logits import TeacherLogits
 
 BLOCK_ELEMENTS = 2**22
 """fp32 elements per row block (16 MiB per temporary); a block holds at most six of them."""
@@ -48,7 +49,7 @@ class FullVocabStats(NamedTuple):
 
 def full_vocab_kl_weighted_sum(
     student_logits: torch.Tensor,
-    teacher_logits: torch.Tensor,
+    teacher_logits: torch.Tensor | TeacherLogits,
     weights: torch.Tensor,
     *,
     params: TopkKLParams,
@@ -60,7 +61,8 @@ def full_vocab_kl_weighted_sum(
     Args:
         student_logits: [..., V_local] (differentiable): the student's logits, or this rank's
             vocabulary shard of them.
-        teacher_logits: [..., V_local] the teacher's logits over the same ids (no gradient).
+        teacher_logits: [..., V_local] the teacher's logits over the same ids (no gradient): a
+            tensor, or a TeacherLogits that makes them block by block.
         weights: [...] per-position weights (e.g. loss_mask / global_valid_toks); a weight of
             0 contributes nothing, even where the logits are not finite.
         params: kl_type, mixed_kl_weight, jsd_beta and temperature (the student's: its logits
@@ -85,7 +87,7 @@ def full_vocab_kl_weighted_sum(
         )
     lead, vocab = student_logits.shape[:-1], student_logits.shape[-1]
     student = student_logits.reshape(-1, vocab)
-    teacher = teacher_logits.detach().reshape(-1, vocab)
+    teacher = TeacherLogits.of(teacher_logits)
     row_weights = weights.reshape(-1).to(torch.float32)
     tau_t = params.temperature if teacher_temperature is None else teacher_temperature
     total, stats = _FullVocabKL.apply(student, teacher, row_weights, params, tau_t, tp_group)
@@ -93,8 +95,8 @@ def full_vocab_kl_weighted_sum(
 
 
 class _FullVocabKL(torch.autograd.Function):
-    """forward(student [N, V], teacher [N, V], row_weights [N], params, teacher_temperature,
-    tp_group) ->
+    """forward(student [N, V], teacher (TeacherLogits of [N, V]), row_weights [N], params,
+    teacher_temperature, tp_group) ->
     (sum of row_weights * divergence, stats [N, 3]); the gradient is formed in forward."""
 
     @staticmethod
@@ -118,7 +120,7 @@ class _FullVocabKL(torch.autograd.Function):
 
 def full_vocab_forward(
     student: torch.Tensor,
-    teacher: torch.Tensor,
+    teacher: TeacherLogits,
     row_weights: torch.Tensor,
     params: TopkKLParams,
     teacher_temperature: float,
@@ -136,10 +138,11 @@ def full_vocab_forward(
     rows_per_block = max(1, BLOCK_ELEMENTS // max(vocab, 1))
     for start in range(0, n, rows_per_block):
         rows = slice(start, min(start + rows_per_block, n))
-        block = _Block(student[rows].detach(), teacher[rows], params, teacher_temperature, tp_group)
+        teacher_rows = teacher.rows(rows.start, rows.stop)
+        block = _Block(student[rows].detach(), teacher_rows, params, teacher_temperature, tp_group)
         divergence[rows] = block.divergence
         stats[rows, 0], stats[rows, 1] = block.forward_kl, block.reverse_kl
-        stats[rows, 2] = _top1_agreement(student[rows].detach(), teacher[rows], tp_group)
+        stats[rows, 2] = _top1_agreement(student[rows].detach(), teacher_rows, tp_group)
         if grad is not None:
             grad[rows] = block.gradient(row_weights[rows])
     return divergence, stats, grad
@@ -226,7 +229,7 @@ def _top1_agreement(student, teacher, group) -> torch.Tensor:
 
 @torch.no_grad()
 def teacher_logprobs_at(
-    teacher_logits: torch.Tensor,
+    teacher_logits: torch.Tensor | TeacherLogits,
     ids: torch.Tensor,
     vocab_start: int,
     temperature: float,
@@ -235,18 +238,20 @@ def teacher_logprobs_at(
     """log_softmax(teacher_logits / temperature) over the full vocabulary at global ids.
 
     Args:
-        teacher_logits: [N, V_local] this rank's shard (first global id vocab_start).
+        teacher_logits: [N, V_local] this rank's shard (first global id vocab_start): a tensor
+            or a TeacherLogits.
         ids: [N, k] global ids (each owned by exactly one shard).
 
     Returns:
         [N, k] fp32 log-probs (-inf where the teacher rules an id out).
     """
-    n, vocab = teacher_logits.shape
-    out = torch.empty(ids.shape, dtype=torch.float32, device=teacher_logits.device)
+    teacher = TeacherLogits.of(teacher_logits)
+    n, vocab = ids.shape[0], teacher.shape[-1]
+    out = torch.empty(ids.shape, dtype=torch.float32, device=ids.device)
     rows_per_block = max(1, BLOCK_ELEMENTS // max(vocab, 1))
     for start in range(0, n, rows_per_block):
         rows = slice(start, min(start + rows_per_block, n))
-        x = teacher_logits[rows].float() / temperature
+        x = teacher.rows(rows.start, rows.stop).float() / temperature
         local = ids[rows].long() - vocab_start
         owned = (local >= 0) & (local < vocab)
         picked = torch.where(owned, x.gather(-1, local.clamp(0, vocab - 1)), 0.0)

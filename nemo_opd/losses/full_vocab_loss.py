@@ -27,6 +27,7 @@ from nemo_opd.distributed.vocab_parallel import vocab_parallel_topk
 from nemo_opd.losses.distillation_loss import build_loss_mask
 from nemo_opd.losses.divergence import DEFAULT_PARAMS, TopkKLParams
 from nemo_opd.losses.full_vocab import full_vocab_kl_weighted_sum, teacher_logprobs_at
+from nemo_opd.losses.teacher_logits import TeacherLogits
 from nemo_opd.losses.topk_kl import Implementation, topk_kl_weighted_sum
 
 SUPPORTS = ("teacher_topk", "full", "student_topk")
@@ -66,6 +67,7 @@ class FullVocabDistillationLossFn:
         self.k = k
         self.teacher_temperature = teacher_temperature or params.temperature
         self.implementation = implementation
+        self.inplace_grad = False  # the student's logits are never overwritten here
 
     @classmethod
     def from_config(
@@ -102,7 +104,8 @@ class FullVocabDistillationLossFn:
 
         Args:
             logits: [B, S, V_local] the student's logits (this rank's vocabulary shard).
-            data: "teacher_logits" [B, S, V_local] over the same ids, and "loss_mask" [B, S]
+            data: "teacher_logits" [B, S, V_local] over the same ids (a tensor, or a
+                TeacherLogits making them block by block), and "loss_mask" [B, S]
                 (or "token_mask" with optional "sample_mask", as build_loss_mask takes).
             global_valid_toks: the valid positions of the whole global batch.
             vocab_start, tp_group: the tensor-parallel shard and group.
@@ -148,9 +151,8 @@ class FullVocabDistillationLossFn:
         lead, vocab_local = logits.shape[:-1], logits.shape[-1]
         flat = logits.detach().reshape(-1, vocab_local)
         _, ids = vocab_parallel_topk(flat / self.params.temperature, self.k, vocab_start, tp_group)
-        teacher_flat = teacher.reshape(-1, vocab_local)
         values = teacher_logprobs_at(
-            teacher_flat, ids, vocab_start, self.teacher_temperature, tp_group
+            TeacherLogits.of(teacher), ids, vocab_start, self.teacher_temperature, tp_group
         )
         return topk_kl_weighted_sum(
             logits, values.reshape(*lead, -1), ids.reshape(*lead, -1), weights,

@@ -115,19 +115,22 @@ class PolicyGradientLossFn:
 
     @classmethod
     def from_config(
-        cls, objective_cfg: Any, loss_cfg: Any, temperature: float
+        cls, objective_cfg: Any, loss_cfg: Any, temperature: float, topk_kl: Any = None
     ) -> "PolicyGradientLossFn":
         """Build from the objective section (clip_eps_low, clip_eps_high, sampler_correction,
-        is_cap, topk_kl_coef) and, for the top-k term when topk_kl_coef > 0, the loss_fn
-        section (see DistillationLossFn.from_config); `temperature` is the sampling one."""
+        is_cap, topk_kl_coef) and, for the divergence term when topk_kl_coef > 0, the loss_fn
+        section (see DistillationLossFn.from_config) or the given `topk_kl` loss (one with the
+        same call, e.g. the full-vocabulary one); `temperature` is the sampling one."""
         coef = objective_cfg.topk_kl_coef
+        if coef > 0 and topk_kl is None:
+            topk_kl = DistillationLossFn.from_config(loss_cfg)
         return cls(
             clip_eps_low=objective_cfg.clip_eps_low,
             clip_eps_high=objective_cfg.clip_eps_high,
             sampler_correction=objective_cfg.sampler_correction,
             is_cap=objective_cfg.is_cap,
             temperature=temperature,
-            topk_kl=DistillationLossFn.from_config(loss_cfg) if coef > 0 else None,
+            topk_kl=topk_kl if coef > 0 else None,
             topk_kl_coef=coef,
         )
 

@@ -117,6 +117,28 @@ class Policy:
         outputs = self._score(data, lambda actor, shard: actor.get_hidden_states.remote(shard))
         return torch.cat(outputs, dim=0)
 
+    def score(
+        self,
+        data: Mapping,
+        *,
+        topk: int = 0,
+        temperature: float = 1.0,
+        logprobs: bool = False,
+        hidden: bool = False,
+    ) -> dict[str, torch.Tensor]:
+        """Any of the top-k ("topk_logprobs", "topk_indices" [B, S, k]), the next-token
+        log-probs ("logprobs" [B, S]) and the final hidden states ("hidden_states" [B, S, H])
+        of every position, in one forward pass (what a teacher sends; see get_topk_logits,
+        get_logprobs and get_hidden_states for each alone)."""
+        shards, size = self._even_shards(data)
+        outputs = self._run_on_replicas(
+            shards,
+            lambda actor, shard: actor.score.remote(shard, topk, temperature, logprobs, hidden),
+        )
+        names = outputs[0].keys()
+        merged = {name: torch.cat([out[name] for out in outputs], dim=0) for name in names}
+        return {name: value[:size] for name, value in merged.items()}
+
     def load_teacher_head(self, model_dir: str, precision: str) -> None:
         """Give every worker its rows of a teacher's LM head (frozen, in `precision`): the loss
         then reads the teacher's hidden states (loss_fn.support full or student_topk)."""
@@ -185,10 +207,12 @@ class Policy:
         """Write a checkpoint directory atomically (layout in docs/policy.md)."""
         self.workers.run(lambda actor, rank: actor.save.remote(path))
 
-    def export(self, path: str) -> None:
-        """Write the trained model in Hugging Face format into `path` atomically (a LoRA
-        student: the merged model, and its peft adapter in `path`/adapter)."""
-        self.workers.run(lambda actor, rank: actor.export.remote(path))
+    def export(self, path: str, dtype: str | None = None) -> None:
+        """Write the trained model in Hugging Face format into `path` atomically, its weights in
+        `dtype` (default: the policy's precision) and no training state (a LoRA student: the
+        merged model, and its peft adapter in `path`/adapter)."""
+        dtype = dtype or self.cfg.precision
+        self.workers.run(lambda actor, rank: actor.export.remote(path, dtype))
 
     def load(self, path: str) -> None:
         """Restore weights, optimizer, scheduler, RNG state and step from `path`."""

@@ -97,14 +97,19 @@ class PolicyWorker:
     def get_hidden_states(self, data: dict) -> torch.Tensor:
         return self.engine.get_hidden_states(TensorBatch(data))
 
+    def score(self, data: dict, topk: int, temperature: float, logprobs: bool, hidden: bool):
+        return self.engine.score(
+            TensorBatch(data), topk=topk, temperature=temperature, logprobs=logprobs, hidden=hidden
+        )
+
     def load_teacher_head(self, model_dir: str, precision: str) -> None:
         self.engine.load_teacher_head(model_dir, precision)
 
     def save(self, path: str) -> None:
         self.engine.save(path)
 
-    def export(self, path: str) -> None:
-        self.engine.export(path)
+    def export(self, path: str, dtype: str) -> None:
+        self.engine.export(path, dtype)
 
     def load(self, path: str) -> None:
         self.engine.load(path)

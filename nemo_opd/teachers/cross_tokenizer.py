@@ -2,21 +2,34 @@
 
 The student's conversation is rendered for the teacher with the teacher's own chat template and
 tokenizer (`TeacherRendering`): its openings and environment replies as the teacher's template
-writes them, each assistant turn as the text the student wrote followed by the teacher's own end
-of turn. Each assistant turn's tokens on both sides are placed on the turn's characters and
-aligned (nemo_opd.teachers.xtok_align); the teacher's answers come back in the student's
-positions (`TeacherRows`):
+writes them (the last with the template's generation prompt); each assistant turn as the bytes
+the student wrote, verbatim, right after that generation prompt (as the teacher would read its
+own sampled text: a template that trims or rewrites a finished turn's content does not apply),
+control strings in them read as text, then the template's own end of turn. Each assistant
+turn's tokens on both sides are aligned by byte offsets (nemo_opd.teachers.xtok_align); the
+teacher's answers come back in the student's positions (`TeacherRows`):
 
 - top-k: at a student position whose next token starts where a teacher token starts, the
-  teacher's top-k there, moved onto the student's vocabulary (nemo_opd.teachers.xtok_vocab:
-  exact matches; the rest of the mass in the tail). The student's end of turn reads the
-  teacher's end of turn. Elsewhere (the next student token starts inside a teacher token) the
-  teacher has no distribution: every slot is empty, which the loss counts as 0.
+  teacher's top-k there, moved onto the student's vocabulary (nemo_opd.teachers.xtok_vocab: each
+  teacher token to the student token its text starts with; the rest of the mass in the tail).
+  Where the student's next token spans several teacher tokens (a Llama 3 "121" over a Qwen
+  teacher's "1", "2", "1"), the teacher's top-k cannot say how much of its mass continues as
+  that token: the position keeps one slot, the sampled token with the teacher's chain-rule
+  log-prob of its bytes, and leaves the rest to the tail. The student's end of turn reads the
+  teacher's end of turn (the token its template closes a turn with). Elsewhere (the next
+  student token starts inside a teacher token) the teacher has no distribution: every slot is
+  empty, which the loss counts as 0.
 - sampled log-probs: the teacher's log-probability of the text the student sampled, per aligned
   group of tokens, shared evenly by the group's student tokens; the end of turn as its own
   group.
 
-Positions outside the assistant turns (never trained) are 0, as past a row's end.
+A response that is not whole UTF-8 (cut inside a character) is read up to its last whole
+character. A conversation the teacher's template cannot render (say, roles it refuses) is not
+graded at all and counted (`teacher/xtok_unrendered_rows`); one longer in the teacher's tokens
+than a served teacher's context (teacher.max_total_sequence_length: a teacher with finer tokens
+writes more of them) is cut there, graded up to the cut and counted
+(`teacher/xtok_truncated_rows`); the run goes on. Positions outside
+the assistant turns (never trained) are 0, as past a row's end.
 
     rendering = TeacherRendering(student_tokenizer, teacher_formatter, teacher_vocab_size)
     rows = rendering.teacher_rows(message_logs)
@@ -29,6 +42,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
@@ -38,16 +52,41 @@ from nemo_opd.errors import SetupError
 from nemo_opd.losses.checks import EMPTY_INDEX
 from nemo_opd.teachers.base import Rollouts, Teacher, TeacherNeed, TeacherScores
 from nemo_opd.teachers.xtok_align import (
-    Span,
-    align_groups,
+    char_starts,
+    filled_ends,
+    group_ids,
+    running_starts,
+    sources,
     spread_over_groups,
-    teacher_starts,
-    token_spans,
 )
-from nemo_opd.teachers.xtok_vocab import VocabMap, token_bytes
+from nemo_opd.teachers.xtok_vocab import (
+    ByteTable,
+    VocabMap,
+    is_byte_complete,
+    special_ids,
+    token_bytes,
+)
 
 if TYPE_CHECKING:
     from nemo_opd.policy.policy import Policy
+
+PROBE_RESPONSE = "  2 + 2 = 4 ≈ 4.0 🎉\n\\boxed{4} <|im_end|> [INST] </s>\n"
+"""The probe's assistant turn (setup's check): outer whitespace, a multi-byte character, an
+emoji, and control strings as text, which templates and tokenizers each treat their own way."""
+
+
+@dataclass
+class _Content:
+    """An assistant turn's content as the student wrote it."""
+
+    ids: list[int]
+    """The student's content ids (its end-of-turn token apart)."""
+    lengths: np.ndarray
+    """[n_s] int64: each id's bytes in the text."""
+    text: str
+    """The text, up to its last whole character."""
+    end_of_turn: bool
+    """The student closed the turn."""
 
 
 @dataclass
@@ -58,12 +97,41 @@ class TurnPair:
     """Row position of the turn's first student token."""
     teacher_start: int
     """Row position of the turn's first teacher token."""
-    student_spans: list[Span]
-    """Characters of each student content token (the end of turn excluded)."""
-    teacher_spans: list[Span]
-    """Characters of each teacher content token."""
+    source: np.ndarray
+    """[n_s] int64: per student content token, the teacher content token starting at its byte
+    (-1: none)."""
+    spans_several: np.ndarray
+    """[n_s] int64: per graded student token, how many teacher tokens its bytes cover (1 for a
+    token that ends at or before the end of the one it starts with)."""
+    student_group: np.ndarray
+    """[n_s] int64: aligned group of each student content token."""
+    teacher_group: np.ndarray
+    """[n_t] int64: aligned group of each teacher content token."""
+    student_ids: list[int]
+    """The student's content ids."""
     end_of_turn: bool
-    """Both sides close the turn with their end-of-turn token, right after the content."""
+    """Both sides close the turn: the student's end-of-turn token and the teacher's."""
+
+    kept: int = -1
+    """Teacher content tokens inside the row (-1: all); see cut_at."""
+
+    @property
+    def num_student(self) -> int:
+        return len(self.source)
+
+    def cut_at(self, length: int) -> None:
+        """Keep only what a teacher row cut to `length` tokens can say: student tokens whose
+        teacher tokens all lie inside it, the end of turn if its token does, and sampled
+        log-probs only for the groups wholly inside (the rest of the turn is not graded)."""
+        kept = int(np.clip(length - self.teacher_start, 0, self.num_teacher))
+        inside = (self.source >= 0) & (self.source + np.maximum(self.spans_several, 1) <= kept)
+        self.source = np.where(inside, self.source, -1)
+        self.end_of_turn = self.end_of_turn and self.teacher_start + self.num_teacher < length
+        self.kept = kept
+
+    @property
+    def num_teacher(self) -> int:
+        return len(self.teacher_group)
 
 
 @dataclass
@@ -76,64 +144,112 @@ class TeacherRows:
     """The teacher's conversations."""
     turns: list[list[TurnPair]] = field(default_factory=list)
     """Per row, its assistant turns."""
+    unrendered: int = 0
+    """Rows the teacher's template could not render (not graded)."""
+    truncated: int = 0
+    """Rows cut at the teacher's longest row (graded up to the cut)."""
     _sources: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
 
     def source_positions(self, width: int) -> torch.Tensor:
         """[B, width] int64: for each student position, the teacher position whose top-k
         grades it (-1: none). Computed once per width."""
         if width not in self._sources:
-            self._sources[width] = self._source_positions(width)
+            self._sources[width] = torch.from_numpy(self._source_positions(width))
         return self._sources[width]
 
-    def _source_positions(self, width: int) -> torch.Tensor:
-        source = torch.full((len(self.turns), width), -1, dtype=torch.int64)
+    def _source_positions(self, width: int) -> np.ndarray:
+        source = np.full((len(self.turns), width), -1, dtype=np.int64)
         for row, pairs in enumerate(self.turns):
             for pair in pairs:
-                starts = teacher_starts(pair.student_spans, pair.teacher_spans)
-                for j, t in enumerate(starts):
-                    if t >= 0 and pair.student_start + j >= 1:
-                        source[row, pair.student_start + j - 1] = pair.teacher_start + t - 1
+                graded = np.flatnonzero(pair.source >= 0)
+                at = pair.student_start + graded - 1
+                keep = at >= 0
+                source[row, at[keep]] = pair.teacher_start + pair.source[graded[keep]] - 1
                 if pair.end_of_turn:
-                    eos = pair.student_start + len(pair.student_spans)
-                    source[row, eos - 1] = pair.teacher_start + len(pair.teacher_spans) - 1
+                    eos = pair.student_start + pair.num_student
+                    source[row, eos - 1] = pair.teacher_start + pair.num_teacher - 1
         return source
+
+    def chains(self, width: int) -> tuple[torch.Tensor, ...]:
+        """The student positions whose next token spans several teacher tokens, as flat
+        tensors [n]: (row, student position, first teacher position, teacher token count,
+        the student's sampled id)."""
+        found = []
+        for row, pairs in enumerate(self.turns):
+            for pair in pairs:
+                several = np.flatnonzero((pair.source >= 0) & (pair.spans_several > 1))
+                for j in several.tolist():
+                    position = pair.student_start + j - 1
+                    if 0 <= position < width:
+                        first = pair.teacher_start + int(pair.source[j]) - 1
+                        found.append(
+                            (row, position, first, int(pair.spans_several[j]), pair.student_ids[j])
+                        )
+        table = torch.tensor(found, dtype=torch.int64).reshape(-1, 5)
+        return tuple(table.unbind(1))
 
     def topk_to_student(
         self, values: torch.Tensor, indices: torch.Tensor, width: int, vocab: VocabMap
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """[B, S_t, k] teacher top-k (teacher ids) -> [B, width, k] in the student's positions
-        and vocabulary (empty slots where the teacher has no distribution)."""
+        and vocabulary (empty slots where the teacher has no distribution; one slot, the
+        sampled token's chain-rule log-prob, where it spans several teacher tokens)."""
         source = self.source_positions(width)
-        has = source >= 0
-        picked = source.clamp_min(0).unsqueeze(-1).expand(-1, -1, values.shape[-1])
-        moved_values = values.float().gather(1, picked)
-        moved_ids = indices.long().gather(1, picked)
-        out_values, out_ids = vocab.map_topk(moved_values, moved_ids)
-        out_values = out_values.masked_fill(~has.unsqueeze(-1), float("-inf"))
-        out_ids = out_ids.masked_fill(~has.unsqueeze(-1), EMPTY_INDEX)
+        k = values.shape[-1]
+        out_values = torch.full((len(self.turns), width, k), float("-inf"))
+        out_ids = torch.full((len(self.turns), width, k), EMPTY_INDEX, dtype=torch.int32)
+        rows, positions = (source >= 0).nonzero(as_tuple=True)  # only the graded positions
+        teacher_positions = source[rows, positions]
+        mapped = vocab.map_topk(
+            values[rows, teacher_positions].float(), indices[rows, teacher_positions].long()
+        )
+        out_values[rows, positions], out_ids[rows, positions] = mapped
+        self._write_chains(values, indices, width, out_values, out_ids)
         return out_values, out_ids
+
+    def _write_chains(self, values, indices, width, out_values, out_ids) -> None:
+        """Positions whose next student token spans several teacher tokens: one slot, the
+        sampled id with the sum of the teacher's log-probs of those tokens, read from its top-k
+        at each (a token outside a top-k leaves the position empty: its log-prob is unknown)."""
+        rows, positions, firsts, counts, student_ids = self.chains(width)
+        if len(rows) == 0:
+            return
+        next_ids = self.batch["input_ids"].roll(-1, dims=1)  # the token each position predicts
+        hit = indices.long() == next_ids.unsqueeze(-1)
+        token_lp = torch.where(hit, values.float(), 0.0).sum(-1)  # [B, S_t]
+        missing = (~hit.any(-1)).long()
+        running = torch.nn.functional.pad(token_lp.double().cumsum(1), (1, 0))
+        misses = torch.nn.functional.pad(missing.cumsum(1), (1, 0))
+        total = (running[rows, firsts + counts] - running[rows, firsts]).float()
+        unknown = misses[rows, firsts + counts] > misses[rows, firsts]
+        total = total.masked_fill(unknown, float("-inf"))
+        out_values[rows, positions] = float("-inf")
+        out_ids[rows, positions] = EMPTY_INDEX
+        known = total > float("-inf")
+        out_values[rows[known], positions[known], 0] = total[known]
+        out_ids[rows[known], positions[known], 0] = student_ids[known].to(out_ids.dtype)
 
     def logprobs_to_student(self, logprobs: torch.Tensor, width: int) -> torch.Tensor:
         """[B, S_t] teacher log-probs (position t scores token t + 1) -> [B, width]: each
         student token's share of its aligned group's log-probability (module docstring)."""
-        out = torch.zeros(len(self.turns), width)
+        out = np.zeros((len(self.turns), width))
+        table = logprobs.float().numpy()
         for row, pairs in enumerate(self.turns):
             for pair in pairs:
                 first = pair.teacher_start
-                token_lp = [
-                    float(logprobs[row, first + t - 1]) if first + t >= 1 else 0.0
-                    for t in range(len(pair.teacher_spans))
-                ]
-                groups = align_groups(pair.student_spans, pair.teacher_spans)
-                shares = spread_over_groups(groups, token_lp, len(pair.student_spans))
-                for j, share in enumerate(shares):
-                    if pair.student_start + j >= 1:
-                        out[row, pair.student_start + j - 1] = share
+                token_lp = np.zeros(pair.num_teacher)
+                kept = pair.num_teacher if pair.kept < 0 else pair.kept
+                token_lp[:kept] = table[row, first - 1 : first - 1 + kept]
+                shares = spread_over_groups(pair.student_group, pair.teacher_group, token_lp)
+                if kept < pair.num_teacher:  # a group with a token past the row's end: unknown
+                    cut_groups = np.unique(pair.teacher_group[kept:])
+                    shares[np.isin(pair.student_group, cut_groups)] = 0.0
+                at = pair.student_start - 1
+                out[row, at : at + pair.num_student] = shares
                 if pair.end_of_turn:
-                    eos = pair.student_start + len(pair.student_spans)
-                    teacher_eos = first + len(pair.teacher_spans)
-                    out[row, eos - 1] = float(logprobs[row, teacher_eos - 1])
-        return out
+                    eos = pair.student_start + pair.num_student
+                    out[row, eos - 1] = table[row, first + pair.num_teacher - 1]
+        return torch.from_numpy(out).float()
 
 
 class TeacherRendering:
@@ -144,6 +260,11 @@ class TeacherRendering:
         formatter: the teacher's ChatFormatter: its tokenizer, chat template and system prompt.
         teacher_vocab_size: the teacher model's vocabulary, padded ids included (None: its
             tokenizer's, as for a served teacher).
+        system_prompt: the run's system prompt (data.system_prompt_file), in setup's probe.
+        max_length: the longest row the teacher scores (a served teacher's context,
+            teacher.max_total_sequence_length): a conversation longer in the teacher's tokens
+            is cut there, the rest of it not graded, and counted (`truncated`); None: no
+            limit (an in-process teacher scores any length).
     """
 
     def __init__(
@@ -151,61 +272,127 @@ class TeacherRendering:
         student_tokenizer: PreTrainedTokenizerBase,
         formatter: ChatFormatter,
         teacher_vocab_size: int | None = None,
+        system_prompt: str | None = None,
+        max_length: int | None = None,
     ):
         self.student = student_tokenizer
+        self.max_length = max_length
         self.formatter = formatter
         self.teacher = formatter.tokenizer
         self.teacher_vocab_size = teacher_vocab_size
+        self.system_prompt = system_prompt
         self._vocab: VocabMap | None = None
+        self._student_bytes = _bytes_by_id(student_tokenizer)
+        self._student_table = ByteTable(self._student_bytes)
+        self._teacher_table = ByteTable(token_bytes(self.teacher))
+        self._closings: dict[tuple[str, ...], tuple[list[int], int | None]] = {}
+        self._teacher_special = special_ids(self.teacher)
+        self._strip_lead = _decoder_strips_a_space(student_tokenizer)
+        self.student_ends = {student_tokenizer.eos_token_id} - {None}
 
     def vocab_map(self) -> VocabMap:
-        """The teacher's vocabulary on the student's, its end of turn on the student's (built
-        on first use: it decodes every id of both vocabularies)."""
+        """The teacher's vocabulary on the student's, its end of turn (the token its template
+        closes a turn with, and its eos token) on the student's eos (built on first use)."""
         if self._vocab is None:
             specials = {}
-            if self.teacher.eos_token_id is not None and self.student.eos_token_id is not None:
-                specials[self.teacher.eos_token_id] = self.student.eos_token_id
+            student_eos = self.student.eos_token_id
+            if student_eos is not None:
+                for teacher_id in (self.teacher.eos_token_id, self.teacher_turn_end()):
+                    if teacher_id is not None:
+                        specials[teacher_id] = student_eos
             self._vocab = VocabMap.from_tokenizers(
                 self.student, self.teacher, specials, self.teacher_vocab_size
             )
         return self._vocab
 
+    def teacher_turn_end(self) -> int | None:
+        """The special token the teacher's template closes an assistant turn with (None if
+        its closing does not start with one)."""
+        opening = self._probe_opening()
+        return self._closing(opening)[1]
+
     def check(self) -> None:
-        """Render a probe conversation once, so that a teacher template that rewrites the
-        student's text, or a tokenizer that merges it with the end of turn, is refused at setup
-        rather than at the first step (SetupError)."""
-        opening = ChatFormatter(self.student).prompt_log("What is 2 + 2?")
-        ids = self.student.encode("2 + 2 = 4. \\boxed{4}", add_special_tokens=False)
-        if self.student.eos_token_id is not None:
-            ids.append(self.student.eos_token_id)
-        self.teacher_rows([[*opening, {"role": "assistant", "content": "", "token_ids": ids}]])
+        """Render a probe conversation once (with the run's system prompt, a response with
+        outer whitespace, multi-byte characters and control strings), so that a teacher
+        template that cannot render the run's conversations is refused at setup (SetupError)
+        rather than left ungraded at every step."""
+        encoded = self.student(PROBE_RESPONSE, add_special_tokens=False, split_special_tokens=True)
+        ids = encoded["input_ids"] + [i for i in [self.student.eos_token_id] if i is not None]
+        opening = self._student_opening()
+        log = [*opening, {"role": "assistant", "content": PROBE_RESPONSE, "token_ids": ids}]
+        try:
+            self._row(log)
+        except SetupError:
+            raise
+        except Exception as error:  # noqa: BLE001 - a template's own exception
+            shown = " with a system message" if self.system_prompt is not None else ""
+            raise SetupError(
+                f"the teacher's chat template cannot render a conversation{shown} like the "
+                f"run's ({type(error).__name__}: {error}); set teacher.tokenizer.chat_template "
+                "to one that does, or change data.system_prompt_file"
+            ) from error
+
+    def _student_opening(self) -> list[Message]:
+        return ChatFormatter(self.student, system_prompt=self.system_prompt).prompt_log(
+            "What is 2 + 2?"
+        )
+
+    def _probe_opening(self) -> list[Message]:
+        formatter = ChatFormatter(self.teacher, template_kwargs=self.formatter.template_kwargs)
+        return formatter.prompt_log("What is 2 + 2?")
 
     def unspellable(self) -> list[str]:
         """The student tokens whose text the teacher's tokenizer cannot write (it would read
-        them as its unknown token): text the student can produce and the teacher cannot read."""
+        them as its unknown token): text the student can produce and the teacher cannot read.
+        A byte-level or byte-fallback teacher spells everything; others are checked in one
+        batched call."""
         unknown = self.teacher.unk_token_id
-        if unknown is None:
-            return []  # byte-level or byte-fallback: every text has a spelling
-        texts = token_bytes(self.student)
-        out = []
-        for key in texts.values():
-            text = key.decode("utf-8", errors="ignore")
-            if text and unknown in self.teacher.encode(text, add_special_tokens=False):
-                out.append(text)
-        return out
+        if unknown is None or is_byte_complete(self.teacher):
+            return []
+        texts = [key.decode("utf-8", errors="ignore") for key in self._student_bytes.values()]
+        texts = [text for text in texts if text]
+        encoded = self.teacher(texts, add_special_tokens=False, split_special_tokens=True)
+        return [t for t, ids in zip(texts, encoded["input_ids"], strict=True) if unknown in ids]
 
     def teacher_rows(self, logs: list[list[Message]]) -> TeacherRows:
-        rendered = [self._row(log) for log in logs]
-        teacher_logs = [log for log, _ in rendered]
+        """The teacher's rows of these conversations; one its template cannot render is a
+        single padding token with no turns (not graded, counted in `unrendered`). Every
+        assistant turn's text is tokenized for the teacher in one batched call (the
+        tokenizer's Rust core, on all cores)."""
+        contents = [[self._content(m) for m in log if m["role"] == "assistant"] for log in logs]
+        encoded = self._encode([c for row in contents for c in row])
+        rendered, unrendered, truncated = [], 0, 0
         pad = self.teacher.pad_token_id
         pad = pad if pad is not None else (self.teacher.eos_token_id or 0)
+        for log, row_contents in zip(logs, contents, strict=True):
+            pairs = list(zip(row_contents, (next(encoded) for _ in row_contents), strict=True))
+            try:
+                teacher_log, turns = self._row(log, pairs)
+            except Exception:  # noqa: BLE001 - never a crash mid-run: this row is not graded
+                unrendered += 1
+                teacher_log, turns = [{"role": "user", "content": "", "token_ids": [pad]}], []
+            if self.max_length is not None and _length(teacher_log) > self.max_length:
+                teacher_log = _cut(teacher_log, turns, self.max_length)
+                truncated += 1
+            rendered.append((teacher_log, turns))
+        teacher_logs = [log for log, _ in rendered]
         return TeacherRows(
             batch=flatten_message_logs(teacher_logs, pad),
             logs=teacher_logs,
             turns=[turns for _, turns in rendered],
+            unrendered=unrendered,
+            truncated=truncated,
         )
 
-    def _row(self, log: list[Message]) -> tuple[list[Message], list[TurnPair]]:
+    def _row(
+        self, log: list[Message], contents: list[tuple[_Content, tuple]] | None = None
+    ) -> tuple[list[Message], list[TurnPair]]:
+        """One conversation for the teacher; `contents`: each assistant turn's content and its
+        teacher encoding (computed here when not given)."""
+        if contents is None:
+            mine = [self._content(m) for m in log if m["role"] == "assistant"]
+            contents = list(zip(mine, self._encode(mine), strict=True))
+        turn_contents = iter(contents)
         teacher_log: list[Message] = []
         turns: list[TurnPair] = []
         student_at = 0
@@ -219,7 +406,10 @@ class TeacherRendering:
                 teacher_log = self.formatter.extend(teacher_log, pending)
                 pending = []
             teacher_at = sum(len(m["token_ids"]) for m in teacher_log)
-            turn, pair = self._assistant_turn(teacher_log, message, student_at, teacher_at)
+            content, encoding = next(turn_contents)
+            turn, pair = self._assistant_turn(
+                teacher_log, content, encoding, student_at, teacher_at
+            )
             teacher_log = [*teacher_log, turn]
             turns.append(pair)
             student_at += len(message["token_ids"])
@@ -227,41 +417,133 @@ class TeacherRendering:
             teacher_log = self.formatter.extend(teacher_log, pending)
         return teacher_log, turns
 
-    def _assistant_turn(
-        self, history: list[Message], message: Message, student_at: int, teacher_at: int
-    ) -> tuple[Message, TurnPair]:
+    def _content(self, message: Message) -> _Content:
+        """An assistant turn's content as the student wrote it: its ids (the end of turn
+        apart), each id's byte length, and its text (whole characters)."""
         ids = list(message["token_ids"])
-        end_of_turn = bool(ids) and ids[-1] == self.student.eos_token_id
+        end_of_turn = bool(ids) and ids[-1] in self.student_ends
         content_ids = ids[:-1] if end_of_turn else ids
-        text, student_spans = token_spans(self.student, content_ids)
-        piece = self.formatter.assistant_text(history, text) if end_of_turn else text
-        if not piece.startswith(text):
-            raise SetupError(_REWRITTEN.format(text=text[:40]))
-        encoded = self.teacher(piece, add_special_tokens=False, return_offsets_mapping=True)
-        teacher_ids = encoded["input_ids"]
-        offsets = [tuple(span) for span in encoded["offset_mapping"]]
-        inside = [i for i, (a, _) in enumerate(offsets) if a < len(text)]
-        count = (inside[-1] + 1) if inside else 0
-        if count and offsets[count - 1][1] > len(text):
-            # the teacher merges the content's last characters with its end of turn
-            raise SetupError(_MERGED.format(text=text[-20:], closing=piece[len(text) :]))
-        _, teacher_spans = token_spans(self.teacher, teacher_ids[:count])
-        closes = end_of_turn and teacher_ids[count : count + 1] == [self.teacher.eos_token_id]
-        pair = TurnPair(student_at, teacher_at, student_spans, teacher_spans, closes)
-        turn = {"role": "assistant", "content": text, "token_ids": teacher_ids}
+        lengths = self._student_table.byte_lengths(content_ids)
+        data = self._student_table.join(content_ids)
+        if self._strip_lead and data.startswith(b" "):  # the decoder drops it: not the text
+            data, lengths[0] = data[1:], lengths[0] - 1
+        return _Content(content_ids, lengths, _whole_characters(data), end_of_turn)
+
+    def _encode(self, contents: list[_Content]):
+        """An iterator of (teacher ids, character offsets) for each content's text, control
+        strings read as text: one batched call into the tokenizer's Rust core."""
+        backend = self.teacher.backend_tokenizer
+        was = backend.encode_special_tokens
+        backend.encode_special_tokens = True
+        try:
+            encoded = backend.encode_batch([c.text for c in contents], add_special_tokens=False)
+        finally:
+            backend.encode_special_tokens = was
+        return ((e.ids, e.offsets) for e in encoded)
+
+    def _assistant_turn(
+        self,
+        history: list[Message],
+        content: _Content,
+        encoding: tuple,
+        student_at: int,
+        teacher_at: int,
+    ) -> tuple[Message, TurnPair]:
+        teacher_ids, offsets = encoding
+        text = content.text
+        if self._teacher_table.join(teacher_ids) == text.encode():
+            t_starts = running_starts(self._teacher_table.byte_lengths(teacher_ids))
+        else:  # the teacher's tokenizer normalized the text: place its tokens by offsets
+            t_starts = char_starts(offsets, text)
+        s_starts = running_starts(content.lengths)
+        source = sources(s_starts, t_starts)
+        several = _spans_several(source, s_starts, t_starts)
+        source[several == 0] = -1  # ends inside a later teacher token: no signal
+        s_group, t_group = group_ids(s_starts, t_starts)
+        closing, teacher_end = self._closing(history)
+        pair = TurnPair(
+            student_at,
+            teacher_at,
+            source,
+            several,
+            s_group,
+            t_group,
+            content.ids,
+            content.end_of_turn and teacher_end is not None,
+        )
+        turn = {"role": "assistant", "content": text, "token_ids": list(teacher_ids) + closing}
         return turn, pair
 
+    def _closing(self, history: list[Message]) -> tuple[list[int], int | None]:
+        """The ids the teacher's template writes after an assistant turn's content (up to and
+        including its eos token, if there) and the special token it starts with (the turn's
+        end; None if it starts with none). Cached by the roles of the conversation before
+        the turn (templates close a turn by role and place, not by content)."""
+        key = tuple(m["role"] for m in history)
+        if key not in self._closings:
+            text = self.formatter.closing_text(history)
+            closing = self.teacher(text, add_special_tokens=False)["input_ids"]
+            first = closing[0] if closing and closing[0] in self._teacher_special else None
+            self._closings[key] = (closing, first)
+        return self._closings[key]
 
-_MERGED = (
-    "the teacher's tokenizer merges the end of an assistant turn ({text!r}) with its chat "
-    "template's end of turn ({closing!r}): a teacher with another tokenizer needs the end of "
-    "turn as a token of its own"
-)
-_REWRITTEN = (
-    "the teacher's chat template does not write an assistant turn's text as it is (it changes "
-    "{text!r}...): a teacher with another tokenizer reads the student's text through it; use a "
-    "template that writes the content verbatim (teacher.tokenizer.chat_template)"
-)
+
+def _length(log: list[Message]) -> int:
+    return sum(len(m["token_ids"]) for m in log)
+
+
+def _cut(log: list[Message], turns: list[TurnPair], length: int) -> list[Message]:
+    """The conversation's first `length` tokens (messages past them dropped, the one across
+    cut), its turns cut to match (TurnPair.cut_at)."""
+    out, left = [], length
+    for message in log:
+        if left <= 0:
+            break
+        out.append(dict(message, token_ids=list(message["token_ids"][:left])))
+        left -= len(out[-1]["token_ids"])
+    for pair in turns:
+        pair.cut_at(length)
+    return out
+
+
+def _spans_several(source: np.ndarray, student: np.ndarray, teacher: np.ndarray) -> np.ndarray:
+    """[n_s] int64: for each graded student token, how many teacher tokens from the one at its
+    start it covers: 1 where it ends inside or at the end of that first one, the count where
+    it ends exactly where a later one ends, 0 where it ends inside a later one (no signal)."""
+    out = np.ones(len(source), dtype=np.int64)
+    graded = np.flatnonzero(source >= 0)
+    if len(graded) == 0:
+        return out
+    ends = filled_ends(teacher)
+    s_ends = student[1:][graded]
+    last = np.searchsorted(ends, s_ends, side="left").clip(max=len(ends) - 1)
+    count = last - source[graded] + 1
+    exact = ends[last] == s_ends
+    out[graded] = np.where(count <= 1, 1, np.where(exact, count, 0))
+    return out
+
+
+def _whole_characters(data: bytes) -> str:
+    """The text of `data` up to its first byte that is not part of a whole UTF-8 character
+    (a response cut inside a character, or sampled bytes that form none)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        return data[: error.start].decode("utf-8")
+
+
+def _bytes_by_id(tokenizer: PreTrainedTokenizerBase) -> dict[int, bytes]:
+    """Every id's bytes, special tokens as their text (in a student's turn they are text)."""
+    table = token_bytes(tokenizer)
+    for index in special_ids(tokenizer):
+        table[index] = str(tokenizer.convert_ids_to_tokens(index)).encode()
+    return table
+
+
+def _decoder_strips_a_space(tokenizer: PreTrainedTokenizerBase) -> bool:
+    """Whether decoding drops the leading space of a text (SentencePiece's Strip decoder)."""
+    decoder = repr(getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None))
+    return "Strip(" in decoder
 
 
 class CrossTokenizerTeacher:
@@ -274,9 +556,14 @@ class CrossTokenizerTeacher:
         self.vocab = rendering.vocab_map()
         self._mapped: list[float] = []
         self._graded: list[float] = []
+        self._chained: list[float] = []
+        self._unrendered = 0
+        self._truncated = 0
 
     def score(self, rollouts: Rollouts, need: TeacherNeed) -> TeacherScores:
         rows = self.rendering.teacher_rows(rollouts.message_logs)
+        self._unrendered += rows.unrendered
+        self._truncated += rows.truncated
         scores = self.inner.score(Rollouts(rows.batch, rows.logs, rollouts.metadata), need)
         width = rollouts.batch["input_ids"].shape[1]
         out = TeacherScores()
@@ -284,19 +571,24 @@ class CrossTokenizerTeacher:
             out.topk_logprobs, out.topk_indices = rows.topk_to_student(
                 scores.topk_logprobs, scores.topk_indices, width, self.vocab
             )
-            self._note_mapped_mass(scores.topk_logprobs, out.topk_logprobs, rows, width)
+            chained = torch.zeros(len(rows.turns), width, dtype=torch.bool)
+            chain_rows, chain_positions, *_ = rows.chains(width)
+            chained[chain_rows, chain_positions] = True
+            self._note_mapped_mass(scores.topk_logprobs, out.topk_logprobs, rows, chained)
             predicting = rollouts.batch["token_mask"].roll(-1, dims=1) > 0  # the turns' tokens
             graded = (rows.source_positions(width) >= 0) & predicting
             self._graded.append(float(graded.sum()) / max(1.0, float(predicting.sum())))
+            self._chained.append(float((chained & graded).sum()) / max(1.0, float(graded.sum())))
         if scores.logprobs is not None:
             out.logprobs = rows.logprobs_to_student(scores.logprobs, width)
         return out
 
-    def _note_mapped_mass(self, before, after, rows: TeacherRows, width: int) -> None:
+    def _note_mapped_mass(self, before, after, rows: TeacherRows, chained) -> None:
         """The share of the teacher's top-k mass that maps to student ids, over the graded
-        positions (teacher/xtok_mapped_mass)."""
-        source = rows.source_positions(width)
-        graded = source >= 0
+        positions that read a whole distribution (not the chained ones:
+        teacher/xtok_mapped_mass)."""
+        source = rows.source_positions(chained.shape[1])
+        graded = (source >= 0) & ~chained
         if not graded.any():
             return
         total = before.float().gather(
@@ -319,6 +611,12 @@ class CrossTokenizerTeacher:
         if self._graded:
             metrics["teacher/xtok_graded_share"] = sum(self._graded) / len(self._graded)
             self._graded = []
+        if self._chained:
+            metrics["teacher/xtok_chained_share"] = sum(self._chained) / len(self._chained)
+            self._chained = []
+        metrics["teacher/xtok_unrendered_rows"] = float(self._unrendered)
+        metrics["teacher/xtok_truncated_rows"] = float(self._truncated)
+        self._unrendered = self._truncated = 0
         return metrics
 
     def shutdown(self) -> None:

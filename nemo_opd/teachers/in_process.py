@@ -6,11 +6,12 @@ from __future__ import annotations
 import torch
 
 from nemo_opd.policy.policy import Policy
-from nemo_opd.teachers.base import Rollouts, TeacherNeed, TeacherScores, score_with
+from nemo_opd.teachers.base import Rollouts, TeacherNeed, TeacherScores
 
 
 class InProcessTeacher:
-    """The Teacher interface over a Policy's get_topk_logits / get_logprobs.
+    """The Teacher interface over a Policy's score (top-k, sampled-token log-probs and hidden
+    states in one forward pass).
 
     Args:
         policy: the teacher's workers (started by the caller; shut down by this teacher).
@@ -23,10 +24,15 @@ class InProcessTeacher:
         self.name = name
 
     def score(self, rollouts: Rollouts, need: TeacherNeed) -> TeacherScores:
-        policy = self.policy
-        return score_with(
-            policy.get_topk_logits, policy.get_logprobs, rollouts, need, policy.get_hidden_states
+        """Everything `need` asks for in one forward pass of the teacher."""
+        out = self.policy.score(
+            rollouts.batch,
+            topk=need.topk,
+            temperature=need.temperature,
+            logprobs=need.sampled,
+            hidden=need.hidden,
         )
+        return TeacherScores(**out)
 
     def workers(self) -> dict[str, Policy]:
         return {self.name: self.policy}

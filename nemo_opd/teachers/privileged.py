@@ -78,7 +78,9 @@ class PrivilegedContext:
         problem = template_problem(template, FIELDS)
         if problem:
             raise ValueError(f"the privileged template {problem}")
-        self.formatter = ChatFormatter(formatter.tokenizer, None, formatter.system_prompt)
+        self.formatter = ChatFormatter(
+            formatter.tokenizer, None, formatter.system_prompt, formatter.template_kwargs
+        )
         self.template = template
 
     def openings(self, metadata: list[dict]) -> list[list[Message]]:

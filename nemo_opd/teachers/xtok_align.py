@@ -1,136 +1,103 @@
-"""Aligning two tokenizations of the same text, for a teacher with another tokenizer.
+"""Aligning two tokenizations of the same text by byte offsets, for a teacher with another
+tokenizer.
 
-The student sampled token ids; the teacher reads the same text in its own tokens. Both are
-placed on the text's characters: the student's tokens by decoding (`token_spans`: the
-characters each id adds, which holds for any ids, not only the tokenizer's own choice), the
-teacher's from its tokenizer's offsets. Where both tokenizations have a boundary at the same
-character they agree; between two such boundaries lies a group (`align_groups`): one or more
-student tokens and one or more teacher tokens covering the same characters.
+The student sampled token ids; the teacher reads the same text in its own tokens. Each token
+is placed on the text's bytes by its own bytes (nemo_opd.teachers.xtok_vocab.token_bytes):
+token j of a sequence covers [starts[j], starts[j + 1]) where `starts` is the running sum of the
+token lengths. This holds for any ids, not only those the tokenizer would choose, and for a
+token that ends inside a multi-byte character (byte-level BPEs split characters over several
+ids): a character is never assigned to a token by decoding.
 
-- A student token that starts where a teacher token starts has a teacher distribution: the
-  teacher's next-token distribution at that point (`teacher_starts`). One that starts inside a
-  teacher token has none (the teacher never stands at that point).
-- The text of a group has a teacher log-probability, the sum of its teacher tokens' log-probs
-  (the chain rule); `spread_over_groups` gives each student token of the group an equal share,
-  so that a row's sum is the teacher's log-probability of the student's text.
+- A student token that starts at the byte where a teacher token starts has a teacher
+  distribution: the teacher's next-token distribution at that point, over texts that continue
+  the same bytes (`sources`). One that starts inside a teacher token has none.
+- Where both tokenizations have a boundary at the same byte they agree; between two such
+  boundaries lies a group of one or more tokens on each side (`group_ids`). The teacher's
+  log-probability of a group's text is the sum of its tokens' log-probs (the chain rule).
 
-Characters are Python str indices. A token that ends inside a multi-byte character (byte-level
-tokenizers split one character over several ids) adds no character: it gets an empty span, at
-the position where the token that completes the character starts.
+A teacher whose tokenizer normalizes the text (Qwen's NFC) reads other bytes than the student
+wrote wherever normalization changes them; its tokens are then placed by the tokenizer's
+offsets into the student's text (`char_starts`), at whole characters only.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from transformers import PreTrainedTokenizerBase
+import numpy as np
 
-CONTEXT_TOKENS = 4
-"""Tokens decoded before each token when measuring what it adds: enough for tokenizers whose
-decoder drops or adds a space at the start of a decode (SentencePiece's leading "▁")."""
-
-Span = tuple[int, int]
+INSIDE = -1
+"""A token start that is no boundary (a teacher token that starts inside a character of the
+student's text, after normalization)."""
 
 
-def decode(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int]) -> str:
-    """The text of `ids`, special tokens included and nothing cleaned up."""
-    return tokenizer.decode(
-        list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
-    )
+def running_starts(lengths: Sequence[int]) -> np.ndarray:
+    """[n + 1] int64: the byte where each of n tokens of these byte lengths starts, then the
+    end."""
+    starts = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(np.asarray(lengths, dtype=np.int64), out=starts[1:])
+    return starts
 
 
-def token_spans(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int]) -> tuple[str, list[Span]]:
-    """(decode(ids), the [start, end) characters each id adds to it).
-
-    Each token's characters are what decoding it after up to CONTEXT_TOKENS earlier tokens adds
-    (O(n) decodes of a few tokens); when that does not reproduce the whole text (a decoder
-    that rewrites earlier text), every prefix is decoded instead (O(n^2), exact).
-    """
-    text = decode(tokenizer, ids)
-    spans = _windowed_spans(tokenizer, ids, text)
-    return text, spans if spans is not None else _prefix_spans(tokenizer, ids)
-
-
-def _windowed_spans(tokenizer, ids: Sequence[int], text: str) -> list[Span] | None:
-    spans: list[Span] = []
-    done = 0  # characters of text assigned so far
-    pending = 0  # tokens since the last one that completed its characters
-    for k in range(len(ids)):
-        first = k - pending  # the first token of the piece that ends with token k
-        context = max(0, first - CONTEXT_TOKENS)
-        before = decode(tokenizer, ids[context:first])
-        after = decode(tokenizer, ids[context : k + 1])
-        if not after.startswith(before):
-            return None
-        piece = after[len(before) :]
-        if not text.startswith(piece, done):
-            if not piece.endswith("\ufffd"):
-                return None
-            spans.append((done, done))  # inside a multi-byte character: nothing added yet
-            pending += 1
-            continue
-        # the pending tokens add nothing; this one adds the whole completed piece
-        spans.append((done, done + len(piece)))
-        done += len(piece)
-        pending = 0
-    return spans if done == len(text) else None
+def char_starts(offsets: Sequence[tuple[int, int]], text: str) -> np.ndarray:
+    """[n + 1] int64: the byte of `text` where each token starts, from a tokenizer's character
+    offsets (into the text before its normalization), INSIDE for a token that starts at the
+    same character as the one before it (the rest of a character split over several tokens),
+    then the text's byte length."""
+    points = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+    widths = 1 + (points >= 0x80) + (points >= 0x800) + (points >= 0x10000)
+    char_bytes = running_starts(widths)
+    firsts = np.asarray([start for start, _ in offsets], dtype=np.int64)
+    starts = np.empty(len(firsts) + 1, dtype=np.int64)
+    starts[-1] = char_bytes[-1]
+    starts[:-1] = char_bytes[firsts]
+    repeated = np.zeros(len(firsts), dtype=bool)
+    repeated[1:] = firsts[1:] == firsts[:-1]
+    starts[:-1][repeated] = INSIDE
+    return starts
 
 
-def _prefix_spans(tokenizer, ids: Sequence[int]) -> list[Span]:
-    spans, done = [], 0
-    for k in range(len(ids)):
-        prefix = decode(tokenizer, ids[: k + 1])
-        end = done if prefix.endswith("\ufffd") else len(prefix)
-        spans.append((done, max(done, end)))
-        done = max(done, end)
-    return spans
+def sources(student: np.ndarray, teacher: np.ndarray) -> np.ndarray:
+    """[n_s] int64: for each student token (its start in `student`, [n_s + 1] with the end),
+    the index of the teacher token that starts at the same byte, or -1. `teacher` is [n_t + 1]
+    (starts then the end); INSIDE starts and teacher tokens of no bytes never match (the next
+    one starting there does), nor do student tokens of no bytes."""
+    firsts = teacher[:-1]
+    real = (firsts != INSIDE) & (filled_ends(teacher) > firsts)
+    keys, index = firsts[real], np.flatnonzero(real)
+    out = np.full(len(student) - 1, -1, dtype=np.int64)
+    if len(keys) == 0:
+        return out
+    at = np.searchsorted(keys, student[:-1]).clip(max=len(keys) - 1)
+    found = (keys[at] == student[:-1]) & (student[1:] > student[:-1])
+    out[found] = index[at[found]]
+    return out
 
 
-def align_groups(student: Sequence[Span], teacher: Sequence[Span]) -> list[tuple[range, range]]:
-    """Groups of (student token indices, teacher token indices) covering the same characters,
-    cut wherever both tokenizations have a boundary at the same character, in order.
-
-    Both span lists tile the same text from its start (empty spans allowed: they join the
-    group that follows them). Tokens after the last common boundary (one side longer than the
-    other) form a last group with what is left.
-    """
-    groups = []
-    s = t = s_start = t_start = 0
-    while s < len(student) and t < len(teacher):
-        s_end, t_end = student[s][1], teacher[t][1]
-        if s_end < t_end:
-            s += 1
-        elif s_end > t_end:
-            t += 1
-        else:
-            s, t = s + 1, t + 1
-            groups.append((range(s_start, s), range(t_start, t)))
-            s_start, t_start = s, t
-    if s_start < len(student) or t_start < len(teacher):
-        groups.append((range(s_start, len(student)), range(t_start, len(teacher))))
-    return groups
+def group_ids(student: np.ndarray, teacher: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """([n_s], [n_t]) int64: the group of each token, groups cut at the bytes where both sides
+    end a token (the tokens after the last common end form a last group)."""
+    t_ends = filled_ends(teacher)
+    common = np.intersect1d(student[1:], t_ends)
+    s_group = np.searchsorted(common, student[1:], side="left")
+    t_group = np.searchsorted(common, t_ends, side="left")
+    return s_group, t_group
 
 
-def teacher_starts(student: Sequence[Span], teacher: Sequence[Span]) -> list[int]:
-    """For each student token, the index of the teacher token that starts at the same character
-    (its first one, skipping empty spans), or -1 where the student token starts inside one."""
-    first_at: dict[int, int] = {}
-    for index, (start, end) in enumerate(teacher):
-        if end > start:
-            first_at.setdefault(start, index)
-    return [first_at.get(start, -1) if end > start else -1 for start, end in student]
+def filled_ends(starts: np.ndarray) -> np.ndarray:
+    """[n] each token's end: the next start, or where that is INSIDE the first real start after
+    it (the token ends inside a character, with the tokens that complete it)."""
+    ends = starts[1:]
+    big = np.where(ends == INSIDE, np.iinfo(np.int64).max, ends)
+    return np.minimum.accumulate(big[::-1])[::-1]
 
 
 def spread_over_groups(
-    groups: Sequence[tuple[range, range]], teacher_logprobs: Sequence[float], num_student: int
-) -> list[float]:
-    """Each student token's share of its group's teacher log-probability (the sum over the
-    group's teacher tokens, split evenly over its student tokens)."""
-    out = [0.0] * num_student
-    for students, teachers in groups:
-        if not students:
-            continue
-        share = sum(teacher_logprobs[t] for t in teachers) / len(students)
-        for s in students:
-            out[s] = share
-    return out
+    s_group: np.ndarray, t_group: np.ndarray, teacher_logprobs: np.ndarray
+) -> np.ndarray:
+    """[n_s] float: each student token's share of its group's teacher log-probability (the sum
+    over the group's teacher tokens, split evenly over its student tokens)."""
+    groups = int(max(s_group.max(initial=-1), t_group.max(initial=-1))) + 1
+    sums = np.bincount(t_group, weights=teacher_logprobs, minlength=groups)
+    counts = np.bincount(s_group, minlength=groups)
+    return sums[s_group] / np.maximum(counts[s_group], 1)

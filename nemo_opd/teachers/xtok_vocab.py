@@ -24,15 +24,14 @@ turn -> the student's).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
 from nemo_opd.losses.checks import EMPTY_INDEX
-from nemo_opd.teachers.xtok_align import decode
 
-ROWS_PER_CHUNK = 1024
-"""Positions mapped at a time: a merge builds [rows, k, k] pair tensors (17 MB of floats at
-k = 64)."""
+ROWS_PER_CHUNK = 16384
+"""Positions mapped at a time (bounds the temporaries: a few [rows, k] tensors)."""
 
 
 class VocabMap:
@@ -53,17 +52,24 @@ class VocabMap:
         specials: dict[int, int] | None = None,
         teacher_vocab_size: int | None = None,
     ) -> VocabMap:
-        """The map of every teacher id to the student id with the same text; `specials`
-        ({teacher id: student id}) pairs special tokens (say, the ends of turn).
-        teacher_vocab_size: the teacher model's (padded) vocabulary, when larger than its
-        tokenizer's (ids past the tokenizer's map nowhere)."""
+        """The map of every teacher id to the student token its text starts with (module
+        docstring); `specials` ({teacher id: student id}) pairs special tokens (the ends of
+        turn). teacher_vocab_size: the teacher model's (padded) vocabulary, when larger than
+        its tokenizer's (ids past the tokenizer's map nowhere)."""
+        student_bytes, teacher_bytes = token_bytes(student), token_bytes(teacher)
         by_bytes: dict[bytes, int] = {}
-        for student_id, key in token_bytes(student).items():
+        for student_id, key in student_bytes.items():
             by_bytes.setdefault(key, student_id)
         size = max(len(teacher), teacher_vocab_size or 0)
         mapping = torch.full((size,), -1, dtype=torch.int64)
-        for teacher_id, key in token_bytes(teacher).items():
-            mapping[teacher_id] = by_bytes.get(key, -1)
+        texts: dict[int, str] = {}
+        for teacher_id, key in teacher_bytes.items():
+            try:
+                texts[teacher_id] = key.decode("utf-8")
+            except UnicodeDecodeError:  # part of a character: only the same bytes can say
+                mapping[teacher_id] = by_bytes.get(key, -1)
+        for teacher_id, first in zip(texts, implied_tokens(student, texts.values()), strict=True):
+            mapping[teacher_id] = first
         for teacher_id, student_id in (specials or {}).items():
             mapping[teacher_id] = student_id
         return cls(mapping)
@@ -86,7 +92,7 @@ class VocabMap:
             its student id; teacher ids that map to the same student id merged (their
             probabilities summed); ids that map nowhere dropped (their mass left to the tail);
             sorted descending, the freed slots at the end as (-inf, EMPTY_INDEX). Computed
-            over ROWS_PER_CHUNK positions at a time (a merge compares every pair of slots).
+            over ROWS_PER_CHUNK positions at a time.
         """
         k = indices.shape[-1]
         values, ids = logprobs.reshape(-1, k).float(), indices.reshape(-1, k)
@@ -100,50 +106,208 @@ class VocabMap:
     def _map_rows(
         self, values: torch.Tensor, indices: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """map_topk of [n, k] rows."""
+        """map_topk of [n, k] rows: the slots sorted by student id, each run of one id summed
+        into its first slot (O(k log k) per row), then sorted by probability."""
         mapping = self.teacher_to_student.to(indices.device)
         ids = indices.long()
         inside = (ids >= 0) & (ids < mapping.shape[0])  # a padded vocabulary's ids map nowhere
         student = torch.where(inside, mapping[ids.clamp(0, mapping.shape[0] - 1)], -1)
-        values = values.masked_fill(student < 0, float("-inf"))
-        # Merge duplicates: for each slot, the log-sum-exp over the slots of the same student
-        # id, kept at the first of them only.
-        same = (student.unsqueeze(-1) == student.unsqueeze(-2)) & (student >= 0).unsqueeze(-1)
-        merged = torch.where(same, values.unsqueeze(-2), float("-inf")).logsumexp(dim=-1)
-        k = student.shape[-1]
-        earlier = torch.ones(k, k, dtype=torch.bool, device=student.device).tril(-1)
-        first = ~(same & earlier).any(dim=-1)
-        keep = first & (student >= 0) & (merged > float("-inf"))
-        merged = merged.masked_fill(~keep, float("-inf"))
-        ids = student.masked_fill(~keep, EMPTY_INDEX)
-        order = merged.argsort(dim=-1, descending=True, stable=True)
-        return merged.gather(-1, order), ids.gather(-1, order).to(torch.int32)
+        student = student.masked_fill(values == float("-inf"), -1)
+        unmapped = torch.iinfo(torch.int64).max  # sorts after every id
+        key, order = torch.where(student >= 0, student, unmapped).sort(dim=-1, stable=True)
+        probs = values.gather(-1, order).exp()
+        starts = torch.ones_like(key, dtype=torch.bool)
+        starts[:, 1:] = key[:, 1:] != key[:, :-1]
+        group = starts.long().cumsum(-1) - 1  # [n, k] the run of each sorted slot
+        totals = torch.zeros_like(probs).scatter_add_(-1, group, probs)
+        group_ids = torch.full_like(key, unmapped).scatter_(-1, group, key)
+        empty = group_ids == unmapped
+        # log(0) takes a slow path on CPUs: the unused slots are set to 1 first
+        merged = totals.masked_fill(empty, 1.0).log_().masked_fill_(empty, float("-inf"))
+        merged_ids = group_ids.masked_fill(empty, EMPTY_INDEX)
+        by_mass = merged.argsort(dim=-1, descending=True, stable=True)
+        return merged.gather(-1, by_mass), merged_ids.gather(-1, by_mass).to(torch.int32)
+
+
+CONTINUATIONS = ("", "0", " ", "a")
+"""What a teacher token's text is tried with, to find a student token of the same bytes that
+the student writes there (a token such as " = " exists only before a digit)."""
+
+
+def implied_tokens(student: PreTrainedTokenizerBase, texts) -> list[int]:
+    """For each text, the student token that a continuation starting with it begins with: the
+    student token of exactly its bytes where the student writes the text (alone or before
+    one of CONTINUATIONS) with that token, else the first token of the student's own encoding
+    of the text (Qwen's "1" for Llama 3's "121": Qwen writes digits one by one), else -1."""
+    texts = list(texts)
+    known = token_bytes(student)
+    spelled = set(known.values())
+    out = first_tokens(student, texts, known)
+    # done: the student wrote the text as one token, or has no token of exactly its bytes
+    whole = [
+        (f >= 0 and known[f] == t.encode()) or t.encode() not in spelled
+        for f, t in zip(out, texts, strict=True)
+    ]
+    for continuation in CONTINUATIONS[1:]:
+        open_ = [index for index, done in enumerate(whole) if not done]
+        tried = [texts[index] + continuation for index in open_]
+        for index, first in zip(open_, first_tokens(student, tried, known), strict=True):
+            if first >= 0 and known[first] == texts[index].encode():
+                out[index], whole[index] = first, True
+    return out
+
+
+def first_tokens(
+    tokenizer: PreTrainedTokenizerBase, texts: list[str], known: dict[int, bytes]
+) -> list[int]:
+    """For each text, the first token of the tokenizer's own encoding of it, or -1 where that
+    token is not a prefix of the text's bytes. A SentencePiece tokenizer reads each text after
+    a newline, as running text (else its word-initial "▁" would stand for a space the text does
+    not have). Control strings in the texts are text. One batched call into the tokenizer's
+    Rust core."""
+    context = "\n" if _vocabulary_style(tokenizer) == "sentencepiece" else ""
+    backend = tokenizer.backend_tokenizer
+    was = backend.encode_special_tokens
+    backend.encode_special_tokens = True
+    try:
+        encodings = backend.encode_batch(
+            [context + text for text in texts], add_special_tokens=False
+        )
+    finally:
+        backend.encode_special_tokens = was
+    out = []
+    for text, encoding in zip(texts, encodings, strict=True):
+        first = -1
+        for token, (start, _) in zip(encoding.ids, encoding.offsets, strict=True):
+            if start >= len(context):  # the first token of the text itself
+                prefix = known.get(token)
+                if start == len(context) and prefix and text.encode().startswith(prefix):
+                    first = token
+                break
+        out.append(first)
+    return out
 
 
 def token_bytes(tokenizer: PreTrainedTokenizerBase) -> dict[int, bytes]:
-    """{id: its bytes} for every id but the special tokens: the UTF-8 of the text it adds after
-    a plain context token where that is whole characters; a byte-level token's bytes (GPT-2's
-    byte alphabet) or a byte-fallback token's byte (`<0xHH>`) where it is part of one."""
+    """{id: its bytes} for every id but the special tokens, read from the vocabulary: GPT-2's
+    byte alphabet for a byte-level BPE, "▁" as a space and `<0xHH>` as one byte for a
+    SentencePiece vocabulary; for any other tokenizer, the UTF-8 of the text a token adds when
+    decoded after a plain context token (a token that is part of a character is then left
+    out). One pass over the vocabulary: a second or two at 150k tokens."""
+    special = special_ids(tokenizer)
+    style = _vocabulary_style(tokenizer)
+    vocab = {
+        index: piece
+        for piece, index in tokenizer.get_vocab().items()
+        if index not in special or (style == "sentencepiece" and _is_byte_piece(piece))
+    }
+    if style == "byte_level":
+        alphabet = _byte_alphabet()
+        return {
+            index: bytes(alphabet[c] for c in piece)
+            if all(c in alphabet for c in piece)
+            else piece.encode()  # an added token written as text
+            for index, piece in vocab.items()
+        }
+    if style == "sentencepiece":
+        return {index: _piece_bytes(piece) for index, piece in vocab.items()}
+    return _decoded_bytes(tokenizer, sorted(vocab))
+
+
+class ByteTable:
+    """Every id's bytes in one flat buffer, so that a sequence's byte lengths and its bytes are
+    numpy gathers rather than a Python step per token.
+
+    Args:
+        by_id: {id: bytes}; ids not in it have no bytes.
+    """
+
+    def __init__(self, by_id: dict[int, bytes]) -> None:
+        size = max(by_id, default=-1) + 1
+        self.lengths = np.zeros(size + 1, dtype=np.int64)  # the last: ids out of range
+        for index, key in by_id.items():
+            self.lengths[index] = len(key)
+        self.starts = np.zeros(size + 1, dtype=np.int64)
+        np.cumsum(self.lengths[:-1], out=self.starts[1:])
+        self.buffer = np.frombuffer(
+            b"".join(by_id.get(i, b"") for i in range(size)) or b"\0", dtype=np.uint8
+        )
+
+    def ids(self, ids) -> np.ndarray:
+        """[n] int64 row numbers of `ids` (out-of-range ids: the empty last row)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        return np.where((ids >= 0) & (ids < len(self.lengths) - 1), ids, len(self.lengths) - 1)
+
+    def byte_lengths(self, ids) -> np.ndarray:
+        """[n] int64: the bytes of each id."""
+        return self.lengths[self.ids(ids)]
+
+    def join(self, ids) -> bytes:
+        """The bytes of `ids`, one after the other."""
+        rows = self.ids(ids)
+        lengths = self.lengths[rows]
+        total = int(lengths.sum())
+        if total == 0:
+            return b""
+        ends = np.cumsum(lengths)
+        offsets = np.repeat(self.starts[rows] - (ends - lengths), lengths)
+        return self.buffer[offsets + np.arange(total)].tobytes()
+
+
+def special_ids(tokenizer: PreTrainedTokenizerBase) -> set[int]:
+    """The ids of the tokenizer's special tokens: those it names (eos, pad, ...) and every
+    added token marked special (control tokens such as <|im_start|> or [INST])."""
+    added = getattr(tokenizer, "added_tokens_decoder", {})
+    return set(tokenizer.all_special_ids) | {i for i, t in added.items() if t.special}
+
+
+def _vocabulary_style(tokenizer: PreTrainedTokenizerBase) -> str:
+    decoder = repr(getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None))
+    if "ByteLevel" in decoder:
+        return "byte_level"
+    if "▁" in decoder or "Metaspace" in decoder:
+        return "sentencepiece"
+    return "other"
+
+
+def _is_byte_piece(piece: str) -> bool:
+    return len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">")
+
+
+def _piece_bytes(piece: str) -> bytes:
+    if _is_byte_piece(piece):
+        return bytes([int(piece[3:5], 16)])
+    return piece.replace("▁", " ").encode()
+
+
+def _decoded_bytes(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> dict[int, bytes]:
     context = tokenizer.encode("a", add_special_tokens=False)[:1]
     base = decode(tokenizer, context)
-    special = set(tokenizer.all_special_ids)
-    byte_level = "ByteLevel" in repr(getattr(tokenizer.backend_tokenizer, "decoder", None))
-    alphabet = _byte_alphabet() if byte_level else {}
+    texts = tokenizer.batch_decode(
+        [[*context, i] for i in ids], skip_special_tokens=False, clean_up_tokenization_spaces=False
+    )
     keys = {}
-    for token_id in range(len(tokenizer)):
-        if token_id in special:
-            continue
-        after = decode(tokenizer, [*context, token_id])
+    for index, after in zip(ids, texts, strict=True):
         text = after[len(base) :] if after.startswith(base) else ""
         if text and "\ufffd" not in text:
-            keys[token_id] = text.encode("utf-8")
-            continue
-        piece = tokenizer.convert_ids_to_tokens(token_id)
-        if byte_level and piece and all(char in alphabet for char in piece):
-            keys[token_id] = bytes(alphabet[char] for char in piece)
-        elif piece and len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
-            keys[token_id] = bytes([int(piece[3:5], 16)])
+            keys[index] = text.encode("utf-8")
     return keys
+
+
+def is_byte_complete(tokenizer: PreTrainedTokenizerBase) -> bool:
+    """Whether the tokenizer can write any text without its unknown token: a byte-level BPE,
+    or a model with byte fallback."""
+    if _vocabulary_style(tokenizer) == "byte_level":
+        return True
+    model = getattr(getattr(tokenizer, "backend_tokenizer", None), "model", None)
+    return bool(getattr(model, "byte_fallback", False))
+
+
+def decode(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> str:
+    """The text of `ids`, special tokens included and nothing cleaned up."""
+    return tokenizer.decode(
+        list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
+    )
 
 
 def _byte_alphabet() -> dict[str, int]:

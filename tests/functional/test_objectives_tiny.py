@@ -144,7 +144,9 @@ def test_grpo_plus_opd_uses_both_teacher_outputs(runs):
         row = metrics[step]
         for key in (*PG_METRICS, "train/sampled_reverse_kl", "train/topk_forward_kl"):
             assert key in row, f"step {step} lacks {key}"
-        assert row["timing/train/teacher_topk"] > 0 and row["timing/train/teacher_logprobs"] > 0
+        # both of the teacher's outputs from one forward pass
+        assert row["timing/train/teacher_topk_logprobs"] > 0
+        assert "timing/train/teacher_topk" not in row and "timing/train/teacher_logprobs" not in row
         assert row["generation/logprob_mismatch"] < 1e-3
         # The advantage is the sum of its terms: the reward's (GRPO, centred per prompt) and the
         # OPD term, -opd_coef (1) x the sampled reverse KL (opd_discount 0).
@@ -170,7 +172,8 @@ def test_opd_rl_resumes_exactly(runs):
     assert sorted(resumed) == list(range(2, STEPS + 1))
     for step in range(1, STEPS + 1):
         assert "train/sampled_reverse_kl" in straight[step]
-        assert "timing/train/teacher_topk" not in straight[step]  # no top-k term: no top-k pass
+        assert "timing/train/teacher_logprobs" in straight[step]  # no top-k term: no top-k
+        assert "timing/train/teacher_topk" not in straight[step]
     for step in range(2, STEPS + 1):
         for key in (*PG_METRICS, "train/sampled_reverse_kl"):
             assert resumed[step][key] == pytest.approx(straight[step][key], rel=1e-4, abs=1e-6), (

@@ -44,7 +44,9 @@ from nemo_opd.distributed.vocab_parallel import vocab_parallel_logprobs, vocab_p
 from nemo_opd.losses import build_loss_mask, validate_teacher_topk
 from nemo_opd.losses.chunked_head import chunked_head_loss, chunked_scores
 from nemo_opd.losses.reduction import accumulate_metrics, metric_reduction
+from nemo_opd.losses.teacher_logits import TeacherLogits
 from nemo_opd.policy.engines.teacher_head import TeacherHead, load_teacher_head
+from nemo_opd.policy.engines.teacher_scores import score_positions
 from nemo_opd.policy.engines.training_state import (
     DTYPES,
     gather_rng_states,
@@ -249,10 +251,15 @@ class Engine(ABC):
         """Write gather_weights()'s result into a checkpoint directory (rank 0 only)."""
         write_weights(tmp, weights, self.hf_config.to_dict())
 
-    def export(self, path: str) -> None:
-        """Write the trained model for use outside the run (Hugging Face format, loadable with
-        from_pretrained); a full-weight engine's export is its checkpoint. A collective."""
-        self.save(path)
+    def export(self, path: str, dtype: str = "float32") -> None:
+        """Write the trained model for use outside the run, atomically: Hugging Face weights in
+        `dtype` (the policy's precision) and config.json, loadable with from_pretrained and
+        vLLM; no training state (that is the checkpoint's). A collective."""
+        weights = self.gather_weights()
+        if dist.get_rank() == 0:
+            with atomic_directory(path) as tmp:
+                write_weights(tmp, weights, self.hf_config.to_dict(), dtype)
+        dist.barrier()
 
     def load(self, path: str) -> None:
         """Restore weights, optimizer, scheduler, RNG and step from a checkpoint directory (the
@@ -457,23 +464,26 @@ class Engine(ABC):
         real = (positions < data["input_lengths"].unsqueeze(1)).unsqueeze(-1)
         return (values_out * real).cpu(), (indices_out * real).cpu()
 
-    @torch.no_grad()
     def get_hidden_states(self, data: TensorBatch) -> torch.Tensor:
         """The final hidden states (after the last norm: what the LM head reads) of every
         position, [B, S, H] in the engine's compute precision; positions at or beyond
         input_lengths are 0. What a teacher sends for the full-vocabulary divergence."""
-        data = data.to(self.device)
-        self.set_train_mode(False)
-        out = None
-        for mb in self._scoring_microbatches(data, ()):
-            hidden = self._cp_gather(self._forward_hidden(mb))
-            if out is None:
-                shape = (*data["input_ids"].shape, hidden.shape[-1])
-                out = torch.zeros(shape, dtype=hidden.dtype, device=self.device)
-            self._scatter(hidden, mb, out)
-        positions = torch.arange(out.shape[1], device=self.device)
-        real = (positions < data["input_lengths"].unsqueeze(1)).unsqueeze(-1)
-        return (out * real).cpu()
+        return self.score(data, hidden=True)["hidden_states"]
+
+    def score(
+        self,
+        data: TensorBatch,
+        *,
+        topk: int = 0,
+        temperature: float = 1.0,
+        logprobs: bool = False,
+        hidden: bool = False,
+    ) -> dict[str, torch.Tensor]:
+        """Any of the top-k, the next-token log-probs and the hidden states of every position
+        in one forward pass per microbatch (teacher_scores.score_positions)."""
+        return score_positions(
+            self, data, topk=topk, temperature=temperature, logprobs=logprobs, hidden=hidden
+        )
 
     def load_teacher_head(self, model_dir: str, precision: str) -> None:
         """Hold this rank's rows of the teacher's LM head (frozen, in `precision`), with which
@@ -491,7 +501,8 @@ class Engine(ABC):
 
     def _with_teacher_logits(self, fields: dict) -> dict:
         """A chunk's (or microbatch's) fields with the teacher's hidden states [..., H_T]
-        replaced by its logits [..., V_pad / tp] over this rank's columns, padding at -inf."""
+        replaced by its logits [..., V_pad / tp] over this rank's columns, padding at -inf,
+        made block of rows by block of rows as the loss reaches them (TeacherLogits)."""
         if self.teacher_head is None:
             raise RuntimeError(
                 "the loss reads the teacher's hidden states, but this engine holds no teacher "
@@ -499,7 +510,13 @@ class Engine(ABC):
             )
         fields = dict(fields)
         hidden = fields.pop(TEACHER_HIDDEN)
-        fields[TEACHER_LOGITS] = self._mask_padding(self.teacher_head.logits(hidden))
+        head = self.teacher_head
+
+        def logits(rows: torch.Tensor) -> torch.Tensor:
+            return self._mask_padding(head.logits(rows))
+
+        local = head.weight.shape[0]
+        fields[TEACHER_LOGITS] = TeacherLogits.from_hidden(hidden, logits, local)
         return fields
 
     # ---------------------------------------------------------------- microbatching

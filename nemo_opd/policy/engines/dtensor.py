@@ -288,17 +288,17 @@ class DTensorEngine(Engine):
         else:
             super().write_weights(tmp, weights)
 
-    def export(self, path: str) -> None:
-        """A LoRA student: the merged Hugging Face model in `path` and its peft adapter in
-        `path`/adapter (PeftModel.from_pretrained(base, path/adapter)), written atomically; a
-        full-weight student: its checkpoint."""
+    def export(self, path: str, dtype: str = "float32") -> None:
+        """A LoRA student: the merged Hugging Face model in `dtype` in `path` and its peft
+        adapter in `path`/adapter (PeftModel.from_pretrained(base, path/adapter)), written
+        atomically; a full-weight student: the base engine's export."""
         if not self.lora:
-            return super().export(path)
+            return super().export(path, dtype)
         merged = self.gather_merged_weights()
         adapters = self.gather_weights()
         if dist.get_rank() == 0:
             with atomic_directory(path) as tmp:
-                write_weights(tmp, merged, self.hf_config.to_dict())
+                write_weights(tmp, merged, self.hf_config.to_dict(), dtype)
                 save_adapter(tmp / ADAPTER_DIR, adapters, self.lora, str(self.model_dir))
         dist.barrier()
 

@@ -43,14 +43,22 @@ def gather_rng_states() -> list[dict]:
     return states
 
 
-def write_weights(tmp: Path, weights: dict[str, torch.Tensor], hf_config: dict) -> None:
-    """model.safetensors and config.json (dtype float32) of a full-weight checkpoint or export."""
-    weights = {name: tensor.contiguous() for name, tensor in weights.items()}
+def write_weights(
+    tmp: Path, weights: dict[str, torch.Tensor], hf_config: dict, dtype: str = "float32"
+) -> None:
+    """model.safetensors and config.json of a full-weight checkpoint (float32, the master
+    weights) or export (the policy's precision: its floating-point tensors cast to `dtype`,
+    and config.json's dtype saying so)."""
+    weights = {name: _cast(tensor, DTYPES[dtype]).contiguous() for name, tensor in weights.items()}
     save_file(weights, tmp / WEIGHTS_FILE, metadata={"format": "pt"})
     config = dict(hf_config)
     config.pop("_attn_implementation_autoset", None)
-    config["torch_dtype"] = config["dtype"] = "float32"
+    config["torch_dtype"] = config["dtype"] = dtype
     (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+
+
+def _cast(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return tensor.to(dtype) if tensor.is_floating_point() else tensor
 
 
 def write_training_state(

@@ -57,7 +57,7 @@ def test_a_teacher_tokenizer_its_model_cannot_read(assets, tmp_path, capsys):
     other.save_pretrained(tmp_path / "other")
     assert run(assets, tmp_path, f"teacher.tokenizer.name={tmp_path / 'other'}") == 2
     captured = capsys.readouterr()
-    assert "its tokenizer differs from the student's" in captured.out
+    assert "its vocabulary differs from the student's" in captured.out
     assert "does not fit the vocabulary of teacher.model_name" in captured.err
 
 

@@ -31,5 +31,5 @@ def test_another_vocabulary_names_a_differing_token():
     records = build_tiny_math_splits(TinyMathConfig(num_train=300, num_validation=5, seed=9))
     other = build_tiny_tokenizer(records["train"], 300, 2, 128)
     difference = tokenizer_difference(_tiny(), other)
-    assert difference.startswith("its tokenizer differs from the student's")
+    assert difference.startswith("its vocabulary differs from the student's")
     assert "student id" in difference and "teacher id" in difference

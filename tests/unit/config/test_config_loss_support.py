@@ -22,7 +22,7 @@ def test_the_full_vocabulary_recipe_is_the_100_step_recipe_over_every_id():
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["objective.loss=policy_gradient", "objective.opd_coef=1.0"], "objective.loss=policy"),
+        (["objective.loss=policy_gradient", "objective.opd_coef=1.0"], "topk_kl_coef > 0"),
         (["objective.loss=sft", "~teacher"], "objective.loss=sft"),
         (["teacher.server.enabled=true"], "served teacher"),
     ],
@@ -39,3 +39,12 @@ def test_hidden_state_supports_refuse_what_cannot_send_or_use_them(overrides, me
 def test_an_unknown_support_names_the_choices():
     with pytest.raises(ConfigError, match="student_topk"):
         load_config(CONFIGS / "distillation_tiny_100.yaml", ["loss_fn.support=everything"])
+
+
+def test_the_policy_gradient_divergence_term_may_run_over_every_id():
+    """OPD as RL with the divergence term (topk_kl_coef > 0) over the full vocabulary: the
+    teacher then sends hidden states and sampled-token log-probs from one forward pass."""
+    cfg = load_config(
+        CONFIGS / "opd_rl_tiny.yaml", ["objective.topk_kl_coef=0.1", "loss_fn.support=full"]
+    )
+    assert cfg.objective.uses_topk and cfg.objective.uses_sampled_teacher

@@ -7,6 +7,7 @@ from pydantic import BaseModel
 from nemo_opd.config import DistillationConfig
 from nemo_opd.config.key_paths import section_model
 from nemo_opd.config.reference import main, render_reference
+from nemo_opd.config.schema import PolicyConfig, TeacherConfig
 
 REPO = Path(__file__).resolve().parents[3]
 DOC = REPO / "docs" / "config.md"
@@ -33,22 +34,58 @@ def test_every_field_and_section_is_documented():
             assert field.description, f"{model.__name__}.{name} has no docstring"
 
 
+def _leaves(model, prefix=""):
+    for name, field in model.model_fields.items():
+        sub = section_model(field.annotation)
+        if sub is None:
+            yield f"{prefix}{name}"
+        else:
+            yield from _leaves(sub, f"{prefix}{name}.")
+
+
+def _row_of(text: str, path: str) -> str:
+    """The reference's table row for `path` (AssertionError when there is none)."""
+    rows = [line for line in text.splitlines() if line.startswith(f"| `{path}` |")]
+    assert len(rows) == 1, f"{path}: {len(rows)} rows in the reference"
+    return rows[0]
+
+
 def test_every_leaf_key_appears_in_the_reference():
+    """Every key of a run has its row: a teacher's own keys (server, prompt_template) under
+    teacher, the keys it shares with the policy under policy; `teachers` entries take the
+    teacher's keys, so each of those has a row too."""
     text = render_reference()
-
-    def leaves(model, prefix):
-        for name, field in model.model_fields.items():
-            sub = section_model(field.annotation)
-            if sub is None:
-                yield f"{prefix}{name}"
-            else:
-                yield from leaves(sub, f"{prefix}{name}.")
-
-    for path in leaves(DistillationConfig, ""):
+    policy_keys = set(_leaves(PolicyConfig))
+    for path in _leaves(DistillationConfig):
         if path == "teachers":  # a mapping of teacher sections: a note, like teacher's
             assert "### teachers" in text and "`teachers.<name>.model_name`" in text
-        elif not path.startswith("teacher.") or path.startswith("teacher.server."):
-            assert f"| `{path}` |" in text, path
+        elif path.startswith("teacher."):
+            key = path.removeprefix("teacher.")
+            _row_of(text, f"policy.{key}" if key in policy_keys else path)
+        else:
+            _row_of(text, path)
+    for key in _leaves(TeacherConfig):  # what a `teachers.<name>` entry takes
+        _row_of(text, f"policy.{key}" if key in policy_keys else f"teacher.{key}")
+
+
+def test_teacher_only_keys_are_listed_under_teacher():
+    """teacher.prompt_template (and every key the teacher has beyond the policy's) is in the
+    teacher's section, not left to the note that sends readers to the policy's tables."""
+    text = render_reference()
+    section = text.split("### teacher\n", 1)[1].split("\n### ", 1)[0]
+    own = set(_leaves(TeacherConfig)) - set(_leaves(PolicyConfig))
+    assert "prompt_template" in own and "server.base_url" in own
+    for key in own:
+        assert f"| `teacher.{key}` |" in section, key
+
+
+def test_teachers_note_says_what_an_entry_refuses():
+    """The reference and the check agree on `teachers` entries: a served teacher and a
+    prompt_template are refused there, and the note says so (no "every key of teacher")."""
+    section = render_reference().split("### teachers\n", 1)[1].split("\n### ", 1)[0]
+    assert "every key" not in section
+    assert "`server.enabled`" in section and "`prompt_template`" in section
+    assert "refused" in section
 
 
 def test_check_mode(tmp_path, capsys):

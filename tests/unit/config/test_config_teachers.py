@@ -109,3 +109,12 @@ def test_an_unused_routed_teacher_is_refused(minimal):
     data = routed(minimal, math={})
     data["objective"] = {"loss": "policy_gradient", "reward_estimator": "grpo"}
     assert "teachers is configured but no objective term uses it" in error_of(data)
+
+
+def test_chat_template_kwargs_are_scalars(minimal):
+    minimal["policy"]["tokenizer"]["chat_template_kwargs"] = {"enable_thinking": False}
+    cfg = validate_config(minimal)
+    assert cfg.policy.tokenizer.chat_template_kwargs == {"enable_thinking": False}
+    minimal["policy"]["tokenizer"]["chat_template_kwargs"] = {"tools": [{"name": "x"}]}
+    with pytest.raises(ConfigError, match="chat_template_kwargs"):
+        validate_config(minimal)

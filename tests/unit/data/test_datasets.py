@@ -273,6 +273,35 @@ def test_numbers_become_text(tmp_path):
     assert records == [{"prompt": "12", "answer": "42"}, {"prompt": "p", "answer": "0.5"}]
 
 
+def test_a_prompt_column_of_chat_messages(tmp_path):
+    """A prompt column holding chat messages: the opening as written (its system message, its
+    user turns), rendered by the chat template; the last user message is the prompt's text."""
+    from transformers import AutoTokenizer
+
+    from nemo_opd.algorithms.prompts import encode_prompts
+    from nemo_opd.data.chat import ChatFormatter
+    from nemo_opd.tiny import resolve_pretrained
+
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2 + 2?"}]
+    rows = [{"messages": chat, "answer": 4}, {"messages": "3 + 3?", "answer": 6}]
+    cfg = DataConfig(train_path=_jsonl(tmp_path / "t.jsonl", rows), prompt_key="messages")
+    records = load_prompt_records(cfg, "train")
+    assert records[0] == {"prompt": "2 + 2?", "answer": "4", "messages": chat}
+    assert records[1] == {"prompt": "3 + 3?", "answer": "6"}
+    tokenizer = AutoTokenizer.from_pretrained(resolve_pretrained("tiny:tokenizer"))
+    formatter = ChatFormatter(tokenizer, system_prompt="Ignored: the row has its own.")
+    samples = encode_prompts(records, formatter, 256, "train").samples
+    text = tokenizer.decode([i for m in samples[0]["message_log"] for i in m["token_ids"]])
+    expected = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    assert text == expected
+    assert [m["role"] for m in samples[0]["message_log"]] == ["system", "user"]
+    for bad in ([{"role": "assistant", "content": "4"}], [], [{"role": "user", "content": 4}]):
+        rows = [{"messages": [*chat, *bad] if bad else bad, "answer": 1}]
+        cfg = DataConfig(train_path=_jsonl(tmp_path / "b.jsonl", rows), prompt_key="messages")
+        with pytest.raises(SetupError, match="chat-format prompt"):
+            load_prompt_records(cfg, "train")
+
+
 def _saved_rows(prefix: str, count: int) -> list[dict]:
     return [{"problem": f"{prefix} {i}", "answer": i} for i in range(count)]
 

@@ -9,10 +9,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from topk_kl_testing import run_reference
 
-from nemo_opd.losses import TopkKLParams, topk_kl_weighted_sum
+from nemo_opd.losses import PolicyGradientLossFn, TopkKLParams, topk_kl_weighted_sum
 from nemo_opd.losses.divergence import EPS
 from nemo_opd.losses.full_vocab import BLOCK_ELEMENTS, full_vocab_kl_weighted_sum
 from nemo_opd.losses.full_vocab_loss import FullVocabDistillationLossFn
+from nemo_opd.losses.teacher_logits import TeacherLogits
 
 KL_TYPES = ("forward", "reverse", "mixed", "jsd")
 
@@ -237,3 +238,48 @@ def test_loss_fn_refuses_what_it_cannot_do():
         FullVocabDistillationLossFn(support="teacher_topk")
     with pytest.raises(ValueError, match="needs k"):
         FullVocabDistillationLossFn(support="student_topk")
+
+
+def test_policy_gradient_loss_adds_the_full_vocabulary_term():
+    """OPD as RL with the divergence term over every id: the policy-gradient loss plus
+    topk_kl_coef x the full-vocabulary loss, its metrics under the term's prefix."""
+    student, teacher, _ = case(n=8, vocab=97, seed=8)
+    gen = torch.Generator().manual_seed(9)
+    mask = torch.ones(2, 4)
+    data = {
+        "teacher_logits": teacher.view(2, 4, 97),
+        "loss_mask": mask,
+        "targets": torch.randint(0, 97, (2, 4), generator=gen),
+        "old_logprobs": -torch.rand(2, 4, generator=gen),
+        "advantages": torch.randn(2, 4, generator=gen),
+    }
+    full = FullVocabDistillationLossFn(params=TopkKLParams(kl_type="reverse"), support="full")
+    plain = PolicyGradientLossFn(sampler_correction=False, is_cap=None)
+    hybrid = PolicyGradientLossFn(
+        sampler_correction=False, is_cap=None, topk_kl=full, topk_kl_coef=0.5
+    )
+    assert "teacher_hidden" in hybrid.input_fields  # the engine turns it into teacher_logits
+    logits = student.view(2, 4, 97)
+    loss, metrics = hybrid(logits, data, 8)
+    pg_loss, _ = plain(logits, data, 8)
+    full_loss, full_metrics = full(logits, data, 8)
+    torch.testing.assert_close(loss, pg_loss + 0.5 * full_loss)
+    torch.testing.assert_close(metrics["topk_forward_kl"], full_metrics["forward_kl"])
+
+
+def test_teacher_logits_made_block_by_block_from_hidden_states():
+    """TeacherLogits.from_hidden (what the engine hands the loss) gives the tensor's answer,
+    for both supports, over several row blocks."""
+    gen = torch.Generator().manual_seed(10)
+    vocab, hidden_size = BLOCK_ELEMENTS // 4 + 3, 8  # 4 rows per block: 9 rows, 3 blocks
+    hidden = torch.randn(1, 9, hidden_size, generator=gen)
+    head = torch.randn(vocab, hidden_size, generator=gen)
+    student = torch.randn(1, 9, vocab, generator=gen)
+    mask = torch.ones(1, 9)
+    for support in ("full", "student_topk"):
+        loss_fn = FullVocabDistillationLossFn(support=support, k=3, implementation="torch")
+        lazy = TeacherLogits.from_hidden(hidden, lambda rows: rows @ head.t(), vocab)
+        eager = hidden @ head.t()
+        got = loss_fn(student, {"teacher_logits": lazy, "loss_mask": mask}, 9)
+        want = loss_fn(student, {"teacher_logits": eager, "loss_mask": mask}, 9)
+        torch.testing.assert_close(got, want, msg=support)

@@ -57,11 +57,16 @@ def teacher_logits(teacher_dir: str, batch: dict) -> torch.Tensor:
 
 @pytest.mark.parametrize("layout", list(TEACHER_LAYOUTS))
 def test_teacher_hidden_states_match_the_reference(layout, model_dirs, ray_session):
+    """get_hidden_states against the HF reference; score's one forward pass gives what the
+    separate calls give (top-k, next-token log-probs, hidden states)."""
     cfg = policy_config(model_dirs["untied"], **TEACHER_LAYOUTS[layout])
     batch = make_batch(6, teacher=False, seed=4)
     teacher = Policy(cfg, cpu_cluster(2), optimizer=False, name=f"teacher_{layout}")
     try:
         hidden = teacher.get_hidden_states(batch)
+        values, indices = teacher.get_topk_logits(batch, 4, temperature=0.7)
+        logprobs = teacher.get_logprobs(batch, temperature=0.7)
+        once = teacher.score(batch, topk=4, temperature=0.7, logprobs=True, hidden=True)
     finally:
         teacher.shutdown()
     want = teacher_hidden(model_dirs["untied"], batch)
@@ -69,6 +74,11 @@ def test_teacher_hidden_states_match_the_reference(layout, model_dirs, ray_sessi
     assert hidden.shape == want.shape
     assert (hidden[valid] - want[valid]).abs().max() < HIDDEN_ATOL
     assert hidden[~valid].eq(0).all()
+    close = torch.testing.assert_close
+    close(once["hidden_states"], hidden, rtol=0, atol=1e-6)
+    close(once["topk_logprobs"], values, rtol=0, atol=1e-6)
+    assert once["topk_indices"].dtype == torch.int32 and once["topk_indices"].eq(indices).all()
+    close(once["logprobs"], logprobs, rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("support", ["full", "student_topk"])

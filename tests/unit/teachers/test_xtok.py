@@ -1,5 +1,5 @@
-"""Two tokenizations of one text: token spans from ids, aligned groups, the teacher token at each
-student token's start, and the teacher's top-k moved onto the student's vocabulary.
+"""Two tokenizations of one text placed by byte offsets: the teacher token at each student
+token's start, aligned groups, and the teacher's top-k moved onto the student's vocabulary.
 
 Three real tokenizers: the tiny task's (byte-level BPE with merges), a byte-level one without
 merges (one id per byte, so a multi-byte character spans several ids), and a SentencePiece-style
@@ -8,6 +8,7 @@ BPE (Metaspace: a word's leading space is part of its first token, "▁word").
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -15,10 +16,12 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from nemo_opd.teachers import xtok_vocab
 from nemo_opd.teachers.xtok_align import (
-    align_groups,
+    INSIDE,
+    char_starts,
+    group_ids,
+    running_starts,
+    sources,
     spread_over_groups,
-    teacher_starts,
-    token_spans,
 )
 from nemo_opd.teachers.xtok_vocab import EMPTY_INDEX, VocabMap
 from nemo_opd.tiny import resolve_pretrained
@@ -56,86 +59,54 @@ def tokenizers():
     return {"tiny": tiny, "bytes": _byte_level(), "metaspace": _metaspace()}
 
 
-def _offset_spans(tokenizer, text):
-    """The tokenizer's own tokenization of `text`, as (ids, character spans)."""
-    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    return encoded["input_ids"], [tuple(span) for span in encoded["offset_mapping"]]
+def _starts(pieces: list[bytes]) -> np.ndarray:
+    return running_starts([len(p) for p in pieces])
 
 
-@pytest.mark.parametrize("name", ["tiny", "bytes", "metaspace"])
-@pytest.mark.parametrize("text", TEXTS)
-def test_spans_tile_the_decoded_text(tokenizers, name, text):
-    tokenizer = tokenizers[name]
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    decoded, spans = token_spans(tokenizer, ids)
-    assert "".join(decoded[a:b] for a, b in spans) == decoded
-    assert all(a <= b for a, b in spans) and spans[0][0] == 0 and spans[-1][1] == len(decoded)
-    assert all(spans[i][1] == spans[i + 1][0] for i in range(len(spans) - 1))
-    for k in range(len(ids)):  # each span is what the token adds to the decoded prefix
-        prefix = tokenizer.decode(ids[: k + 1], clean_up_tokenization_spaces=False)
-        if not prefix.endswith("\ufffd"):
-            assert decoded[: spans[k][1]] == prefix
+def test_a_student_token_is_graded_where_a_teacher_token_starts_at_its_byte():
+    # student "ab" "c" | teacher "a" "bc": one group; only the first student token is graded
+    student, teacher = _starts([b"ab", b"c"]), _starts([b"a", b"bc"])
+    assert sources(student, teacher).tolist() == [0, -1]
+    s_group, t_group = group_ids(student, teacher)
+    assert s_group.tolist() == [0, 0] and t_group.tolist() == [0, 0]
+    assert spread_over_groups(s_group, t_group, np.array([-1.0, -3.0])).tolist() == [-2.0, -2.0]
 
 
-def test_spans_of_ids_the_tokenizer_would_not_choose(tokenizers):
-    tiny = tokenizers["tiny"]
-    text = "What is 12 + 7?"
-    # character by character where each character is one token of the vocabulary
-    ids = [i for char in text for i in tiny.encode(char, add_special_tokens=False)]
-    assert ids != tiny.encode(text, add_special_tokens=False)
-    decoded, spans = token_spans(tiny, ids)
-    assert decoded == text
-    assert [decoded[a:b] for a, b in spans] == [tiny.decode([i]) for i in ids]
+def test_one_tokenization_aligns_one_to_one():
+    pieces = [b"What", b" is", b" 12", b" +", b" 7", b"?"]
+    starts = _starts(pieces)
+    assert sources(starts, starts).tolist() == list(range(len(pieces)))
+    s_group, t_group = group_ids(starts, starts)
+    logprobs = np.array([-0.5 * (i + 1) for i in range(len(pieces))])
+    assert spread_over_groups(s_group, t_group, logprobs).tolist() == logprobs.tolist()
 
 
-def test_a_multi_byte_character_goes_to_the_token_that_completes_it(tokenizers):
-    ids = tokenizers["bytes"].encode("a🙂b", add_special_tokens=False)
-    assert len(ids) == 6  # a, four bytes, b
-    _, spans = token_spans(tokenizers["bytes"], ids)
-    assert spans == [(0, 1), (1, 1), (1, 1), (1, 1), (1, 2), (2, 3)]
+def test_the_same_split_of_a_character_is_graded_inside_it():
+    # "a ≈": student " \xe2" "\x89\x88", teacher the same bytes: both graded at their bytes
+    emoji = "≈".encode()
+    student = _starts([b"a", b" " + emoji[:1], emoji[1:]])
+    teacher = _starts([b"a", b" " + emoji[:1], emoji[1:]])
+    assert sources(student, teacher).tolist() == [0, 1, 2]
+    # a teacher that keeps the character whole: the student's second piece starts inside it
+    teacher = _starts([b"a", b" ", emoji])
+    assert sources(student, teacher).tolist() == [0, 1, -1]
 
 
-@pytest.mark.parametrize("pair", [("tiny", "bytes"), ("metaspace", "tiny"), ("bytes", "metaspace")])
-@pytest.mark.parametrize("text", TEXTS)
-def test_groups_cover_the_same_characters(tokenizers, pair, text):
-    student, teacher = (tokenizers[name] for name in pair)
-    s_ids = student.encode(text, add_special_tokens=False)
-    decoded, s_spans = token_spans(student, s_ids)
-    t_ids, t_spans = _offset_spans(teacher, decoded)
-    _, t_spans = token_spans(teacher, t_ids)  # the same characters, read from the ids
-    groups = align_groups(s_spans, t_spans)
-    assert [i for g in groups for i in g[0]] == list(range(len(s_ids)))
-    assert [i for g in groups for i in g[1]] == list(range(len(t_ids)))
-    for students, teachers in groups:
-        s_text = "".join(decoded[a:b] for a, b in (s_spans[i] for i in students))
-        t_text = "".join(decoded[a:b] for a, b in (t_spans[i] for i in teachers))
-        assert s_text == t_text
-    starts = teacher_starts(s_spans, t_spans)
-    for index, start in enumerate(starts):
-        if start >= 0:
-            assert t_spans[start][0] == s_spans[index][0] and t_spans[start][1] > t_spans[start][0]
-        elif s_spans[index][1] > s_spans[index][0]:
-            # no teacher token starts there: the student token starts inside one
-            assert any(a < s_spans[index][0] < b for a, b in t_spans)
+def test_tokens_of_no_bytes_are_never_graded():
+    student = _starts([b"", b"ab"])
+    teacher = _starts([b"ab"])
+    assert sources(student, teacher).tolist() == [-1, 0]
 
 
-def test_one_tokenizer_aligns_one_to_one(tokenizers):
-    tiny = tokenizers["tiny"]
-    ids = tiny.encode(TEXTS[0], add_special_tokens=False)
-    _, spans = token_spans(tiny, ids)
-    groups = align_groups(spans, spans)
-    assert groups == [(range(i, i + 1), range(i, i + 1)) for i in range(len(ids))]
-    assert teacher_starts(spans, spans) == list(range(len(ids)))
-    logprobs = [-0.5 * (i + 1) for i in range(len(ids))]
-    assert spread_over_groups(groups, logprobs, len(ids)) == logprobs
-
-
-def test_a_groups_teacher_logprob_is_shared_evenly():
-    # student "ab" "c" | teacher "a" "bc": one group of 2 student and 2 teacher tokens
-    groups = align_groups([(0, 2), (2, 3)], [(0, 1), (1, 3)])
-    assert groups == [(range(0, 2), range(0, 2))]
-    assert spread_over_groups(groups, [-1.0, -3.0], 2) == [-2.0, -2.0]
-    assert teacher_starts([(0, 2), (2, 3)], [(0, 1), (1, 3)]) == [0, -1]
+def test_a_normalizing_teacher_is_placed_by_its_offsets_at_whole_characters():
+    # "cafe\u0301!" read as NFC "café!": tokens "caf" (0, 3), "é" (3, 4: the mark at 4 not
+    # covered), "!" (5, 6); a split character's second token starts INSIDE
+    text = "cafe\u0301!"
+    starts = char_starts([(0, 3), (3, 4), (5, 6)], text)
+    assert starts.tolist() == [0, 3, 6, 7]
+    assert char_starts([(0, 1), (0, 1)], "é").tolist() == [0, INSIDE, 2]
+    student = _starts([b"caf", b"e", "\u0301".encode(), b"!"])
+    assert sources(student, starts).tolist() == [0, 1, -1, 2]
 
 
 def test_identical_tokenizers_map_top_k_unchanged(tokenizers):

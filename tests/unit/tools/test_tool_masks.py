@@ -198,14 +198,38 @@ def test_a_teacher_with_another_tokenizer_grades_only_the_students_tokens(
         [{"role": "tool", "content": "408"}] * 2, tools=calculator_schemas(), tokenize=False
     )
     assert results.split("calculator")[-1].lstrip("\n").rstrip() in text
-    # Its top-k, wherever it puts it, reaches the student only at the student's tokens.
+    # Its top-k, wherever it puts it, reaches the student only at the student's tokens. Slot 0
+    # holds the teacher's own next token, so every graded position's log-prob is known; the
+    # other slots hold other ids (a top-k's ids are distinct).
     teacher_values = torch.randn(*rows.batch["input_ids"].shape, K).log_softmax(-1)
-    teacher_ids = torch.randint(0, len(teacher), teacher_values.shape)
-    values, ids = rows.topk_to_student(teacher_values, teacher_ids, width, rendering.vocab_map())
+    others = torch.rand(*teacher_values.shape[:2], len(teacher) - 1).argsort(-1)[..., : K - 1]
+    offsets = torch.nn.functional.pad(others + 1, (1, 0))
+    next_ids = rows.batch["input_ids"].roll(-1, dims=1).unsqueeze(-1)
+    teacher_ids = (next_ids + offsets) % len(teacher)
+    vocab = rendering.vocab_map()
+    values, ids = rows.topk_to_student(teacher_values, teacher_ids, width, vocab)
     assert torch.isinf(values[~expected]).all() and (ids[~expected] == -1).all()
-    positions = graded = source >= 0
-    assert torch.isfinite(values[positions]).any(-1).all()
-    assert graded.sum() > 0
+    assert torch.isfinite(values[source >= 0]).any(-1).all()
+    # A student token over several teacher tokens (docs/cross_tokenizer.md): one slot, its
+    # sampled id with the sum of the teacher's log-probs of the tokens it spans; the rest of
+    # the graded positions hold the teacher's top-k where it stands, in the student's ids.
+    chain_rows, chain_positions, firsts, counts, sampled = rows.chains(width)
+    chained = torch.zeros_like(expected)
+    chained[chain_rows, chain_positions] = True
+    assert chained.any() == (teacher_kind == "another tokenizer")
+    assert torch.equal(ids[chain_rows, chain_positions, 0].long(), sampled)
+    assert torch.equal(batch["input_ids"][chain_rows, chain_positions + 1], sampled)
+    assert (ids[chain_rows, chain_positions, 1:] == -1).all()
+    spans = [
+        teacher_values[row, first : first + count, 0].double().sum().item()
+        for row, first, count in zip(chain_rows, firsts, counts, strict=True)
+    ]
+    torch.testing.assert_close(values[chain_rows, chain_positions, 0], torch.tensor(spans).float())
+    whole = (source >= 0) & ~chained
+    teacher_rows = whole.nonzero(as_tuple=True)[0]
+    at = source[whole]
+    mapped = vocab.map_topk(teacher_values[teacher_rows, at], teacher_ids[teacher_rows, at])
+    assert torch.equal(values[whole], mapped[0]) and torch.equal(ids[whole], mapped[1])
 
 
 def test_a_tool_rollout_saved_with_a_checkpoint_reads_back_exactly(

@@ -1,0 +1,9 @@
+"""Converting other frameworks' configs into nemo_opd's.
+
+    python -m nemo_opd.convert nemo-rl CONFIG.yaml -o OUT.yaml
+
+Modules: nemo_rl.py (a NeMo-RL distillation config -> a nemo_opd config, key by key, from the
+key map nemo_opd.config.nemo_rl_keys), nemo_rl_sections.py (the sections that change shape:
+optimizer, scheduler, data, validation, checkpoint ranking), report.py (the printed table),
+__main__.py (the command line). docs/nemo_rl.md is the user's page.
+"""

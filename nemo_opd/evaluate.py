@@ -1,0 +1,120 @@
+"""python -m nemo_opd.evaluate --config FILE --checkpoint DIR [--samples K] [--temperature T]
+[--output-dir OUT] [overrides...]
+
+Evaluates a checkpoint (step_N, its policy folder, or a checkpoint directory: its newest step)
+or an exported model (final_model, python -m nemo_opd.export's output) on the run's validation
+set, without training (nemo_opd.algorithms.evaluation): greedy accuracy, avg@k and pass@k of
+K sampled responses per prompt at temperature T (default: the config's
+distillation.val_samples_per_prompt, or 1, and distillation.val_temperature), the average
+length, and the teacher's top-k divergences when a teacher is configured. Writes into OUT
+(default <logger.log_dir>/evaluation/<checkpoint name>):
+    graded.jsonl    every graded response: prompt, response, answer, reward, mode (greedy or
+                    sampled), sample (0..K-1), truncated, messages
+    metrics.json    the metrics (also printed, and logged to metrics.jsonl)
+
+Exit status: 0 when the evaluation ran; 2 for a bad config, override, folder or setup input; 1
+for a fault that stopped it (a worker that died).
+"""
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from nemo_opd.config import ConfigError, load_config
+from nemo_opd.config.secrets import redact_text
+from nemo_opd.errors import RunError, SetupError
+
+EXIT_BAD_INPUT = 2
+EXIT_RUN_FAILED = 1
+GRADED_FILE = "graded.jsonl"
+METRICS_FILE = "metrics.json"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m nemo_opd.evaluate",
+        description="Evaluate a checkpoint or an exported model on the validation set.",
+    )
+    parser.add_argument("--config", required=True, metavar="FILE", help="the run's YAML config")
+    parser.add_argument(
+        "--checkpoint",
+        required=True,
+        metavar="DIR",
+        help="a checkpoint (step_N), a checkpoint directory (its newest), or an exported model",
+    )
+    parser.add_argument(
+        "--samples", type=int, metavar="K", help="sampled responses per prompt (avg@K, pass@K)"
+    )
+    parser.add_argument("--temperature", type=float, metavar="T", help="their temperature")
+    parser.add_argument("--output-dir", metavar="OUT", help="where graded.jsonl goes")
+    parser.add_argument(
+        "overrides", nargs="*", help="overrides, e.g. distillation.max_val_samples=64"
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_intermixed_args(argv)
+    try:
+        cfg, out_dir = _evaluation_config(args)
+        metrics, graded = _evaluate(cfg)
+    except (ConfigError, SetupError) as error:
+        print(f"error: {redact_text(str(error))}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except RunError as error:
+        print(f"error: {redact_text(str(error))}", file=sys.stderr)
+        return EXIT_RUN_FAILED
+    _write(out_dir, metrics, graded)
+    _print(metrics, out_dir, len(graded))
+    return 0
+
+
+def _evaluation_config(args: argparse.Namespace):
+    """The run's config turned into the evaluation's, and the output folder."""
+    from nemo_opd.algorithms.evaluation import evaluation_config, model_folder
+
+    cfg = load_config(args.config, args.overrides)
+    if args.samples is not None and not 1 <= args.samples <= 1024:
+        raise ConfigError(f"--samples {args.samples}: must be from 1 to 1024")
+    if args.temperature is not None and not 0 < args.temperature <= 100:
+        raise ConfigError(f"--temperature {args.temperature}: must be above 0 and at most 100")
+    weights = model_folder(Path(args.checkpoint))
+    name = Path(args.checkpoint).resolve().name
+    out_dir = Path(args.output_dir or Path(cfg.logger.log_dir) / "evaluation" / name)
+    samples = args.samples or cfg.distillation.val_samples_per_prompt or 1
+    temperature = args.temperature or cfg.distillation.val_temperature
+    print(f"evaluating {weights}: greedy and {samples} sample(s) per prompt at T={temperature}")
+    return evaluation_config(cfg, weights, out_dir, samples, temperature), out_dir
+
+
+def _evaluate(cfg) -> tuple[dict, list[dict]]:
+    """evaluate_model inside a Ray session (started here unless one is connected)."""
+    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")  # see nemo_opd.cli
+    from nemo_opd.algorithms.evaluation import evaluate_model
+    from nemo_opd.distributed.ray_runtime import ray_session
+
+    with ray_session(cfg.cluster):
+        return evaluate_model(cfg)
+
+
+def _write(out_dir: Path, metrics: dict, graded: list[dict]) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / GRADED_FILE, "w", encoding="utf-8") as handle:
+        for record in graded:
+            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+    (out_dir / METRICS_FILE).write_text(json.dumps(metrics, indent=2, sort_keys=True))
+
+
+def _print(metrics: dict, out_dir: Path, graded: int) -> None:
+    shown = {k: v for k, v in metrics.items() if k.startswith("validation/")}
+    width = max(map(len, shown), default=0)
+    for name in sorted(shown):
+        print(f"  {name:<{width}}  {shown[name]:.4f}")
+    print(f"{graded} graded responses: {out_dir / GRADED_FILE}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

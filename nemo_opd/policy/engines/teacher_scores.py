@@ -1,0 +1,113 @@
+"""A teacher's outputs in one forward pass: any of its top-k, its log-prob of every next token
+and its final hidden states, from the same hidden states per microbatch.
+
+The loop asks a teacher for several of these at once (OPD as RL with the top-k term: the top-k
+and the sampled-token log-probs; with loss_fn.support full: the hidden states and the sampled-
+token log-probs); each engine call of its own would run the model again.
+
+    out = score_positions(engine, data, topk=64, temperature=1.0, logprobs=True, hidden=False)
+    out["topk_logprobs"], out["topk_indices"], out["logprobs"]      # [B, S, k], [B, S, k], [B, S]
+
+The top-k and the log-probs come from the LM head applied chunk by chunk to the hidden states
+(policy.logits_chunk_tokens; all positions at once when null), as the chunked scoring of
+get_topk_logits and get_logprobs computes them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from nemo_opd.data.batching import TensorBatch
+from nemo_opd.distributed.vocab_parallel import vocab_parallel_logprobs, vocab_parallel_topk
+from nemo_opd.losses.chunked_head import chunked_scores
+
+if TYPE_CHECKING:
+    from nemo_opd.policy.engines.base import Engine
+
+
+@torch.no_grad()
+def score_positions(
+    engine: Engine,
+    data: TensorBatch,
+    *,
+    topk: int = 0,
+    temperature: float = 1.0,
+    logprobs: bool = False,
+    hidden: bool = False,
+) -> dict[str, torch.Tensor]:
+    """What is asked, for every position of `data` (input_ids, input_lengths).
+
+    Returns:
+        a dict with, as asked: "topk_logprobs" [B, S, k] fp32 (descending) and "topk_indices"
+        [B, S, k] int32 (0 at and past a row's length); "logprobs" [B, S] fp32, position t
+        scoring token t + 1 (0 where t >= input_lengths - 1); "hidden_states" [B, S, H] in the
+        compute precision (0 past a row's length). On the CPU.
+    """
+    if topk > engine.vocab_size:
+        raise ValueError(f"k={topk} exceeds the vocabulary size {engine.vocab_size}")
+    data = data.to(engine.device)
+    data["targets"] = torch.roll(data["input_ids"], -1, dims=1)
+    engine.set_train_mode(False)
+    out: dict[str, torch.Tensor] = {}
+    for mb in engine._scoring_microbatches(data, ("targets",)):
+        states = engine._forward_hidden(mb)
+        parts = {"hidden_states": states} if hidden else {}
+        if topk or logprobs:
+            targets = engine._cp_shard(mb.fields["targets"])
+            parts.update(_head_scores(engine, states, targets, topk, temperature, logprobs))
+        for name, value in parts.items():
+            value = engine._cp_gather(value)
+            if name not in out:
+                shape = (*data["input_ids"].shape, *value.shape[2:])
+                out[name] = torch.zeros(shape, dtype=value.dtype, device=engine.device)
+            engine._scatter(value, mb, out[name])
+    return {name: _zero_past_lengths(name, value, data).cpu() for name, value in out.items()}
+
+
+def _head_scores(engine, states, targets, topk, temperature, logprobs) -> dict:
+    """Top-k and next-token log-probs of this rank's positions [b, s_local, ...], the LM head
+    applied chunk by chunk to `states` [b, s_local, H]."""
+    b, s = states.shape[:2]
+    n = b * s
+    device = states.device
+    flat_targets = targets.reshape(-1)
+    out = {}
+    if topk:
+        out["topk_logprobs"] = torch.empty(n, topk, dtype=torch.float32, device=device)
+        out["topk_indices"] = torch.empty(n, topk, dtype=torch.int32, device=device)
+    if logprobs:
+        out["logprobs"] = torch.empty(n, dtype=torch.float32, device=device)
+
+    def keep(logits: torch.Tensor, start: int, end: int) -> None:
+        scaled = logits / temperature
+        if topk:
+            values, ids = vocab_parallel_topk(scaled, topk, *engine._vocab())
+            out["topk_logprobs"][start:end], out["topk_indices"][start:end] = values, ids
+        if logprobs:
+            chunk_targets = flat_targets[start:end]
+            out["logprobs"][start:end] = vocab_parallel_logprobs(
+                scaled, chunk_targets, *engine._vocab()
+            )
+
+    chunked_scores(
+        states,
+        engine.output_weight(),
+        keep,
+        chunk=engine.cfg.logits_chunk_tokens or n,
+        project=engine._project,
+        finish=engine._mask_padding,
+    )
+    return {name: value.reshape(b, s, *value.shape[1:]) for name, value in out.items()}
+
+
+def _zero_past_lengths(name: str, value: torch.Tensor, data: TensorBatch) -> torch.Tensor:
+    """Zero the positions without an output: past a row's length, and for the next-token
+    log-probs also its last position (no next token)."""
+    lengths = data["input_lengths"].unsqueeze(1) - (1 if name == "logprobs" else 0)
+    positions = torch.arange(value.shape[1], device=value.device)
+    real = positions < lengths
+    if value.dim() > 2:
+        real = real.unsqueeze(-1)
+    return torch.where(real, value, torch.zeros((), dtype=value.dtype, device=value.device))

@@ -1,0 +1,119 @@
+"""A trained student as users load any Hugging Face model: the exported folder and what it holds.
+
+    final_model/                  (checkpointing.checkpoint_dir/final_model, or -o of
+                                   python -m nemo_opd.export for a checkpoint)
+      config.json                 the model's config, dtype = the policy's precision
+      model.safetensors           the weights in the policy's precision (bf16 when the run
+                                  trains in bf16), lm_head left out when tied
+      tokenizer files             the run's tokenizer (tokenizer.json, tokenizer_config.json)
+      chat_template.jinja         the chat template the run rendered with
+      generation_config.json      the base model's (when it has one), the tokenizer's EOS and
+                                  the run's stop token ids as eos_token_id, the run's sampling
+      adapter/                    a LoRA student only: its peft adapter
+
+Nothing of the training state (optimizer, scheduler, RNG, step): that stays in the checkpoint
+it came from (step_N/policy/training_state.pt and nemo_opd.json), which is what resuming reads.
+The weights are written by the engine (Policy.export) for the final model, and here, from a
+checkpoint's fp32 weights, for any checkpoint (export_checkpoint).
+"""
+
+import json
+from pathlib import Path
+
+from safetensors.torch import load_file
+from transformers import GenerationConfig, PreTrainedTokenizerBase
+
+from nemo_opd.config import PolicyConfig
+from nemo_opd.errors import SetupError
+from nemo_opd.policy.engines.lora import ADAPTER_WEIGHTS_FILE
+from nemo_opd.policy.engines.training_state import WEIGHTS_FILE, write_weights
+from nemo_opd.utils.checkpoint import atomic_directory
+
+POLICY_DIR = "policy"
+"""The student's folder inside a checkpoint (step_N/policy)."""
+
+
+def write_model_files(
+    target: Path, tokenizer: PreTrainedTokenizerBase, policy: PolicyConfig
+) -> None:
+    """Add the tokenizer, its chat template and generation_config.json to an exported model
+    folder whose weights and config.json are written."""
+    tokenizer.save_pretrained(str(target))
+    generation_config(tokenizer, policy).save_pretrained(str(target))
+
+
+def generation_config(tokenizer: PreTrainedTokenizerBase, policy: PolicyConfig) -> GenerationConfig:
+    """The base model's generation config (a new one when it has none here), stopping where the
+    run stopped (the tokenizer's EOS and generation.stop_token_ids) and sampling as it sampled
+    (generation.temperature, top_p, top_k)."""
+    try:
+        config = GenerationConfig.from_pretrained(policy.model_name)
+    except (OSError, ValueError):  # no generation_config.json (or no network to fetch one)
+        config = GenerationConfig()
+    stops = _ids(config.eos_token_id) + _ids(tokenizer.eos_token_id)
+    sampling = policy.generation
+    if sampling is not None:
+        stops += list(sampling.stop_token_ids or [])
+        config.do_sample = sampling.temperature > 0
+        config.temperature = sampling.temperature if sampling.temperature > 0 else 1.0
+        config.top_p = sampling.top_p
+        config.top_k = sampling.top_k
+    unique = list(dict.fromkeys(stops))
+    config.eos_token_id = unique[0] if len(unique) == 1 else unique or None
+    if tokenizer.bos_token_id is not None:
+        config.bos_token_id = tokenizer.bos_token_id
+    if tokenizer.pad_token_id is not None:
+        config.pad_token_id = tokenizer.pad_token_id
+    return config
+
+
+def _ids(value: int | list[int] | None) -> list[int]:
+    if value is None:
+        return []
+    return [value] if isinstance(value, int) else list(value)
+
+
+def checkpoint_weights_dir(path: Path) -> Path:
+    """The folder holding a checkpoint's Hugging Face weights: `path` itself (an export, or a
+    checkpoint's policy folder) or `path`/policy (a checkpoint, step_N). SetupError, naming
+    what was looked for, when neither holds them or when they are LoRA adapters only."""
+    for candidate in (path, path / POLICY_DIR):
+        if (candidate / WEIGHTS_FILE).is_file() and (candidate / "config.json").is_file():
+            return candidate
+        if (candidate / ADAPTER_WEIGHTS_FILE).is_file():
+            raise SetupError(
+                f"{candidate} is a LoRA checkpoint (its adapters only): use the run's "
+                "final_model (merged), or load the adapter with peft on policy.model_name"
+            )
+    raise SetupError(
+        f"no model in {path}: expected {WEIGHTS_FILE} and config.json there or in "
+        f"{path / POLICY_DIR} (a checkpoint step_N, its policy folder, or an exported model)"
+    )
+
+
+CHECKPOINT_FILES = ("training_state.pt", "nemo_opd.json", "training_state.json")
+"""Files only a checkpoint holds: a folder with one of them is never replaced by an export."""
+
+
+def _check_not_a_checkpoint(target: Path, source: Path) -> None:
+    """SetupError when writing `target` would replace the checkpoint (or hold it)."""
+    where = target.resolve()
+    if where == source.resolve() or where in source.resolve().parents:
+        raise SetupError(f"the export folder {target} is the checkpoint itself; name another")
+    if any((target / name).exists() for name in CHECKPOINT_FILES):
+        raise SetupError(f"{target} holds a checkpoint; export into a folder of its own")
+
+
+def export_checkpoint(
+    checkpoint: Path, target: Path, tokenizer: PreTrainedTokenizerBase, policy: PolicyConfig
+) -> Path:
+    """Export a checkpoint's student as the final model is exported: its fp32 weights cast to
+    policy.precision, config, tokenizer, chat template, generation_config.json, atomically."""
+    source = checkpoint_weights_dir(checkpoint)
+    _check_not_a_checkpoint(target, source)
+    weights = load_file(source / WEIGHTS_FILE)
+    hf_config = json.loads((source / "config.json").read_text())
+    with atomic_directory(target) as tmp:
+        write_weights(tmp, weights, hf_config, policy.precision)
+        write_model_files(tmp, tokenizer, policy)
+    return target

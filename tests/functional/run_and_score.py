@@ -1,0 +1,65 @@
+"""Train a config in this process, export the final student, and score probe sequences with the
+student the run ends with: the run's own log-probs, for a test to compare an export against.
+
+    python run_and_score.py CONFIG OUT.pt [overrides...]
+
+OUT.pt: {"input_ids": [B, S], "input_lengths": [B], "logprobs": [B, S] (position t scores
+token t + 1), "final_model": the export's folder}. The probes are the first validation prompts
+rendered with the run's chat template, each followed by its reference answer.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from nemo_opd.config import load_config
+
+PROBES = 4
+
+
+def probe_batch(state) -> dict[str, torch.Tensor]:
+    """The first PROBES validation prompts, each with its answer as the assistant's turn."""
+    tokenizer = state.formatter.tokenizer
+    rows = []
+    for sample in state.val_prompts.samples[:PROBES]:
+        meta = sample["metadata"]
+        chat = [
+            {"role": "user", "content": meta["prompt"]},
+            {"role": "assistant", "content": str(meta["answer"])},
+        ]
+        rendered = tokenizer.apply_chat_template(chat, tokenize=True, return_dict=True)
+        rows.append(list(rendered["input_ids"]))
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+    for index, row in enumerate(rows):
+        ids[index, : len(row)] = torch.tensor(row)
+    lengths = torch.tensor([len(row) for row in rows])
+    mask = (torch.arange(width)[None, :] < lengths[:, None]).long()
+    return {
+        "input_ids": ids,
+        "input_lengths": lengths,
+        "token_mask": mask,
+        "sample_mask": torch.ones(len(rows)),
+    }
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    from nemo_opd.algorithms.distillation import distillation_train, export_final_model
+    from nemo_opd.algorithms.setup import setup
+    from nemo_opd.distributed.ray_runtime import ray_session
+
+    cfg = load_config(sys.argv[1], sys.argv[3:])
+    with ray_session(cfg.cluster):
+        state = setup(cfg)
+        try:
+            assert distillation_train(state)
+            final = export_final_model(state)
+            batch = probe_batch(state)
+            logprobs = state.student.get_logprobs(batch)
+        finally:
+            state.shutdown()
+    torch.save({**batch, "logprobs": logprobs, "final_model": str(final)}, Path(sys.argv[2]))
+    print(f"scored {len(logprobs)} probes with the run's student; exported {final}")
