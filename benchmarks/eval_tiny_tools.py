@@ -91,8 +91,9 @@ def main() -> None:
     parser.add_argument("--sweep", help="a benchmarks/sweep.py output directory")
     parser.add_argument("--models", nargs="*", default=[], help="model directories or tiny: names")
     parser.add_argument("--out", help="where tools_eval.jsonl goes (default: --sweep)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
     args = parser.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     rows = [{"model": m, "label": m} for m in args.models]
     if args.sweep:
         rows += sweep_models(Path(args.sweep))
