@@ -8,6 +8,8 @@
     python benchmarks/bench_engine.py parity --device cuda --backend megatron --json mcore.json
     # compare two parity runs (exit status 1 when they disagree)
     python benchmarks/bench_engine.py compare cpu.json mcore.json
+    # one float32 process: the DTensor engine FSDP-wrapped against unwrapped, the tiny student
+    python benchmarks/bench_engine.py world1 --device cpu --json world1.json
 
 throughput: a Qwen3 model of --shape (qwen3-1.7b: hidden 2048, 28 layers, 16 heads, 8 KV
 heads, head_dim 128, MLP 6144, vocabulary 151936, tied embeddings; tiny: a 2-layer model for a
@@ -27,6 +29,15 @@ seeded batch, then two training steps of the student on it (the distillation los
 teacher's top-k). compare checks losses, gradient norms and the teacher's top-k log-probs to
 a relative 1e-3 and the top-k ids to 99% agreement (ties may order differently on another
 device).
+
+world1: the DTensor engine of one float32 process as it runs (unwrapped, dtensor.needs_fsdp)
+and forced through FSDP2, both built from the tiny student with the tiny recipe's batching
+(64 rows of 30-60 tokens, two optimizer steps of two 16-row microbatches, the top-16 forward
+KL), trained in turns on the same batches, each batch then scored for its top-16 as the
+teacher's worker scores a step's rollouts: the median of this process's CPU seconds
+(time.process_time, which a loaded machine disturbs far less than wall time) per
+Engine.train and Engine.get_topk_logits call on one thread, and whether both took the same
+steps (losses and gradient norms equal to a relative 1e-5).
 """
 
 import argparse
@@ -257,6 +268,61 @@ def parity(args) -> dict:
     }
 
 
+def world1(args) -> dict:
+    """The unwrapped and the FSDP-wrapped engine of one process, in turns (module docstring)."""
+    import nemo_opd.policy.engines.dtensor as dtensor
+    from nemo_opd.config import load_config
+    from nemo_opd.losses import DistillationLossFn
+    from nemo_opd.tiny import resolve_pretrained
+
+    torch.set_num_threads(1)
+    device = torch.device(args.device)
+    cfg = load_config(str(ROOT / "examples/configs/distillation_tiny_100.yaml"), [])
+    batching = dict(
+        train_global_batch_size=32, train_micro_batch_size=16, logprob_batch_size=64,
+        max_total_sequence_length=128,
+    )  # fmt: skip
+    as_run = dtensor.needs_fsdp
+    engines = {}
+    for label, wrap in (("fsdp", lambda *a: True), ("unwrapped", as_run)):
+        dtensor.needs_fsdp = wrap
+        try:
+            engines[label] = build_engine(
+                str(resolve_pretrained("tiny:student")), device, "dtensor", "float32", **batching
+            )
+        finally:
+            dtensor.needs_fsdp = as_run
+    loss_fn = DistillationLossFn.from_config(cfg.loss_fn)
+    vocab = engines["fsdp"].vocab_size
+    seconds = {label: [] for label in engines}
+    steps = {label: [] for label in engines}
+    scoring = {label: [] for label in engines}
+    for seed in range(args.repeats + 1):
+        batch = make_batch(64, 60, vocab, 16, seed=seed, min_len=30)
+        for label, engine in engines.items():
+            start = time.process_time()
+            history = engine.train(batch, loss_fn, 32)
+            scored = time.process_time()
+            engine.get_topk_logits(batch, 16)  # what the teacher's worker does each step
+            if seed:  # the first calls warm up
+                seconds[label].append(scored - start)
+                scoring[label].append(time.process_time() - scored)
+            steps[label] += history["loss"] + history["grad_norm"]
+    same = torch.allclose(torch.tensor(steps["unwrapped"]), torch.tensor(steps["fsdp"]), 1e-5)
+    record = {label: round(statistics.median(s), 4) for label, s in seconds.items()}
+    record.update({f"{label}_topk": round(statistics.median(s), 4) for label, s in scoring.items()})
+    record.update(repeats=args.repeats, same_steps=same)
+    for what, key in (("train", ""), ("top-k", "_topk")):
+        wrapped, unwrapped = record[f"fsdp{key}"], record[f"unwrapped{key}"]
+        print(
+            f"CPU seconds per {what} call (median of {args.repeats}): FSDP-wrapped {wrapped}, "
+            f"unwrapped {unwrapped} ({unwrapped / wrapped:.2f}x)",
+            flush=True,
+        )
+    print(f"same steps: {same}", flush=True)
+    return record
+
+
 def compare(paths: list[Path]) -> int:
     """Print how two parity records differ; 0 when within PARITY_RTOL / PARITY_ID_AGREEMENT."""
     a, b = (json.loads(Path(p).read_text()) for p in paths)
@@ -281,7 +347,7 @@ def compare(paths: list[Path]) -> int:
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="mode", required=True)
-    for mode in ("throughput", "parity"):
+    for mode in ("throughput", "parity", "world1"):
         p = sub.add_parser(mode)
         p.add_argument("--device", default="cuda")
         p.add_argument("--backend", default="dtensor", choices=["dtensor", "megatron"])
@@ -296,6 +362,8 @@ def parse_args(argv=None):
             p.add_argument("--chunk", type=int, default=1024, help="logits_chunk_tokens")
             p.add_argument("--repeats", type=int, default=2)
             p.add_argument("--tmp", default=None, help="where the random model is saved")
+        if mode == "world1":
+            p.add_argument("--repeats", type=int, default=8)
     p = sub.add_parser("compare")
     p.add_argument("records", type=Path, nargs=2)
     return parser.parse_args(argv)
@@ -309,7 +377,8 @@ def main(argv=None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("no CUDA device: use --device cpu", file=sys.stderr)
         return 2
-    record = throughput(args) if args.mode == "throughput" else parity(args)
+    modes = {"throughput": throughput, "parity": parity, "world1": world1}
+    record = modes[args.mode](args)
     record["device_name"] = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     if args.json:
         args.json.write_text(json.dumps(record, indent=1))

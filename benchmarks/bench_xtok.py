@@ -5,22 +5,36 @@ Mistral SentencePiece <- Qwen3; the tokenizers built offline by tests/real_token
 
   setup      seconds and resident memory added by what setup builds: the byte tables, the
              vocabulary map, the spelling check and the probe (TeacherRendering, vocab_map,
-             unspellable, check); the share of the teacher's vocabulary that maps.
-  driver     microseconds per student position (CPU time of the driver's process, one torch
-             thread; all its
-             threads, and wall time) of what the driver does per step: render the rows
-             for the teacher and align them (teacher_rows), move a top-k of width k onto the
-             student's positions and vocabulary (topk_to_student, the teacher's top-k random)
-             and spread sampled log-probs (logprobs_to_student); rows of --length tokens of
-             mixed text (prose, LaTeX, code, numbers, CJK, emoji).
+             unspellable, check); the share of the teacher's vocabulary that maps; the MiB
+             of the rendering as it is sent to each of an in-process teacher's workers, once,
+             and the seconds a worker takes to read it.
+  work       microseconds per student position (CPU time of this process, one torch thread,
+             all its threads; and wall time) of the path's work per step, wherever it runs (a
+             served teacher's on the driver, an in-process teacher's in its workers): render
+             the rows for the teacher and align them (teacher_rows), move a top-k of width k
+             onto the student's positions and vocabulary (topk_to_student, the teacher's top-k
+             random), spread sampled log-probs (logprobs_to_student) and count the rows for
+             the metrics (counts); rows of --length tokens of mixed text (prose, LaTeX, code,
+             numbers, CJK, emoji).
+  driver     the driver's CPU (and wall) seconds per step of --step-rows responses of --length
+             tokens (512 x 4,096 by default) with an in-process teacher, whose --dp workers do
+             the work above (what setup builds: CrossTokenizerTeacher.score through
+             Policy.score_rendered), the workers played by _OfflinePolicy (each shard
+             serialized as ray.put does it, with pickle; canned answers of the right shapes
+             back): the conversations stripped of their generation log-probs, cut into the
+             workers' shards and serialized ("ship", and the MiB shipped), the answers joined
+             ("join": the same for a teacher of the student's own tokenizer) and counted.
+             Ray's own transport (the copy into its object store, the answers' way back) is
+             not in it.
   graded     the share of the student's response positions that get a teacher distribution.
 
-    uv run --extra cpu python benchmarks/bench_xtok.py            # --rows 16 --length 4096
+    uv run --extra cpu python benchmarks/bench_xtok.py    # --rows 16 --step-rows 512 --length 4096
 """
 
 import argparse
 import gc
 import json
+import pickle
 import random
 import sys
 import time
@@ -34,7 +48,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import real_tokenizers  # noqa: E402
 
 from nemo_opd.data.chat import ChatFormatter  # noqa: E402
-from nemo_opd.teachers.cross_tokenizer import TeacherRendering  # noqa: E402
+from nemo_opd.data.message_log import flatten_message_logs  # noqa: E402
+from nemo_opd.distributed.parallel_dims import ParallelDims  # noqa: E402
+from nemo_opd.policy.policy import Policy, joined  # noqa: E402
+from nemo_opd.teachers.base import Rollouts, TeacherNeed  # noqa: E402
+from nemo_opd.teachers.cross_tokenizer import CrossTokenizerTeacher, TeacherRendering  # noqa: E402
+from nemo_opd.teachers.xtok_rows import COUNTS  # noqa: E402
 
 PAIRS = [("qwen3", "llama3"), ("qwen3", "tekken"), ("llama3", "qwen3"), ("mistral_sp", "qwen3")]
 PROSE = (
@@ -60,7 +79,12 @@ def _logs(student, rows: int, length: int) -> list[list[dict]]:
     for row in range(rows):
         ids = student(_text(length * 4, seed=row), add_special_tokens=False)["input_ids"]
         ids = [*ids[:length], student.eos_token_id]
-        turn = {"role": "assistant", "content": "", "token_ids": ids}
+        turn = {
+            "role": "assistant",
+            "content": student.decode(ids[:-1]),  # shipped to the workers with the ids
+            "token_ids": ids,
+            "generation_logprobs": [-0.5] * len(ids),
+        }
         logs.append([*formatter.prompt_log(f"Problem {row}: compute 7 * 6."), turn])
     return logs
 
@@ -74,17 +98,25 @@ def _setup(student, teacher) -> tuple[TeacherRendering, dict]:
     unspellable = rendering.unspellable()
     rendering.check()
     seconds = time.perf_counter() - start
+    sent = pickle.dumps(rendering, protocol=5)  # as each worker of an in-process teacher gets it
+    start = time.perf_counter()
+    pickle.loads(sent)
+    read = time.perf_counter() - start
     return rendering, {
         "setup_s": round(seconds, 2),
         "setup_rss_mib": round((process.memory_info().rss - before) / 2**20, 1),
         "map_mib": round(vocab.teacher_to_student.numel() * 8 / 2**20, 2),
         "teacher_vocab_mapped": round(vocab.coverage(), 4),
         "unspellable": len(unspellable),
+        "rendering_mib": round(len(sent) / 2**20, 1),
+        "rendering_read_s": round(read, 2),
     }
 
 
-def _driver(rendering: TeacherRendering, logs, k: int) -> dict:
+def _work(rendering: TeacherRendering, logs, k: int) -> dict:
+    """The path's work per position: render and align; move the top-k and log-probs."""
     width = max(sum(len(m["token_ids"]) for m in log) for log in logs)
+    student_rows = flatten_message_logs(logs, 0)
     clock = _Clock()
     rows = rendering.teacher_rows(logs)
     render = clock.lap()
@@ -93,8 +125,9 @@ def _driver(rendering: TeacherRendering, logs, k: int) -> dict:
     values = torch.log_softmax(torch.randn(*shape, k, generator=gen), -1)
     indices = torch.randint(0, len(rendering.teacher), (*shape, k), generator=gen)
     clock.lap()
-    rows.topk_to_student(values, indices.int(), width, rendering.vocab_map())
+    moved = rows.topk_to_student(values, indices.int(), width, rendering.vocab_map())
     rows.logprobs_to_student(values[..., 0], width)
+    rows.counts(student_rows["token_mask"], (values, moved[0]))
     move = clock.lap()
     positions = sum(len(log[-1]["token_ids"]) for log in logs)
     source = rows.source_positions(width)
@@ -114,6 +147,57 @@ def _driver(rendering: TeacherRendering, logs, k: int) -> dict:
     }
 
 
+def _driver(rendering: TeacherRendering, logs, k: int, dp: int) -> dict:
+    """The driver's share of a step when the workers do the work (module docstring)."""
+    rows = flatten_message_logs(logs, 0)
+    workers = _OfflinePolicy(dp, rows["input_ids"].shape, k)
+    teacher = CrossTokenizerTeacher(None, rendering, workers=workers)
+    rollouts = Rollouts(rows, logs, [{}] * len(logs))
+    need = TeacherNeed(topk=k, sampled=True)
+    clock = _Clock()
+    teacher.score(rollouts, need)
+    wall, cpu = clock.lap()
+    joined(workers.answers, len(logs))  # the join alone, as any teacher's answers are joined
+    join = clock.lap()
+    per = 1e6 / sum(len(log[-1]["token_ids"]) for log in logs)
+    return {
+        "step_rows": len(logs),
+        "driver_step_cpu_s": round(cpu, 3),
+        "driver_step_wall_s": round(wall, 3),
+        "driver_ship_cpu_s": round(workers.ship[1], 3),
+        "driver_join_cpu_s": round(join[1], 3),
+        "shipped_mib": round(workers.shipped / 2**20, 1),
+        "driver_cpu_us": round(cpu * per, 3),
+    }
+
+
+class _OfflinePolicy(Policy):
+    """A teacher's Policy whose workers are played here: score_rendered as the Policy runs it,
+    each shard serialized as ray.put serializes it (pickle) and answers of the shapes the
+    workers send (rows in the student's positions)."""
+
+    def __init__(self, dp: int, shape: tuple[int, int], k: int) -> None:
+        self.dims = ParallelDims(dp)
+        rows, width = -(-shape[0] // dp), shape[1]
+        answer = {
+            "topk_logprobs": torch.randn(rows, width, k),
+            "topk_indices": torch.randint(0, 1000, (rows, width, k), dtype=torch.int32),
+            "logprobs": torch.randn(rows, width),
+            "xtok_counts": torch.ones(rows, len(COUNTS), dtype=torch.float64),
+        }
+        self.answers = [answer] * dp
+        self.ship, self.shipped = (0.0, 0.0), 0
+
+    def set_rendering(self, rendering: TeacherRendering) -> None:
+        pass  # once per run, at the first step
+
+    def _run_on_replicas(self, shards: list, call) -> list:
+        clock = _Clock()
+        self.shipped = sum(len(pickle.dumps(shard, protocol=5)) for shard in shards)
+        self.ship = clock.lap()
+        return self.answers
+
+
 class _Clock:
     """Wall and CPU (this process, all threads) seconds since the last lap."""
 
@@ -129,9 +213,11 @@ class _Clock:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=16)
+    parser.add_argument("--rows", type=int, default=16, help="responses for setup and work")
+    parser.add_argument("--step-rows", type=int, default=512, help="responses of the driver's step")
     parser.add_argument("--length", type=int, default=4096, help="student tokens per response")
     parser.add_argument("--k", type=int, default=64)
+    parser.add_argument("--dp", type=int, default=2, help="the teacher's data-parallel workers")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(1)  # CPU time per position without the thread pool's spinning
@@ -139,8 +225,11 @@ def main() -> None:
     for student_name, teacher_name in PAIRS:
         student, teacher = real_tokenizers.load(student_name), real_tokenizers.load(teacher_name)
         rendering, setup = _setup(student, teacher)
-        driver = _driver(rendering, _logs(student, args.rows, args.length), args.k)
-        result = {"student": student_name, "teacher": teacher_name, **setup, **driver}
+        work = _work(rendering, _logs(student, args.rows, args.length), args.k)
+        step = _logs(student, args.step_rows, args.length)
+        driver = _driver(rendering, step, args.k, args.dp)
+        del step
+        result = {"student": student_name, "teacher": teacher_name, **setup, **work, **driver}
         results.append(result)
         print(json.dumps(result), flush=True)
     if args.json:

@@ -452,7 +452,9 @@ def _start_teachers(
         section = "teacher" if cfg.teachers is None else f"teachers.{name}"
         teacher = InProcessTeacher(policy, part)
         rendering = renderings.get(section)
-        teachers[name] = teacher if rendering is None else CrossTokenizerTeacher(teacher, rendering)
+        if rendering is not None:  # its workers render and map their own rows
+            teacher = CrossTokenizerTeacher(teacher, rendering, workers=policy)
+        teachers[name] = teacher
     return teachers["teacher"] if cfg.teachers is None else RoutedTeachers(teachers)
 
 

@@ -9,9 +9,13 @@
 Data are dicts of CPU tensors (see nemo_opd.data.batching). Scoring calls shard rows over
 data-parallel ranks (padding to a multiple of dp) and replicate each shard over the tp and cp
 ranks of its replica; results come back from the (cp=0, tp=0) rank of every replica, in order.
+A teacher with another tokenizer is sent the student's conversations instead (set_rendering,
+then score_rendered): each replica renders its own rows in the teacher's tokens.
 """
 
+import itertools
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 import ray
 import torch
@@ -22,7 +26,10 @@ from nemo_opd.data.batching import TensorBatch, pad_batch_to_multiple, shard_for
 from nemo_opd.distributed.cluster import WorkerResources, resolve_device_type
 from nemo_opd.distributed.parallel_dims import ParallelDims
 from nemo_opd.distributed.worker_group import WorkerGroup
-from nemo_opd.policy.worker import PolicyWorker
+from nemo_opd.policy.worker import PolicyWorker, answers_for_its_replica
+
+if TYPE_CHECKING:
+    from nemo_opd.teachers.cross_tokenizer import TeacherRendering
 
 
 class Policy:
@@ -83,7 +90,7 @@ class Policy:
             share=share,
             wait=wait,
         )
-        self.leaders = [r for r in range(world) if _is_leader(self.dims, r)]
+        self.leaders = [r for r in range(world) if answers_for_its_replica(self.dims, r)]
 
     def wait_until_ready(self) -> None:
         """Block until every worker has built its engine (see `wait`); a worker that failed
@@ -130,14 +137,46 @@ class Policy:
         log-probs ("logprobs" [B, S]) and the final hidden states ("hidden_states" [B, S, H])
         of every position, in one forward pass (what a teacher sends; see get_topk_logits,
         get_logprobs and get_hidden_states for each alone)."""
-        shards, size = self._even_shards(data)
+        shards, size = even_shards(data, self.dims.dp)
         outputs = self._run_on_replicas(
-            shards,
+            [dict(shard) for shard in shards],
             lambda actor, shard: actor.score.remote(shard, topk, temperature, logprobs, hidden),
         )
-        names = outputs[0].keys()
-        merged = {name: torch.cat([out[name] for out in outputs], dim=0) for name in names}
-        return {name: value[:size] for name, value in merged.items()}
+        return joined(outputs, size)
+
+    def set_rendering(self, rendering: "TeacherRendering") -> None:
+        """Give every worker how the student's conversations read in this model's tokens (a
+        teacher with another tokenizer), for score_rendered; sent once."""
+        ref = ray.put(rendering)
+        self.workers.run(lambda actor, rank: actor.set_rendering.remote(ref))
+
+    def score_rendered(
+        self,
+        data: Mapping,
+        message_logs: list[list[dict]],
+        *,
+        topk: int = 0,
+        temperature: float = 1.0,
+        logprobs: bool = False,
+    ) -> dict[str, torch.Tensor]:
+        """score() of the student's rows by a teacher with another tokenizer (set_rendering
+        first): each replica renders its shard's conversations in its own tokens, scores them
+        and moves the answers onto the student's positions and vocabulary
+        (nemo_opd.teachers.cross_tokenizer.score_rendered), so that the driver only ships
+        conversations and collects answers.
+
+        Returns:
+            score()'s top-k and log-probs in the student's positions ([B, S, k], [B, S]) and
+            "xtok_counts" [B, C] (the rows' counts for the cross-tokenizer metrics).
+        """
+        payloads, size = rendered_shards(data, message_logs, self.dims.dp)
+        outputs = self._run_on_replicas(
+            payloads,
+            lambda actor, payload: actor.score_rendered.remote(
+                payload, topk, temperature, logprobs
+            ),
+        )
+        return joined(outputs, size)
 
     def load_teacher_head(self, model_dir: str, precision: str) -> None:
         """Give every worker its rows of a teacher's LM head (frozen, in `precision`): the loss
@@ -146,8 +185,8 @@ class Policy:
 
     def _score(self, data: Mapping, call: Callable) -> list:
         """Per-row outputs of `call` on every replica, in row order (padding rows dropped)."""
-        shards, size = self._even_shards(data)
-        return _trim(self._run_on_replicas(shards, call), size)
+        shards, size = even_shards(data, self.dims.dp)
+        return _trim(self._run_on_replicas([dict(shard) for shard in shards], call), size)
 
     # ---------------------------------------------------------------- training
 
@@ -170,32 +209,29 @@ class Policy:
         shards = shard_for_data_parallel(TensorBatch(data), self.dims.dp, global_batch)
         loss_ref = ray.put(loss_fn)
         results = self._run_on_replicas(
-            shards, lambda actor, shard: actor.train.remote(shard, loss_ref, global_batch)
+            [dict(shard) for shard in shards],
+            lambda actor, shard: actor.train.remote(shard, loss_ref, global_batch),
         )
         return results[0]  # every rank returns the same globally reduced metrics
 
     def evaluate(self, data: Mapping, loss_fn: Callable) -> dict[str, float]:
         """The loss function's metrics on `data` (train's fields, any number of rows) without
         updating the model: e.g. the validation KL between student and teacher."""
-        shards, _ = self._even_shards(data)
+        shards, _ = even_shards(data, self.dims.dp)
         loss_ref = ray.put(loss_fn)
         results = self._run_on_replicas(
-            shards, lambda actor, shard: actor.evaluate.remote(shard, loss_ref)
+            [dict(shard) for shard in shards],
+            lambda actor, shard: actor.evaluate.remote(shard, loss_ref),
         )
         return results[0]
 
     # ---------------------------------------------------------------- dispatch
 
-    def _even_shards(self, data: Mapping) -> tuple[list[TensorBatch], int]:
-        """(dp contiguous shards of `data` padded to a multiple of dp, the unpadded size)."""
-        batch, size = pad_batch_to_multiple(TensorBatch(data), self.dims.dp)
-        return batch.chunk(batch.size // self.dims.dp), size
-
-    def _run_on_replicas(self, shards: list[TensorBatch], call: Callable) -> list:
-        """Send shard d to every rank of replica d (each shard is put in Ray's object store
-        once), run `call(actor, shard_ref)` on every rank and return the results of each
-        replica's (cp = 0, tp = 0) rank, in dp order."""
-        refs = [ray.put(dict(shard)) for shard in shards]
+    def _run_on_replicas(self, shards: list, call: Callable) -> list:
+        """Send shard d (plain data: a dict of tensors, ...) to every rank of replica d (each
+        shard is put in Ray's object store once), run `call(actor, shard_ref)` on every rank
+        and return the results of each replica's (cp = 0, tp = 0) rank, in dp order."""
+        refs = [ray.put(shard) for shard in shards]
         results = self.workers.run(
             lambda actor, rank: call(actor, refs[self.dims.coordinates(rank)["dp"]])
         )
@@ -267,10 +303,32 @@ def _parallel_dims(cfg: PolicyConfig, world: int, name: str) -> ParallelDims:
     return ParallelDims(world, tp=tp, cp=cp)
 
 
-def _is_leader(dims: ParallelDims, rank: int) -> bool:
-    """The rank that returns its replica's results: cp = 0 and tp = 0."""
-    where = dims.coordinates(rank)
-    return where["cp"] == 0 and where["tp"] == 0
+def even_shards(data: Mapping, dp: int) -> tuple[list[TensorBatch], int]:
+    """(dp contiguous shards of `data` padded to a multiple of dp, the unpadded size)."""
+    batch, size = pad_batch_to_multiple(TensorBatch(data), dp)
+    return batch.chunk(batch.size // dp), size
+
+
+def rendered_shards(
+    data: Mapping, message_logs: list[list[dict]], dp: int
+) -> tuple[list[tuple[dict, list]], int]:
+    """What each of dp replicas is sent by score_rendered: (its rows as even_shards cuts them,
+    their conversations; a padding row's is row 0's, as its tensors are), and the unpadded
+    size."""
+    shards, size = even_shards(data, dp)
+    padded = list(message_logs) + [message_logs[0]] * (sum(s.size for s in shards) - size)
+    starts = [0, *itertools.accumulate(shard.size for shard in shards)]
+    return [
+        (dict(shard), padded[start:end])
+        for shard, start, end in zip(shards, starts[:-1], starts[1:], strict=True)
+    ], size
+
+
+def joined(outputs: list[dict[str, torch.Tensor]], size: int) -> dict[str, torch.Tensor]:
+    """The replicas' {name: [b, ...]} answers in row order, the padding rows dropped."""
+    names = outputs[0].keys()
+    merged = {name: torch.cat([out[name] for out in outputs], dim=0) for name in names}
+    return {name: value[:size] for name, value in merged.items()}
 
 
 def _trim(outputs: list, size: int) -> list:

@@ -10,6 +10,8 @@ from nemo_opd.config import PolicyConfig
 from nemo_opd.data.batching import TensorBatch
 from nemo_opd.distributed.parallel_dims import ParallelDims
 from nemo_opd.distributed.process_group import find_free_port, init_distributed, node_address
+from nemo_opd.teachers.base import TeacherNeed, TeacherScores
+from nemo_opd.teachers.cross_tokenizer import TeacherRendering, score_rendered
 from nemo_opd.utils.startup import StartupMarks
 
 
@@ -44,6 +46,7 @@ class PolicyWorker:
         self.with_optimizer = with_optimizer
         self.total_steps = total_steps
         self.engine = None
+        self.rendering: TeacherRendering | None = None  # a teacher with another tokenizer
         torch.set_num_threads(num_threads)
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -102,6 +105,28 @@ class PolicyWorker:
             TensorBatch(data), topk=topk, temperature=temperature, logprobs=logprobs, hidden=hidden
         )
 
+    def set_rendering(self, rendering: TeacherRendering) -> None:
+        """How the student's conversations read in this model's tokens (score_rendered)."""
+        self.rendering = rendering
+
+    def score_rendered(
+        self, shard: tuple[dict, list], topk: int, temperature: float, logprobs: bool
+    ) -> dict | None:
+        """score() of the student's rows (shard: the student's rows and their conversations)
+        through this model's own tokens (Policy.score_rendered): rendered, scored and moved
+        onto the student's positions here. Every rank of the replica renders and scores (the
+        forward is collective); only the rank that answers for it maps (None elsewhere)."""
+        data, logs = shard
+        need = TeacherNeed(topk=topk, sampled=logprobs, temperature=temperature)
+
+        def score_rows(rows) -> TeacherScores:
+            return TeacherScores(**self.score(rows.batch, topk, temperature, logprobs, False))
+
+        if not answers_for_its_replica(self.dims, self.rank):
+            score_rows(self.rendering.teacher_rows(logs))
+            return None
+        return score_rendered(self.rendering, TensorBatch(data), logs, need, score_rows)
+
     def load_teacher_head(self, model_dir: str, precision: str) -> None:
         self.engine.load_teacher_head(model_dir, precision)
 
@@ -135,3 +160,9 @@ class PolicyWorker:
     def step(self) -> int:
         """Optimizer steps taken."""
         return self.engine.step
+
+
+def answers_for_its_replica(dims: ParallelDims, rank: int) -> bool:
+    """The rank whose results the driver reads for its replica: cp = 0 and tp = 0."""
+    where = dims.coordinates(rank)
+    return where["cp"] == 0 and where["tp"] == 0

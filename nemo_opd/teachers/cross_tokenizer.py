@@ -31,6 +31,11 @@ writes more of them) is cut there, graded up to the cut and counted
 (`teacher/xtok_truncated_rows`); the run goes on. Positions outside
 the assistant turns (never trained) are 0, as past a row's end.
 
+Where it runs (`score_rendered`): a teacher with workers of its own (in process) renders,
+scores and maps in each data-parallel worker, on that worker's rows (Policy.score_rendered), so
+that the driver only ships conversations and collects answers; a served teacher's rows are
+rendered and mapped on the driver. The answers are the same either way, bit for bit.
+
     rendering = TeacherRendering(student_tokenizer, teacher_formatter, teacher_vocab_size)
     rows = rendering.teacher_rows(message_logs)
     values, indices = teacher.get_topk_logits(rows.batch, k)    # the teacher's positions
@@ -39,17 +44,18 @@ the assistant turns (never trained) are 0, as past a row's end.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from nemo_opd.data.batching import TensorBatch
 from nemo_opd.data.chat import ChatFormatter
 from nemo_opd.data.message_log import Message, flatten_message_logs
 from nemo_opd.errors import SetupError
-from nemo_opd.losses.checks import EMPTY_INDEX
 from nemo_opd.teachers.base import Rollouts, Teacher, TeacherNeed, TeacherScores
 from nemo_opd.teachers.xtok_align import (
     char_starts,
@@ -57,8 +63,8 @@ from nemo_opd.teachers.xtok_align import (
     group_ids,
     running_starts,
     sources,
-    spread_over_groups,
 )
+from nemo_opd.teachers.xtok_rows import COUNTS, TeacherRows, TurnPair
 from nemo_opd.teachers.xtok_vocab import (
     ByteTable,
     VocabMap,
@@ -79,177 +85,14 @@ emoji, and control strings as text, which templates and tokenizers each treat th
 class _Content:
     """An assistant turn's content as the student wrote it."""
 
-    ids: list[int]
-    """The student's content ids (its end-of-turn token apart)."""
+    ids: np.ndarray
+    """[n_s] int64: the student's content ids (its end-of-turn token apart)."""
     lengths: np.ndarray
     """[n_s] int64: each id's bytes in the text."""
     text: str
     """The text, up to its last whole character."""
     end_of_turn: bool
     """The student closed the turn."""
-
-
-@dataclass
-class TurnPair:
-    """One assistant turn on both sides: where its tokens sit in each row and how they align."""
-
-    student_start: int
-    """Row position of the turn's first student token."""
-    teacher_start: int
-    """Row position of the turn's first teacher token."""
-    source: np.ndarray
-    """[n_s] int64: per student content token, the teacher content token starting at its byte
-    (-1: none)."""
-    spans_several: np.ndarray
-    """[n_s] int64: per graded student token, how many teacher tokens its bytes cover (1 for a
-    token that ends at or before the end of the one it starts with)."""
-    student_group: np.ndarray
-    """[n_s] int64: aligned group of each student content token."""
-    teacher_group: np.ndarray
-    """[n_t] int64: aligned group of each teacher content token."""
-    student_ids: list[int]
-    """The student's content ids."""
-    end_of_turn: bool
-    """Both sides close the turn: the student's end-of-turn token and the teacher's."""
-
-    kept: int = -1
-    """Teacher content tokens inside the row (-1: all); see cut_at."""
-
-    @property
-    def num_student(self) -> int:
-        return len(self.source)
-
-    def cut_at(self, length: int) -> None:
-        """Keep only what a teacher row cut to `length` tokens can say: student tokens whose
-        teacher tokens all lie inside it, the end of turn if its token does, and sampled
-        log-probs only for the groups wholly inside (the rest of the turn is not graded)."""
-        kept = int(np.clip(length - self.teacher_start, 0, self.num_teacher))
-        inside = (self.source >= 0) & (self.source + np.maximum(self.spans_several, 1) <= kept)
-        self.source = np.where(inside, self.source, -1)
-        self.end_of_turn = self.end_of_turn and self.teacher_start + self.num_teacher < length
-        self.kept = kept
-
-    @property
-    def num_teacher(self) -> int:
-        return len(self.teacher_group)
-
-
-@dataclass
-class TeacherRows:
-    """The teacher's rows of a batch, and each assistant turn's alignment."""
-
-    batch: object
-    """TensorBatch: input_ids [B, S_t], input_lengths [B], token_mask, sample_mask."""
-    logs: list[list[Message]]
-    """The teacher's conversations."""
-    turns: list[list[TurnPair]] = field(default_factory=list)
-    """Per row, its assistant turns."""
-    unrendered: int = 0
-    """Rows the teacher's template could not render (not graded)."""
-    truncated: int = 0
-    """Rows cut at the teacher's longest row (graded up to the cut)."""
-    _sources: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
-
-    def source_positions(self, width: int) -> torch.Tensor:
-        """[B, width] int64: for each student position, the teacher position whose top-k
-        grades it (-1: none). Computed once per width."""
-        if width not in self._sources:
-            self._sources[width] = torch.from_numpy(self._source_positions(width))
-        return self._sources[width]
-
-    def _source_positions(self, width: int) -> np.ndarray:
-        source = np.full((len(self.turns), width), -1, dtype=np.int64)
-        for row, pairs in enumerate(self.turns):
-            for pair in pairs:
-                graded = np.flatnonzero(pair.source >= 0)
-                at = pair.student_start + graded - 1
-                keep = at >= 0
-                source[row, at[keep]] = pair.teacher_start + pair.source[graded[keep]] - 1
-                if pair.end_of_turn:
-                    eos = pair.student_start + pair.num_student
-                    source[row, eos - 1] = pair.teacher_start + pair.num_teacher - 1
-        return source
-
-    def chains(self, width: int) -> tuple[torch.Tensor, ...]:
-        """The student positions whose next token spans several teacher tokens, as flat
-        tensors [n]: (row, student position, first teacher position, teacher token count,
-        the student's sampled id)."""
-        found = []
-        for row, pairs in enumerate(self.turns):
-            for pair in pairs:
-                several = np.flatnonzero((pair.source >= 0) & (pair.spans_several > 1))
-                for j in several.tolist():
-                    position = pair.student_start + j - 1
-                    if 0 <= position < width:
-                        first = pair.teacher_start + int(pair.source[j]) - 1
-                        found.append(
-                            (row, position, first, int(pair.spans_several[j]), pair.student_ids[j])
-                        )
-        table = torch.tensor(found, dtype=torch.int64).reshape(-1, 5)
-        return tuple(table.unbind(1))
-
-    def topk_to_student(
-        self, values: torch.Tensor, indices: torch.Tensor, width: int, vocab: VocabMap
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """[B, S_t, k] teacher top-k (teacher ids) -> [B, width, k] in the student's positions
-        and vocabulary (empty slots where the teacher has no distribution; one slot, the
-        sampled token's chain-rule log-prob, where it spans several teacher tokens)."""
-        source = self.source_positions(width)
-        k = values.shape[-1]
-        out_values = torch.full((len(self.turns), width, k), float("-inf"))
-        out_ids = torch.full((len(self.turns), width, k), EMPTY_INDEX, dtype=torch.int32)
-        rows, positions = (source >= 0).nonzero(as_tuple=True)  # only the graded positions
-        teacher_positions = source[rows, positions]
-        mapped = vocab.map_topk(
-            values[rows, teacher_positions].float(), indices[rows, teacher_positions].long()
-        )
-        out_values[rows, positions], out_ids[rows, positions] = mapped
-        self._write_chains(values, indices, width, out_values, out_ids)
-        return out_values, out_ids
-
-    def _write_chains(self, values, indices, width, out_values, out_ids) -> None:
-        """Positions whose next student token spans several teacher tokens: one slot, the
-        sampled id with the sum of the teacher's log-probs of those tokens, read from its top-k
-        at each (a token outside a top-k leaves the position empty: its log-prob is unknown)."""
-        rows, positions, firsts, counts, student_ids = self.chains(width)
-        if len(rows) == 0:
-            return
-        next_ids = self.batch["input_ids"].roll(-1, dims=1)  # the token each position predicts
-        hit = indices.long() == next_ids.unsqueeze(-1)
-        token_lp = torch.where(hit, values.float(), 0.0).sum(-1)  # [B, S_t]
-        missing = (~hit.any(-1)).long()
-        running = torch.nn.functional.pad(token_lp.double().cumsum(1), (1, 0))
-        misses = torch.nn.functional.pad(missing.cumsum(1), (1, 0))
-        total = (running[rows, firsts + counts] - running[rows, firsts]).float()
-        unknown = misses[rows, firsts + counts] > misses[rows, firsts]
-        total = total.masked_fill(unknown, float("-inf"))
-        out_values[rows, positions] = float("-inf")
-        out_ids[rows, positions] = EMPTY_INDEX
-        known = total > float("-inf")
-        out_values[rows[known], positions[known], 0] = total[known]
-        out_ids[rows[known], positions[known], 0] = student_ids[known].to(out_ids.dtype)
-
-    def logprobs_to_student(self, logprobs: torch.Tensor, width: int) -> torch.Tensor:
-        """[B, S_t] teacher log-probs (position t scores token t + 1) -> [B, width]: each
-        student token's share of its aligned group's log-probability (module docstring)."""
-        out = np.zeros((len(self.turns), width))
-        table = logprobs.float().numpy()
-        for row, pairs in enumerate(self.turns):
-            for pair in pairs:
-                first = pair.teacher_start
-                token_lp = np.zeros(pair.num_teacher)
-                kept = pair.num_teacher if pair.kept < 0 else pair.kept
-                token_lp[:kept] = table[row, first - 1 : first - 1 + kept]
-                shares = spread_over_groups(pair.student_group, pair.teacher_group, token_lp)
-                if kept < pair.num_teacher:  # a group with a token past the row's end: unknown
-                    cut_groups = np.unique(pair.teacher_group[kept:])
-                    shares[np.isin(pair.student_group, cut_groups)] = 0.0
-                at = pair.student_start - 1
-                out[row, at : at + pair.num_student] = shares
-                if pair.end_of_turn:
-                    eos = pair.student_start + pair.num_student
-                    out[row, eos - 1] = table[row, first + pair.num_teacher - 1]
-        return torch.from_numpy(out).float()
 
 
 class TeacherRendering:
@@ -361,28 +204,25 @@ class TeacherRendering:
         tokenizer's Rust core, on all cores)."""
         contents = [[self._content(m) for m in log if m["role"] == "assistant"] for log in logs]
         encoded = self._encode([c for row in contents for c in row])
-        rendered, unrendered, truncated = [], 0, 0
         pad = self.teacher.pad_token_id
         pad = pad if pad is not None else (self.teacher.eos_token_id or 0)
+        rows = TeacherRows(batch=None, logs=[])
         for log, row_contents in zip(logs, contents, strict=True):
             pairs = list(zip(row_contents, (next(encoded) for _ in row_contents), strict=True))
+            unrendered, truncated = False, False
             try:
                 teacher_log, turns = self._row(log, pairs)
             except Exception:  # noqa: BLE001 - never a crash mid-run: this row is not graded
-                unrendered += 1
+                unrendered = True
                 teacher_log, turns = [{"role": "user", "content": "", "token_ids": [pad]}], []
             if self.max_length is not None and _length(teacher_log) > self.max_length:
-                teacher_log = _cut(teacher_log, turns, self.max_length)
-                truncated += 1
-            rendered.append((teacher_log, turns))
-        teacher_logs = [log for log, _ in rendered]
-        return TeacherRows(
-            batch=flatten_message_logs(teacher_logs, pad),
-            logs=teacher_logs,
-            turns=[turns for _, turns in rendered],
-            unrendered=unrendered,
-            truncated=truncated,
-        )
+                teacher_log, truncated = _cut(teacher_log, turns, self.max_length), True
+            rows.logs.append(teacher_log)
+            rows.turns.append(turns)
+            rows.unrendered_rows.append(unrendered)
+            rows.truncated_rows.append(truncated)
+        rows.batch = flatten_message_logs(rows.logs, pad)
+        return rows
 
     def _row(
         self, log: list[Message], contents: list[tuple[_Content, tuple]] | None = None
@@ -420,8 +260,8 @@ class TeacherRendering:
     def _content(self, message: Message) -> _Content:
         """An assistant turn's content as the student wrote it: its ids (the end of turn
         apart), each id's byte length, and its text (whole characters)."""
-        ids = list(message["token_ids"])
-        end_of_turn = bool(ids) and ids[-1] in self.student_ends
+        ids = np.asarray(message["token_ids"], dtype=np.int64)
+        end_of_turn = len(ids) > 0 and int(ids[-1]) in self.student_ends
         content_ids = ids[:-1] if end_of_turn else ids
         lengths = self._student_table.byte_lengths(content_ids)
         data = self._student_table.join(content_ids)
@@ -546,14 +386,70 @@ def _decoder_strips_a_space(tokenizer: PreTrainedTokenizerBase) -> bool:
     return "Strip(" in decoder
 
 
+XTOK_COUNTS = "xtok_counts"
+"""The key of score_rendered's per-row counts (TeacherRows.counts, columns COUNTS)."""
+
+
+def score_rendered(
+    rendering: TeacherRendering,
+    batch: TensorBatch,
+    logs: list[list[Message]],
+    need: TeacherNeed,
+    score_rows: Callable[[TeacherRows], TeacherScores],
+) -> dict[str, torch.Tensor]:
+    """The student's rows scored by a teacher with another tokenizer: the conversations
+    rendered in its tokens, scored there by `score_rows`, the answers moved onto the student's
+    positions. What a teacher's worker runs on its own rows, or the driver for a teacher
+    without workers (a served one).
+
+    Args:
+        rendering: how the teacher reads the student's conversations.
+        batch: the student's rows: input_ids [B, S], token_mask [B, S].
+        logs: the conversation of each row.
+        need: what to score (top-k and sampled log-probs; hidden states are refused at setup).
+        score_rows: the teacher's answers on its own rows (TeacherRows.batch [B, S_t]).
+
+    Returns:
+        {"topk_logprobs" [B, S, k] fp32, "topk_indices" [B, S, k] int32, "logprobs" [B, S]
+        fp32: those the teacher answered, in the student's positions; XTOK_COUNTS [B, C]
+        float64: the rows' counts for the metrics (TeacherRows.counts)}.
+    """
+    rows = rendering.teacher_rows(logs)
+    scores = score_rows(rows)
+    width = batch["input_ids"].shape[1]
+    out, topk = {}, None
+    if scores.topk_logprobs is not None:
+        out["topk_logprobs"], out["topk_indices"] = rows.topk_to_student(
+            scores.topk_logprobs, scores.topk_indices, width, rendering.vocab_map()
+        )
+        topk = (scores.topk_logprobs, out["topk_logprobs"])
+    if scores.logprobs is not None:
+        out["logprobs"] = rows.logprobs_to_student(scores.logprobs, width)
+    out[XTOK_COUNTS] = rows.counts(batch["token_mask"], topk)
+    return out
+
+
 class CrossTokenizerTeacher:
     """Any teacher, reading the student's rollouts in its own tokens and answering in the
-    student's positions and vocabulary (the Teacher interface)."""
+    student's positions and vocabulary (the Teacher interface).
 
-    def __init__(self, inner: Teacher, rendering: TeacherRendering) -> None:
+    Args:
+        inner: the teacher, scoring rows in its own tokens.
+        rendering: how it reads the student's conversations.
+        workers: the inner teacher's own workers, when it runs them (an in-process teacher):
+            each data-parallel replica then renders, scores and maps its own rows
+            (Policy.score_rendered), and the driver only ships conversations and collects
+            answers. None: the driver renders and maps (a served teacher).
+    """
+
+    def __init__(
+        self, inner: Teacher, rendering: TeacherRendering, workers: Policy | None = None
+    ) -> None:
         self.inner = inner
         self.rendering = rendering
         self.vocab = rendering.vocab_map()
+        self._workers = workers
+        self._workers_render = False  # the rendering is sent to the workers at first use
         self._mapped: list[float] = []
         self._graded: list[float] = []
         self._chained: list[float] = []
@@ -561,41 +457,46 @@ class CrossTokenizerTeacher:
         self._truncated = 0
 
     def score(self, rollouts: Rollouts, need: TeacherNeed) -> TeacherScores:
-        rows = self.rendering.teacher_rows(rollouts.message_logs)
-        self._unrendered += rows.unrendered
-        self._truncated += rows.truncated
-        scores = self.inner.score(Rollouts(rows.batch, rows.logs, rollouts.metadata), need)
-        width = rollouts.batch["input_ids"].shape[1]
-        out = TeacherScores()
-        if scores.topk_logprobs is not None:
-            out.topk_logprobs, out.topk_indices = rows.topk_to_student(
-                scores.topk_logprobs, scores.topk_indices, width, self.vocab
+        if self._workers is None:
+            answer = score_rendered(
+                self.rendering,
+                rollouts.batch,
+                rollouts.message_logs,
+                need,
+                lambda rows: self.inner.score(
+                    Rollouts(rows.batch, rows.logs, rollouts.metadata), need
+                ),
             )
-            chained = torch.zeros(len(rows.turns), width, dtype=torch.bool)
-            chain_rows, chain_positions, *_ = rows.chains(width)
-            chained[chain_rows, chain_positions] = True
-            self._note_mapped_mass(scores.topk_logprobs, out.topk_logprobs, rows, chained)
-            predicting = rollouts.batch["token_mask"].roll(-1, dims=1) > 0  # the turns' tokens
-            graded = (rows.source_positions(width) >= 0) & predicting
-            self._graded.append(float(graded.sum()) / max(1.0, float(predicting.sum())))
-            self._chained.append(float((chained & graded).sum()) / max(1.0, float(graded.sum())))
-        if scores.logprobs is not None:
-            out.logprobs = rows.logprobs_to_student(scores.logprobs, width)
-        return out
+        else:
+            answer = self._score_in_workers(rollouts, need)
+        self._note(answer.pop(XTOK_COUNTS), topk="topk_logprobs" in answer)
+        return TeacherScores(**answer)
 
-    def _note_mapped_mass(self, before, after, rows: TeacherRows, chained) -> None:
-        """The share of the teacher's top-k mass that maps to student ids, over the graded
-        positions that read a whole distribution (not the chained ones:
-        teacher/xtok_mapped_mass)."""
-        source = rows.source_positions(chained.shape[1])
-        graded = (source >= 0) & ~chained
-        if not graded.any():
+    def _score_in_workers(self, rollouts: Rollouts, need: TeacherNeed) -> dict:
+        if not self._workers_render:
+            self._workers.set_rendering(self.rendering)
+            self._workers_render = True
+        return self._workers.score_rendered(
+            rollouts.batch,
+            [[_rendered_fields(m) for m in log] for log in rollouts.message_logs],
+            topk=need.topk,
+            temperature=need.temperature,
+            logprobs=need.sampled,
+        )
+
+    def _note(self, counts: torch.Tensor, topk: bool) -> None:
+        """The metrics of one scored batch from its rows' counts [B, len(COUNTS)]: the graded
+        and chained shares and the mapped mass (with a top-k) as this batch's ratios, the
+        unrendered and truncated rows summed."""
+        total = dict(zip(COUNTS, counts.sum(0).tolist(), strict=True))
+        self._unrendered += int(total["unrendered"])
+        self._truncated += int(total["truncated"])
+        if not topk:
             return
-        total = before.float().gather(
-            1, source.clamp_min(0).unsqueeze(-1).expand(-1, -1, before.shape[-1])
-        ).exp().sum(-1)  # fmt: skip
-        kept = after.exp().sum(-1)
-        self._mapped.append(float((kept[graded] / total[graded].clamp_min(1e-12)).mean()))
+        self._graded.append(total["graded"] / max(1.0, total["predicting"]))
+        self._chained.append(total["chained"] / max(1.0, total["graded"]))
+        if total["mapped"] > 0:
+            self._mapped.append(total["mapped_mass"] / total["mapped"])
 
     def workers(self) -> dict[str, Policy]:
         return self.inner.workers()
@@ -621,3 +522,9 @@ class CrossTokenizerTeacher:
 
     def shutdown(self) -> None:
         self.inner.shutdown()
+
+
+def _rendered_fields(message: Message) -> Message:
+    """A message without its generation log-probs (one per token, never read by a teacher):
+    what a teacher's worker is sent."""
+    return {key: value for key, value in message.items() if key != "generation_logprobs"}

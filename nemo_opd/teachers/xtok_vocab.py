@@ -43,6 +43,7 @@ class VocabMap:
 
     def __init__(self, teacher_to_student: torch.Tensor) -> None:
         self.teacher_to_student = teacher_to_student
+        self._keys: np.ndarray | None = None  # [V_teacher + 1] sort keys (_student_keys)
 
     @classmethod
     def from_tokenizers(
@@ -84,8 +85,8 @@ class VocabMap:
         """A teacher's top-k in the student's vocabulary.
 
         Args:
-            logprobs: [..., k] the teacher's log-probs (over its full vocabulary).
-            indices: [..., k] teacher ids.
+            logprobs: [..., k] the teacher's log-probs (over its full vocabulary), on the CPU.
+            indices: [..., k] teacher ids, on the CPU.
 
         Returns:
             ([..., k] log-probs, [..., k] int32 student ids): each slot's teacher id moved to
@@ -97,7 +98,7 @@ class VocabMap:
         k = indices.shape[-1]
         values, ids = logprobs.reshape(-1, k).float(), indices.reshape(-1, k)
         out_values = torch.empty_like(values)
-        out_ids = torch.empty(ids.shape, dtype=torch.int32, device=ids.device)
+        out_ids = torch.empty(ids.shape, dtype=torch.int32)
         for lo in range(0, values.shape[0], ROWS_PER_CHUNK):
             hi = lo + ROWS_PER_CHUNK
             out_values[lo:hi], out_ids[lo:hi] = self._map_rows(values[lo:hi], ids[lo:hi])
@@ -106,27 +107,64 @@ class VocabMap:
     def _map_rows(
         self, values: torch.Tensor, indices: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """map_topk of [n, k] rows: the slots sorted by student id, each run of one id summed
-        into its first slot (O(k log k) per row), then sorted by probability."""
-        mapping = self.teacher_to_student.to(indices.device)
-        ids = indices.long()
-        inside = (ids >= 0) & (ids < mapping.shape[0])  # a padded vocabulary's ids map nowhere
-        student = torch.where(inside, mapping[ids.clamp(0, mapping.shape[0] - 1)], -1)
-        student = student.masked_fill(values == float("-inf"), -1)
-        unmapped = torch.iinfo(torch.int64).max  # sorts after every id
-        key, order = torch.where(student >= 0, student, unmapped).sort(dim=-1, stable=True)
-        probs = values.gather(-1, order).exp()
-        starts = torch.ones_like(key, dtype=torch.bool)
-        starts[:, 1:] = key[:, 1:] != key[:, :-1]
-        group = starts.long().cumsum(-1) - 1  # [n, k] the run of each sorted slot
-        totals = torch.zeros_like(probs).scatter_add_(-1, group, probs)
-        group_ids = torch.full_like(key, unmapped).scatter_(-1, group, key)
-        empty = group_ids == unmapped
-        # log(0) takes a slow path on CPUs: the unused slots are set to 1 first
-        merged = totals.masked_fill(empty, 1.0).log_().masked_fill_(empty, float("-inf"))
-        merged_ids = group_ids.masked_fill(empty, EMPTY_INDEX)
-        by_mass = merged.argsort(dim=-1, descending=True, stable=True)
-        return merged.gather(-1, by_mass), merged_ids.gather(-1, by_mass).to(torch.int32)
+        """map_topk of [n, k] rows (CPU tensors): the slots sorted by student id, each run of one
+        id summed into its first slot in slot order, then sorted by probability (ties by student
+        id). Both sorts are numpy sorts of int64 keys that carry the slot in their low bits
+        (unique keys: the order is the stable one, and numpy's SIMD sort applies)."""
+        n, k = values.shape
+        shift = max(1, (k - 1).bit_length())
+        slot = np.arange(k, dtype=np.int64)
+        logprobs = np.ascontiguousarray(values.numpy())
+        by_student = self._student_keys(indices.numpy(), logprobs) << shift | slot
+        by_student.sort(axis=-1)
+        order, student = by_student & (1 << shift) - 1, by_student >> shift
+        probs = torch.from_numpy(np.take_along_axis(logprobs, order, axis=-1)).exp()
+        first = np.ones((n, k), dtype=bool)  # the first slot of each run of one student id
+        np.not_equal(student[:, 1:], student[:, :-1], out=first[:, 1:])
+        run_start = np.maximum.accumulate(np.where(first, slot, 0), axis=-1)
+        totals = torch.zeros_like(probs).scatter_add_(-1, torch.from_numpy(run_start), probs)
+        empty = ~first | (student == _UNMAPPED)
+        merged = _log_or_empty(totals, torch.from_numpy(empty))
+        by_mass = _descending_keys(merged)
+        by_mass[empty] = 1 << 32  # after every real slot, -inf ones included
+        by_mass = by_mass << shift | slot
+        by_mass.sort(axis=-1)
+        by_mass &= (1 << shift) - 1
+        ids = np.where(empty, EMPTY_INDEX, student).astype(np.int32)
+        return (
+            torch.from_numpy(np.take_along_axis(merged, by_mass, axis=-1)),
+            torch.from_numpy(np.take_along_axis(ids, by_mass, axis=-1)),
+        )
+
+    def _student_keys(self, indices: np.ndarray, logprobs: np.ndarray) -> np.ndarray:
+        """[n, k] int64: each slot's student id, _UNMAPPED for a teacher id that maps nowhere,
+        lies outside the map (a padded vocabulary's) or has log-prob -inf."""
+        if self._keys is None:
+            mapping = self.teacher_to_student.numpy()
+            self._keys = np.append(np.where(mapping >= 0, mapping, _UNMAPPED), _UNMAPPED)
+        outside = len(self._keys) - 1  # negative ids read as huge unsigned ones: outside too
+        rows = np.minimum(indices.astype(np.int64).view(np.uint64), outside)
+        keys = self._keys[rows]
+        keys[logprobs == -np.inf] = _UNMAPPED
+        return keys
+
+
+_UNMAPPED = 1 << 40
+"""The sort key of a slot with no student id: after every id."""
+
+
+def _log_or_empty(probs: torch.Tensor, empty: torch.Tensor) -> np.ndarray:
+    """[n, k] log of probs, -inf at empty slots (log(0) takes a slow path on CPUs: empty slots
+    are set to 1 first)."""
+    return probs.masked_fill_(empty, 1.0).log_().masked_fill_(empty, float("-inf")).numpy()
+
+
+def _descending_keys(values: np.ndarray) -> np.ndarray:
+    """[...] int64 in [0, 2**32): keys whose ascending order is the float32 values'
+    descending order (the IEEE bits made order-preserving, then reversed)."""
+    bits = values.view(np.int32)
+    ascending = (bits ^ ((bits >> 31) | np.int32(-(2**31)))).view(np.uint32)
+    return (np.uint32(0xFFFFFFFF) - ascending).astype(np.int64)
 
 
 CONTINUATIONS = ("", "0", " ", "a")

@@ -297,6 +297,10 @@ class Engine(ABC):
         """Ranks whose per-token sums add up to the global batch's."""
         return self.dims.group("dp_cp")
 
+    def _tp_shards(self) -> dist.ProcessGroup | None:
+        """The tp group for a loss when the vocabulary is sharded, else None (no collectives)."""
+        return self.tp_group if self.dims.tp > 1 else None
+
     # ---------------------------------------------------------------- shared algorithms
 
     def train(self, data: TensorBatch, loss_fn: LossFn, global_batch_size: int) -> dict:
@@ -371,7 +375,7 @@ class Engine(ABC):
             *_max: reduced by min / max), and global_valid_toks.
         """
         valid = data["loss_mask"].sum().reshape(1)
-        dist.all_reduce(valid, group=self.dp_group)
+        all_reduce(valid, self.dp_group)
         make = self._train_microbatches if train else self._scoring_microbatches
         names = loss_fn.input_fields
         sums: dict[str, torch.Tensor] = {}
@@ -381,7 +385,7 @@ class Engine(ABC):
             if TEACHER_HIDDEN in fields:
                 fields = self._with_teacher_logits(fields)
             return loss_fn(
-                logits, fields, count, vocab_start=self.vocab_start, tp_group=self.tp_group
+                logits, fields, count, vocab_start=self.vocab_start, tp_group=self._tp_shards()
             )
 
         for mb in make(data, names):
@@ -410,7 +414,7 @@ class Engine(ABC):
             chunk=chunk,
             project=self._project,
             finish=self._mask_padding,
-            tp_group=self.tp_group if self.dims.tp > 1 else None,
+            tp_group=self._tp_shards(),
         )
 
     @torch.no_grad()
@@ -572,7 +576,7 @@ class Engine(ABC):
         FSDP gathers parameters in every forward, so all dp ranks must run the same number.
         """
         count = torch.tensor([len(microbatches)], device=self.device)
-        dist.all_reduce(count, op=dist.ReduceOp.MAX, group=self.dp_group)
+        all_reduce(count, self.dp_group, dist.ReduceOp.MAX)
         template = microbatches[0]
         while len(microbatches) < int(count):
             microbatches.append(
@@ -745,9 +749,18 @@ class Engine(ABC):
             if not names:
                 continue
             stacked = torch.stack([torch.as_tensor(sums[n], device=self.device) for n in names])
-            dist.all_reduce(stacked, op=op, group=self.dp_cp_group)
+            all_reduce(stacked, self.dp_cp_group, op)
             reduced.update(zip(names, stacked.tolist(), strict=True))
         return reduced
+
+
+def all_reduce(
+    tensor: torch.Tensor, group: dist.ProcessGroup, op: dist.ReduceOp = dist.ReduceOp.SUM
+) -> None:
+    """dist.all_reduce in place, skipped over a group of one rank (where it is the identity but
+    still a round trip through the backend, several per microbatch)."""
+    if dist.get_world_size(group) > 1:
+        dist.all_reduce(tensor, op=op, group=group)
 
 
 def _names_by_reduction(sums: dict) -> dict[dist.ReduceOp, list[str]]:

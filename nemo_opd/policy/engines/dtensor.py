@@ -4,9 +4,13 @@ Build steps: register the segment-causal attention -> load the model with from_p
 (with policy.lora: peft's adapters injected, lora.py) -> pad the vocabulary rows of the
 embedding and lm_head (vocab_padding.py) -> apply tensor parallel over "tp" -> activation
 checkpointing -> FSDP2 over "dp_cp" -> optimizer and scheduler (with LoRA: over the adapters
-only, the rest frozen). FSDP is applied even at world size 1, so every parameter is a DTensor
-and one code path serves every layout. Weights, checkpoints and optimizer state leave the engine
-with the real vocabulary's rows and are padded again when loaded.
+only, the rest frozen). One process training in float32 (world size 1, no CPU offload) skips
+FSDP: there is nothing to shard, gather or reduce, and its mixed-precision cast would be the
+identity, so the plain module computes the same step without FSDP's and DTensor's per-layer
+hooks and dispatch (docs/benchmarks.md). Every other layout, and a lone process in bf16 (whose
+fp32 master weights FSDP keeps), is wrapped; the rest of the engine serves both. Weights,
+checkpoints and optimizer state leave the engine with the real vocabulary's rows and are padded
+again when loaded.
 
 A LoRA student's refit weights and export are merged (W + s B A, computed per weight without
 touching the base copy); its checkpoints hold the adapters and their optimizer state only.
@@ -134,12 +138,14 @@ class DTensorEngine(Engine):
             apply_tensor_parallel(model, self.dims.submesh("tp"))
         if self.cfg.dtensor_cfg.activation_checkpointing:
             apply_activation_checkpointing(model)
-        apply_fsdp(
-            model,
-            self.dims.submesh("dp_cp"),
-            DTYPES[self.cfg.precision],
-            cpu_offload=self.cfg.dtensor_cfg.cpu_offload and self.device.type == "cuda",
-        )
+        cpu_offload = self.cfg.dtensor_cfg.cpu_offload and self.device.type == "cuda"
+        if needs_fsdp(self.dims, DTYPES[self.cfg.precision], cpu_offload):
+            apply_fsdp(
+                model,
+                self.dims.submesh("dp_cp"),
+                DTYPES[self.cfg.precision],
+                cpu_offload=cpu_offload,
+            )
         if not self.with_optimizer:
             model.requires_grad_(False)
         elif self.lora:
@@ -152,7 +158,8 @@ class DTensorEngine(Engine):
         # The root FSDP module keeps its parameters unsharded after a forward; a forward
         # without backward (scoring) would leave them so, and the next training step would
         # then skip gathering them. Reshard on every switch to start from a clean state.
-        self.model.reshard()
+        if isinstance(self.model, FSDPModule):
+            self.model.reshard()
         self.model.train(train)
 
     def forward_logits(
@@ -263,8 +270,11 @@ class DTensorEngine(Engine):
         """The full weights, or a LoRA student's adapters under peft's keys (lora.peft_name)."""
         if self.lora:
             adapters = (item for item in self.model.named_parameters() if is_adapter(item[0]))
-            return {peft_name(n): _full(p).detach().to("cpu", torch.float32) for n, p in adapters}
-        weights = get_model_state_dict(self.model, options=FULL_ON_CPU)
+            return {
+                peft_name(n): _full(p).detach().to("cpu", torch.float32, copy=True)
+                for n, p in adapters
+            }
+        weights = self._full_state()
         if self.hf_config.tie_word_embeddings:
             weights.pop("lm_head.weight", None)
         return resize_vocab_weights(weights, self.vocab_size)
@@ -272,11 +282,19 @@ class DTensorEngine(Engine):
     def gather_merged_weights(self) -> dict[str, torch.Tensor]:
         """A LoRA student's full fp32 weights with the adapters merged, in gather_weights'
         full-weight format (on rank 0; the other ranks get an empty dict)."""
-        state = get_model_state_dict(self.model, options=FULL_ON_CPU)
+        state = self._full_state()
         merged = merge_state(state, self._lora_pairs)
         if self.hf_config.tie_word_embeddings:
             merged.pop("lm_head.weight", None)
         return resize_vocab_weights(merged, self.vocab_size) if merged else merged
+
+    def _full_state(self) -> dict[str, torch.Tensor]:
+        """Every weight whole on the CPU, never an alias of the live parameters (an unwrapped
+        model's state dict would be: the caller may keep it across optimizer steps)."""
+        state = get_model_state_dict(self.model, options=FULL_ON_CPU)
+        if isinstance(self.model, FSDPModule):
+            return state
+        return {name: tensor.detach().clone() for name, tensor in state.items()}
 
     def gather_optimizer_state(self) -> dict:
         state = get_optimizer_state_dict(self.model, self.optimizer, options=FULL_ON_CPU)
@@ -322,6 +340,12 @@ class DTensorEngine(Engine):
     def load_optimizer_state(self, state: dict) -> None:
         state = resize_vocab_optimizer_state(state, self.padded_vocab_size)
         set_optimizer_state_dict(self.model, self.optimizer, state, options=FULL)
+
+
+def needs_fsdp(dims: ParallelDims, param_dtype: torch.dtype, cpu_offload: bool) -> bool:
+    """Whether the model is wrapped with FSDP2: always, except in one float32 process without
+    CPU offload, where FSDP would shard over one rank and cast float32 to float32."""
+    return dims.world_size > 1 or param_dtype != torch.float32 or cpu_offload
 
 
 def _full(param: torch.Tensor) -> torch.Tensor:

@@ -48,7 +48,7 @@ def _stop_after_parsing():
     with the namespace instead of returning to the program."""
     originals = {
         name: getattr(argparse.ArgumentParser, name)
-        for name in ("parse_args", "parse_known_args", "parse_intermixed_args")
+        for name in ("parse_args", "parse_known_args", "parse_intermixed_args", "error")
     }
     depth = [0]
 
@@ -69,14 +69,12 @@ def _stop_after_parsing():
         raise _Refused(message)
 
     for name in originals:
-        setattr(argparse.ArgumentParser, name, patched(name))
-    argparse.ArgumentParser.error = error
+        setattr(argparse.ArgumentParser, name, error if name == "error" else patched(name))
     try:
         yield
     finally:
         for name, original in originals.items():
             setattr(argparse.ArgumentParser, name, original)
-        del argparse.ArgumentParser.error  # the class's own again
 
 
 def _parse(run, program: str, args: list[str], partial: bool) -> argparse.Namespace | None:

@@ -167,3 +167,48 @@ def test_top_k_of_many_positions_is_mapped_in_chunks_alike():
     chunked = vocab.map_topk(values.view(rows, 1, 8), indices.view(rows, 1, 8))
     assert torch.equal(chunked[1].view(rows, 8), whole[1])
     assert torch.equal(chunked[0].view(rows, 8), whole[0])
+
+
+def _reference_map_rows(mapping: torch.Tensor, values: torch.Tensor, indices: torch.Tensor):
+    """The top-k map as first written (torch sorts), kept as the reference: slots sorted stably
+    by student id, each run summed into its group by scatter_add, groups sorted stably by
+    mass."""
+    unmapped = torch.iinfo(torch.int64).max
+    ids = indices.long()
+    inside = (ids >= 0) & (ids < mapping.shape[0])
+    student = torch.where(inside, mapping[ids.clamp(0, mapping.shape[0] - 1)], -1)
+    student = student.masked_fill(values == float("-inf"), -1)
+    key, order = torch.where(student >= 0, student, unmapped).sort(dim=-1, stable=True)
+    probs = values.gather(-1, order).exp()
+    starts = torch.ones_like(key, dtype=torch.bool)
+    starts[:, 1:] = key[:, 1:] != key[:, :-1]
+    group = starts.long().cumsum(-1) - 1
+    totals = torch.zeros_like(probs).scatter_add_(-1, group, probs)
+    group_ids = torch.full_like(key, unmapped).scatter_(-1, group, key)
+    empty = group_ids == unmapped
+    merged = totals.masked_fill(empty, 1.0).log().masked_fill(empty, float("-inf"))
+    by_mass = merged.argsort(dim=-1, descending=True, stable=True)
+    merged_ids = group_ids.masked_fill(empty, EMPTY_INDEX)
+    return merged.gather(-1, by_mass), merged_ids.gather(-1, by_mass).to(torch.int32)
+
+
+@pytest.mark.parametrize("k", [1, 5, 64, 100])
+@pytest.mark.parametrize("case", ["ties", "distinct", "underflow", "sparse"])
+def test_top_k_map_is_the_reference_bit_for_bit(k, case):
+    """Duplicates, holes, ids outside the map (negative and past its end), -inf slots, tied
+    log-probs and groups whose probability underflows to 0: the same values and ids, in the
+    same order, as the reference."""
+    gen = torch.Generator().manual_seed(k)
+    students = 40 if case != "sparse" else 100_000
+    vocab = VocabMap(torch.randint(-1, students, (3000,), generator=gen))
+    scale = 80.0 if case == "underflow" else 1.0
+    values = torch.log_softmax(torch.randn(2000, k, generator=gen) * scale, -1)
+    if case == "ties":
+        values = (values * 4).round() / 4
+    values[torch.rand(values.shape, generator=gen) < 0.05] = float("-inf")
+    values = values.sort(-1, descending=True).values
+    indices = torch.randint(-3, 3005, values.shape, generator=gen, dtype=torch.int32)
+    got = vocab.map_topk(values, indices)
+    expected = _reference_map_rows(vocab.teacher_to_student, values, indices)
+    assert torch.equal(got[1], expected[1])
+    assert torch.equal(got[0], expected[0])

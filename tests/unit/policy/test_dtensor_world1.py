@@ -1,0 +1,71 @@
+"""The DTensor engine of one float32 process without FSDP computes the FSDP-wrapped engine's
+steps: the same losses, gradient norms and weights after training (in this process, gloo at
+world size 1, no Ray)."""
+
+import pytest
+import torch
+import torch.distributed as dist
+from conftest import make_batch, policy_config
+
+import nemo_opd.policy.engines.dtensor as dtensor
+from nemo_opd.data.batching import TensorBatch
+from nemo_opd.distributed.parallel_dims import ParallelDims
+from nemo_opd.distributed.process_group import find_free_port, init_distributed
+from nemo_opd.losses import DistillationLossFn, TopkKLParams
+from nemo_opd.policy.engines.dtensor import DTensorEngine, needs_fsdp
+
+
+@pytest.fixture(scope="module")
+def world1():
+    """A one-rank gloo process group in this process, and its meshes."""
+    init_distributed(0, 1, "127.0.0.1", find_free_port(), "cpu", timeout_s=60)
+    dims = ParallelDims(world_size=1, device_type="cpu")
+    dims.build_mesh()
+    yield dims
+    dist.destroy_process_group()
+
+
+def test_only_one_float32_process_goes_unwrapped():
+    one, two = ParallelDims(world_size=1), ParallelDims(world_size=2)
+    assert not needs_fsdp(one, torch.float32, cpu_offload=False)
+    assert needs_fsdp(one, torch.bfloat16, cpu_offload=False)  # FSDP keeps fp32 masters
+    assert needs_fsdp(one, torch.float32, cpu_offload=True)
+    assert needs_fsdp(two, torch.float32, cpu_offload=False)
+
+
+def test_unwrapped_step_equals_the_fsdp_step(world1, model_dirs, monkeypatch):
+    cfg = policy_config(model_dirs["tied"], train_micro_batch_size=2)
+    engines = {}
+    for wrapped in (True, False):
+        monkeypatch.setattr(dtensor, "needs_fsdp", lambda *args, w=wrapped: w)
+        engines[wrapped] = DTensorEngine(cfg, world1, torch.device("cpu"), total_steps=10)
+    assert isinstance(engines[True].model, dtensor.FSDPModule)
+    assert not isinstance(engines[False].model, dtensor.FSDPModule)
+    loss_fn = DistillationLossFn(params=TopkKLParams(kl_type="reverse"))
+    histories = {}
+    for seed in (0, 1):
+        batch = TensorBatch(make_batch(8, seed=seed))
+        for wrapped, engine in engines.items():
+            history = engine.train(batch, loss_fn, global_batch_size=4)
+            histories.setdefault(wrapped, []).append(history)
+    for fsdp, plain in zip(histories[True], histories[False], strict=True):
+        for name in ("loss", "grad_norm"):
+            assert plain[name] == pytest.approx(fsdp[name], rel=1e-5)
+    fsdp_weights = engines[True].gather_weights()
+    plain_weights = engines[False].gather_weights()
+    assert fsdp_weights.keys() == plain_weights.keys()
+    for name, weight in fsdp_weights.items():
+        torch.testing.assert_close(plain_weights[name], weight, rtol=1e-5, atol=1e-6)
+    # A gathered copy outlives the next step unchanged: it is never the live parameter.
+    live = dict(engines[False].model.named_parameters())
+    for name, weight in plain_weights.items():
+        assert weight.data_ptr() != live[name].data_ptr()
+
+
+def test_unwrapped_lora_adapters_are_gathered_as_copies(world1, model_dirs):
+    lora = {"lora__enabled": True, "lora__rank": 2, "lora__target_modules": ["q_proj"]}
+    engine = DTensorEngine(policy_config(model_dirs["tied"], **lora), world1, torch.device("cpu"))
+    assert not isinstance(engine.model, dtensor.FSDPModule)
+    live = {p.data_ptr() for p in engine.model.parameters()}
+    adapters = engine.gather_weights()
+    assert adapters and all(a.data_ptr() not in live for a in adapters.values())
