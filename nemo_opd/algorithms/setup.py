@@ -50,7 +50,7 @@ from nemo_opd.distributed.nodes import choose_nodes, format_placement, placement
 from nemo_opd.distributed.placement import bundle_node_slots, generation_bundles
 from nemo_opd.distributed.ray_runtime import init_ray
 from nemo_opd.distributed.shared_paths import check_shared_paths, paths_workers_use
-from nemo_opd.environments import MathEnvironment
+from nemo_opd.environments.build import build_environments
 from nemo_opd.errors import SetupError
 from nemo_opd.generation import VllmGeneration
 from nemo_opd.losses import DistillationLossFn, NLLLossFn, PolicyGradientLossFn
@@ -65,6 +65,7 @@ from nemo_opd.teachers.routed import RoutedTeachers
 from nemo_opd.teachers.served import ServedTeacher
 from nemo_opd.teachers.served_checks import check_served_teacher, server_api_key
 from nemo_opd.tiny.assets import resolve_pretrained
+from nemo_opd.tools.base import tool_schemas
 from nemo_opd.utils.checkpoint_manager import CheckpointManager
 from nemo_opd.utils.logger import Logger
 from nemo_opd.utils.run_dirs import RunLock, check_writable, with_absolute_paths
@@ -215,7 +216,7 @@ def _build_run(cfg: DistillationConfig, lock: RunLock, marks: StartupMarks) -> D
             started.append(teacher)
         teacher = _with_privileged_context(teacher, context, formatter)
         marks.note("workers_launched")
-        environments = {"math": MathEnvironment(cfg.env.math)}
+        environments = build_environments(cfg.env)
         started.extend(environments.values())
         _wait_for_workers(marks, student, teacher, generation, teacher_sampler)
         if cfg.loss_fn.support != "teacher_topk":  # the student applies the teacher's head
@@ -347,7 +348,9 @@ def _crossed(
             f"take a prompt of its own ({section}.prompt_template) yet: unset one of them"
         )
     system_prompt = read_text_file(cfg.data.system_prompt_file, "data.system_prompt_file")
-    teacher_formatter = ChatFormatter(teacher_tokenizer, template_kwargs=teacher_kwargs)
+    teacher_formatter = ChatFormatter(
+        teacher_tokenizer, template_kwargs=teacher_kwargs, tools=offered_tools(cfg)
+    )
     rendering = TeacherRendering(
         tokenizer,
         teacher_formatter,
@@ -483,6 +486,15 @@ def _served_teacher(cfg: DistillationConfig, tokenizer: PreTrainedTokenizerBase)
     return CrossTokenizerTeacher(teacher, rendering)
 
 
+def offered_tools(cfg: DistillationConfig) -> list[dict] | None:
+    """The tools env.tools offers, as the chat template takes them (None for none);
+    SetupError for a tool that cannot be loaded."""
+    try:
+        return tool_schemas(cfg.env.tools.names)
+    except ValueError as error:
+        raise SetupError(f"env.tools.names: {error}") from None
+
+
 def _load_prompts(
     cfg: DistillationConfig, tokenizer: PreTrainedTokenizerBase
 ) -> tuple[ChatFormatter, PromptSet, PromptSet]:
@@ -494,6 +506,7 @@ def _load_prompts(
         read_text_file(cfg.data.prompt_file, "data.prompt_file"),
         read_text_file(cfg.data.system_prompt_file, "data.system_prompt_file"),
         cfg.policy.tokenizer.chat_template_kwargs,
+        tools=offered_tools(cfg),
     )
     max_prompt = cfg.data.max_input_seq_length or cfg.policy.max_total_sequence_length - 1
     template = _privileged_template(cfg)

@@ -51,6 +51,7 @@ from nemo_opd.config.schema import (
     TeacherConfig,
     TeacherServerConfig,
     TokenizerConfig,
+    ToolsConfig,
     VllmConfig,
     WandbConfig,
 )
@@ -80,6 +81,7 @@ __all__ = [
     "SchedulerConfig",
     "SequencePackingConfig",
     "TokenizerConfig",
+    "ToolsConfig",
     "VllmConfig",
     "WandbConfig",
     "apply_overrides",

@@ -20,6 +20,7 @@ from nemo_opd.config.address import address_problem
 from nemo_opd.config.errors import show, suggest
 from nemo_opd.config.templates import read_template_file, template_problem
 from nemo_opd.config.worker_split import worker_split
+from nemo_opd.tools.base import BUILTIN_TOOLS
 
 if TYPE_CHECKING:  # the schema runs these checks when it validates: no import back at run time
     from nemo_opd.config.schema import DistillationConfig, PolicyConfig, TeacherConfig
@@ -554,6 +555,9 @@ def check_prompt_file(cfg: "DistillationConfig") -> list[str]:
     return [f"data.prompt_file: the template {problem}"] if problem else []
 
 
+TOOL_SPEC = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+"""A tool named by where it lives: "package.module:attribute"."""
+
 TEACHER_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 """A name of `teachers` (it becomes part of metric names, teacher/<name>/...)."""
 
@@ -749,6 +753,30 @@ def check_loss_support(cfg: "DistillationConfig") -> list[str]:
     return problems
 
 
+def check_tools(cfg: "DistillationConfig") -> list[str]:
+    """env.tools.names: each a built-in tool or "package.module:attribute", named once; a
+    tool's result is read in a later turn, so distillation.max_rollout_turns is at least 2."""
+    names = cfg.env.tools.names
+    if not names:
+        return []
+    problems = []
+    for name in names:
+        if name not in BUILTIN_TOOLS and not TOOL_SPEC.fullmatch(name):
+            known = ", ".join(sorted(BUILTIN_TOOLS))
+            problems.append(
+                f"env.tools.names: {name!r} is neither a built-in tool ({known}) nor "
+                "'package.module:attribute'"
+            )
+    if len(set(names)) < len(names):
+        problems.append("env.tools.names: a tool is named twice")
+    if cfg.distillation.max_rollout_turns < 2:
+        problems.append(
+            "env.tools.names offers tools, but distillation.max_rollout_turns is 1: the model "
+            "reads a tool's result in its next turn; set it to 2 or more"
+        )
+    return problems
+
+
 CHECKS: tuple[Callable[["DistillationConfig"], list[str]], ...] = (
     check_one_backend,
     check_backend_features_available,
@@ -775,6 +803,7 @@ CHECKS: tuple[Callable[["DistillationConfig"], list[str]], ...] = (
     check_served_teacher,
     check_loss_support,
     check_overlap,
+    check_tools,
 )
 
 

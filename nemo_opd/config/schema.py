@@ -394,11 +394,48 @@ class MathEnvConfig(Section):
     """The user message sent after a wrong answer when retry_on_wrong is set."""
 
 
+class ToolsConfig(Section):
+    """Tools the student may call during rollouts (docs/agentic.md): offered to the chat
+    template (`tools=`), calls read in the model family's format, run in worker processes with
+    a time, memory and output limit per call, results appended as `tool` messages."""
+
+    names: list[str] = Field(default_factory=list, max_length=64)
+    """The tools offered: built-in names (calculator) or "package.module:attribute" (a tool
+    class or object, nemo_opd/tools/base.py). Empty: no tools, rollouts as before."""
+
+    format: Literal["hermes", "llama3_json"] = "hermes"
+    """How the model writes a call: hermes (Qwen2.5/Qwen3/Hermes: <tool_call>{"name": ...,
+    "arguments": {...}}</tool_call>) or llama3_json (Llama 3.x: the turn is {"name": ...,
+    "parameters": {...}})."""
+
+    num_workers: int = Field(2, gt=0, le=MAX_RANKS)
+    """Tool worker processes (each runs one call at a time)."""
+
+    timeout_s: float = Field(5.0, gt=0, le=MAX_SECONDS)
+    """Seconds a call may take; past it its worker is killed and replaced, and the model
+    reads a time-out error (env/<task>/tool_error/timeout)."""
+
+    memory_mb: int = Field(1024, ge=256, le=1 << 20)
+    """Address-space cap of each tool worker (MiB): an allocation past it is a tool error."""
+
+    max_output_chars: int = Field(4096, gt=0, le=MAX_TOKENS)
+    """Longest result a call may return (characters); a longer one is a tool error."""
+
+    max_call_chars: int = Field(4096, gt=0, le=MAX_TOKENS)
+    """Longest call (characters of its JSON): a longer one is a tool error, never parsed."""
+
+    max_calls_per_turn: int = Field(4, gt=0, le=64)
+    """Calls run per assistant turn; the model reads an error for each one past it."""
+
+
 class EnvConfig(Section):
     """The environments that grade rollouts (reward and accuracy)."""
 
     math: MathEnvConfig = Field(default_factory=MathEnvConfig)
     """The math answer-verification environment."""
+
+    tools: ToolsConfig = Field(default_factory=ToolsConfig)
+    """Tools the student may call before it answers (none by default)."""
 
 
 # -------- logging, cluster, checkpoints -----------------------------------------------------------

@@ -5,10 +5,17 @@ token_ids of all messages gives exactly the sequence the model sees, rendered by
 chat template. Assistant messages keep the ids the generation engine produced (never
 re-tokenized), so the trained tokens are exactly the sampled ones.
 
-New messages are tokenized as the text the template adds after the existing conversation
-(render(history + new) minus render(history)); when the generated turn ended the template
-expects the end-of-turn text (e.g. "<|im_end|>\\n") that the model wrote only partly, so the
-rest is prepended to the new message.
+Opening messages are tokenized as the text the template adds after the conversation before
+them (render(history + new) minus render(history)). An environment's reply after a generated
+turn (a user message, tool results) is the text the template writes from the end of that
+turn's content on, the conversation rendered whole: the rest of its end of turn (e.g.
+"<|im_end|>\\n", less what the model generated of it), the new messages and the assistant
+header, tokenized as one piece; so templates that write several tool results as one block
+(Qwen3) or an assistant turn differently once others follow it (Qwen3's think block) read as
+they would render the whole conversation.
+
+Tools offered to the model (`tools`, the OpenAI function format of nemo_opd.tools.tool_schema)
+are passed to the template wherever it renders, as transformers' `tools=`.
 """
 
 from transformers import PreTrainedTokenizerBase
@@ -29,6 +36,8 @@ class ChatFormatter:
         system_prompt: a system message placed first; None for no system message.
         template_kwargs: variables for the chat template (policy.tokenizer.chat_template_kwargs,
             e.g. {"enable_thinking": False}); None for none.
+        tools: the tools offered to the model, as the template takes them (`tools=`); None
+            for none.
     """
 
     def __init__(
@@ -37,6 +46,7 @@ class ChatFormatter:
         prompt_template: str | None = None,
         system_prompt: str | None = None,
         template_kwargs: dict | None = None,
+        tools: list[dict] | None = None,
     ) -> None:
         if tokenizer.chat_template is None:
             raise SetupError(
@@ -49,6 +59,7 @@ class ChatFormatter:
         self.prompt_template = prompt_template
         self.system_prompt = system_prompt
         self.template_kwargs = dict(template_kwargs or {})
+        self.tools = tools or None
 
     def prompt_log(self, prompt: str) -> list[Message]:
         """The opening messages (system?, user) with the assistant header appended to the last
@@ -86,13 +97,42 @@ class ChatFormatter:
 
     def extend(self, log: list[Message], new: list[Message]) -> list[Message]:
         """`log` followed by `new` (non-assistant messages), the last one ending with the
-        assistant header. Returns a new list; `log` is not modified."""
-        history = [_plain(m) for m in log]
-        pieces = self._new_texts(history, [_plain(m) for m in new])
+        assistant header. After an assistant turn, the reply's text is tokenized as one piece
+        (module docstring), held by its first message (the others hold no tokens). Returns a
+        new list; `log` is not modified."""
         if log and log[-1]["role"] == "assistant":
-            pieces[0] = self._turn_closing(log[-1]) + pieces[0]
+            ids = self._encode(self._reply_text(log, new))
+            return list(log) + [dict(m, token_ids=ids if j == 0 else []) for j, m in enumerate(new)]
+        pieces = self._new_texts([_plain(m) for m in log], [_plain(m) for m in new])
         tokenized = [dict(m, token_ids=self._encode(t)) for m, t in zip(new, pieces, strict=True)]
         return list(log) + tokenized
+
+    def _reply_text(self, log: list[Message], new: list[Message]) -> str:
+        """The template's text from the end of the content of log's last (assistant) turn on,
+        when `new` follows it, less the part of its end of turn the model generated."""
+        turn = {"role": "assistant", "content": PLACEHOLDER}
+        before = [*(_plain(m) for m in log[:-1]), turn]
+        count = self._render(before, False).count(PLACEHOLDER)  # the turn's is the last one
+        if not count:
+            raise SetupError(
+                "the chat template does not write an assistant turn's content: rollouts need "
+                "one that does (policy.tokenizer.chat_template)"
+            )
+        full = self._render([*before, *(_plain(m) for m in new)], True)
+        at = -len(PLACEHOLDER)
+        for _ in range(count):
+            at = full.index(PLACEHOLDER, at + len(PLACEHOLDER))
+        tail = full[at + len(PLACEHOLDER) :]
+        return tail[self._generated_overlap(log[-1], tail) :]
+
+    def _generated_overlap(self, assistant: Message, tail: str) -> int:
+        """How many characters of the template's text after a turn's content the model
+        already generated at the end of its turn (its stop token)."""
+        generated = self.tokenizer.decode(assistant["token_ids"][-4:], skip_special_tokens=False)
+        for cut in range(min(len(tail), len(generated)), 0, -1):
+            if generated.endswith(tail[:cut]):
+                return cut
+        return 0
 
     def response_logs(self, logs: list[list[Message]], responses: list[str]) -> list[list[Message]]:
         """Each prompt log (ending with the assistant header) followed by a written assistant
@@ -150,21 +190,10 @@ class ChatFormatter:
             )
         return _through_eos(rendered[at + len(PLACEHOLDER) :], self.tokenizer.eos_token)
 
-    def _turn_closing(self, assistant: Message) -> str:
-        """Template text after the generated ids of an assistant turn: what the template writes
-        after the content ("<|im_end|>\\n"), minus the part the model already generated."""
-        rendered = self._render([{"role": "user", "content": ""}, _plain_turn()], False)
-        at = rendered.rfind(PLACEHOLDER)
-        tail = rendered[at + len(PLACEHOLDER) :] if at >= 0 else rendered
-        generated = self.tokenizer.decode(assistant["token_ids"][-4:], skip_special_tokens=False)
-        for cut in range(len(tail), 0, -1):
-            if generated.endswith(tail[:cut]):
-                return tail[cut:]
-        return tail
-
     def _render(self, messages: list[Message], add_generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(
             messages,
+            tools=self.tools,
             tokenize=False,
             add_generation_prompt=add_generation_prompt,
             **self.template_kwargs,
@@ -182,10 +211,6 @@ PLACEHOLDER = "NEMOOPDCONTENT"
 wanted: no whitespace to trim, no markup to rewrite."""
 
 
-def _plain_turn() -> Message:
-    return {"role": "assistant", "content": PLACEHOLDER}
-
-
 def _through_eos(text: str, eos: str | None) -> str:
     """`text` cut after its first EOS token (the template's end-of-turn text after it is what
     the next turn's rendering adds)."""
@@ -195,8 +220,11 @@ def _through_eos(text: str, eos: str | None) -> str:
 
 
 def _plain(message: Message) -> Message:
-    """Only role and content: what the chat template reads."""
-    return {"role": message["role"], "content": message["content"]}
+    """What the chat template reads: role and content (and a tool result's tool name)."""
+    plain = {"role": message["role"], "content": message["content"]}
+    if "name" in message:
+        plain["name"] = message["name"]
+    return plain
 
 
 def _check_prompt_template(template: str) -> None:

@@ -16,7 +16,8 @@ class EnvironmentStep:
 
     rewards[i]: reward of the latest assistant turn of conversation i.
     done[i]: the episode is over (no further turn is wanted).
-    next_messages[i]: a message to append before the next assistant turn (role "user"), or None.
+    next_messages[i]: the reply to append before the next assistant turn: a message (role
+        "user"), a list of messages (tool results, role "tool"), or None.
     metadata[i]: the conversation's metadata after the step (passed back on the next step).
     metrics: counts over this step's batch (for math: answers graded, answered by the fast path,
         grader time-outs and crashes), summed over steps and logged as env/<task>/<name>.
@@ -24,7 +25,7 @@ class EnvironmentStep:
 
     rewards: list[float]
     done: list[bool]
-    next_messages: list[Message | None]
+    next_messages: list[Message | list[Message] | None]
     metadata: list[dict]
     metrics: dict[str, float] = field(default_factory=dict)
 

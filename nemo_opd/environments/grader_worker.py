@@ -14,44 +14,12 @@ own, so a Ctrl-C in the driver's terminal reaches the driver only, which then sh
 """
 
 import argparse
-import ctypes
 import json
 import logging
-import os
-import resource
-import signal
 import sys
 
 from nemo_opd.environments.math_verify import GRADERS, grade, warm_up
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent(parent: int) -> None:
-    """Ask the kernel to kill this process when its parent dies (Linux); exit at once if the
-    parent is already gone."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:
-        sys.exit(0)
-
-
-def _limit_memory(megabytes: int) -> None:
-    """Cap the address space (RLIMIT_AS) at megabytes."""
-    limit = megabytes * 2**20
-    _, hard = resource.getrlimit(resource.RLIMIT_AS)
-    if hard != resource.RLIM_INFINITY:
-        limit = min(limit, hard)
-    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
-
-
-def _protocol_stream():
-    """A private binary stream on the original stdout; fd 1 then points at stderr, so stray prints
-    of the libraries land there."""
-    stream = os.fdopen(os.dup(1), "wb", buffering=0)
-    os.dup2(2, 1)
-    return stream
+from nemo_opd.utils.worker_guards import die_with_parent, limit_memory, protocol_stream
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -62,10 +30,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--parent", type=int, required=True)
     parser.add_argument("--marked-only", action="store_true")
     args = parser.parse_args(argv)
-    _die_with_parent(args.parent)
-    _limit_memory(args.memory_mb)
+    die_with_parent(args.parent)
+    limit_memory(args.memory_mb)
     logging.getLogger("math_verify").setLevel(logging.CRITICAL)  # parse failures are routine
-    out = _protocol_stream()
+    out = protocol_stream()
     warm_up(args.grader)
     out.write(b'"ready"\n')
     for line in sys.stdin.buffer:

@@ -2,8 +2,9 @@
 
 Each turn, every still-active conversation is continued by the generation engine with a budget
 that keeps it within max_seq_len; the environment then grades the new assistant message, says
-whether the episode is done, and may answer with a new user message (for example "try again"),
-which is tokenized with the chat template and appended. A conversation stops when the
+whether the episode is done, and may reply: a new user message (for example "try again") or
+tool results (`tool` messages, nemo_opd.environments.tool_env), tokenized with the chat
+template and appended. A conversation stops when the
 environment is done, when max_rollout_turns assistant turns were made, when a turn ended without
 a natural stop (cut at max_new_tokens, or at max_seq_len), or when the sequence reached
 max_seq_len; the last two mark it truncated, so every rollout either ended naturally or was
@@ -117,7 +118,7 @@ def run_multi_turn_rollout(
             if done or last_turn or reply is None or not state.natural_stop:
                 state.active = False
                 continue
-            logs[i] = formatter.extend(logs[i], [reply])
+            logs[i] = formatter.extend(logs[i], reply if isinstance(reply, list) else [reply])
     return finished_rollout(logs, states, metadata, dict(env_metrics))
 
 

@@ -45,6 +45,7 @@ from nemo_opd.tiny.recipe import (
     default_recipe,
     micro_recipe,
     recipe_key,
+    tools_recipe,
     xtok_recipe,
 )
 
@@ -52,9 +53,20 @@ __all__ = ["TINY_NAMES", "TINY_PREFIX", "TinyAssets", "cache_root", "ensure_tiny
 
 CACHE_ENV = "NEMO_OPD_CACHE"
 TINY_PREFIX = "tiny:"
-TINY_NAMES = ("teacher", "student", "tokenizer", "xtok_teacher", "xtok_tokenizer")
-"""The "tiny:" names: the default assets' three, and the teacher with another tokenizer and chat
-template (xtok_recipe) with its tokenizer."""
+TINY_NAMES = (
+    "teacher",
+    "student",
+    "tokenizer",
+    "xtok_teacher",
+    "xtok_tokenizer",
+    "tools_teacher",
+    "tools_student",
+    "tools_tokenizer",
+)
+"""The "tiny:" names: the default assets' three, the teacher with another tokenizer and chat
+template (xtok_recipe) with its tokenizer, and the tool task's three (tools_recipe)."""
+RECIPES_BY_PREFIX = {"xtok_": xtok_recipe, "tools_": tools_recipe}
+"""The recipe of the "tiny:" names with a prefix; the others are the default recipe's."""
 
 
 @dataclass(frozen=True)
@@ -176,7 +188,7 @@ def ensure_tiny_assets(
                 install_prebuilt(recipe, shipped, build_dir, log)
             else:
                 log(f"building tiny assets {final.name} into {final}")
-                manifest = build_tiny_assets(recipe, build_dir, log)
+                manifest = build_tiny_assets(recipe, build_dir, log, reuse=not rebuild)
                 log(f"built in {manifest['timings_seconds']['total']:.0f}s")
             install(build_dir, final)
         except BaseException:
@@ -233,9 +245,9 @@ def resolve_pretrained(name_or_path: str) -> str:
 
     ``"tiny:teacher"``, ``"tiny:student"`` and ``"tiny:tokenizer"`` become directories of the
     default tiny assets, ``"tiny:xtok_teacher"`` and ``"tiny:xtok_tokenizer"`` those of the
-    teacher with another tokenizer (xtok_recipe), each installed from the shipped copy or built
-    on first use, and cached. Any other string (a hub name, a local path) is returned
-    unchanged.
+    teacher with another tokenizer (xtok_recipe), ``"tiny:tools_*"`` those of the tool task
+    (tools_recipe), each installed from the shipped copy or built on first use, and cached.
+    Any other string (a hub name, a local path) is returned unchanged.
     """
     if not name_or_path.startswith(TINY_PREFIX):
         return name_or_path
@@ -243,8 +255,9 @@ def resolve_pretrained(name_or_path: str) -> str:
     if name not in TINY_NAMES:
         expected = ", ".join(TINY_PREFIX + n for n in TINY_NAMES)
         raise ValueError(f"unknown tiny asset {name_or_path!r}; expected one of {expected}")
-    if name.startswith("xtok_"):
-        return str(getattr(ensure_tiny_assets(xtok_recipe()), name.removeprefix("xtok_")))
+    for prefix, recipe in RECIPES_BY_PREFIX.items():
+        if name.startswith(prefix):
+            return str(getattr(ensure_tiny_assets(recipe()), name.removeprefix(prefix)))
     return str(getattr(ensure_tiny_assets(), name))
 
 
@@ -268,16 +281,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--xtok", action="store_true", help="the teacher with another tokenizer (tiny:xtok_*)"
     )
+    parser.add_argument("--tools", action="store_true", help="the tool task (tiny:tools_*)")
     parser.add_argument(
         "--export-prebuilt",
         action="store_true",
         help="copy the build into the package as the shipped prebuilt assets (maintainers)",
     )
     args = parser.parse_args(argv)
-    recipe = micro_recipe() if args.micro else xtok_recipe() if args.xtok else default_recipe()
+    recipe = default_recipe()
+    for flag, chosen in (
+        (args.micro, micro_recipe),
+        (args.xtok, xtok_recipe),
+        (args.tools, tools_recipe),
+    ):
+        recipe = chosen() if flag else recipe
     assets = ensure_tiny_assets(recipe, rebuild=args.rebuild)
     if args.export_prebuilt:
-        shipped = (recipe_key(default_recipe()), recipe_key(xtok_recipe()))
+        shipped = tuple(recipe_key(r()) for r in (default_recipe, xtok_recipe, tools_recipe))
         print(f"prebuilt assets written to {export_prebuilt(assets.root, shipped)}")
     measured = {}
     if args.eval:

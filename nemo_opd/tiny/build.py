@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import sys
 import time
 import uuid
@@ -34,10 +35,11 @@ from transformers.utils import logging as hf_logging
 import nemo_opd
 from nemo_opd.tiny.evaluation import heldout_accuracy
 from nemo_opd.tiny.model import build_tiny_model, count_parameters
-from nemo_opd.tiny.recipe import ModelRecipe, TinyRecipe, TrainRecipe, recipe_key
+from nemo_opd.tiny.recipe import ModelRecipe, TinyRecipe, TrainRecipe, recipe_key, role_key
 from nemo_opd.tiny.sft import SFTExample, encode_sft_examples, train_sft
 from nemo_opd.tiny.task import build_tiny_math_splits, save_jsonl
 from nemo_opd.tiny.tokenizer import build_tiny_tokenizer
+from nemo_opd.tiny.tool_task import corpus_texts, encode_tool_examples, tool_accuracy
 
 MANIFEST = "manifest.json"
 ROLES = ("teacher", "student")
@@ -96,7 +98,7 @@ def build_model_role(
     log(f"{role}: held-out accuracy {accuracy:.1%} ({eval_seconds:.1f}s)")
     model.save_pretrained(out_dir / role)
     tokenizer.save_pretrained(out_dir / role)
-    return {
+    entry = {
         "parameters": n_params,
         "heldout_accuracy": accuracy,
         "final_train_loss": result.final_loss,
@@ -104,6 +106,12 @@ def build_model_role(
         "eval_seconds": round(eval_seconds, 2),
         "trained_tokens": result.trained_tokens,
     }
+    if recipe.tools is not None:
+        with_tools = tool_accuracy(model, tokenizer, validation, recipe, with_tools=True)
+        log(f"{role}: with the calculator offered {with_tools}")
+        entry["heldout_accuracy_tools"] = with_tools.pop("accuracy")
+        entry.update(with_tools)
+    return entry
 
 
 def versions() -> dict[str, str]:
@@ -126,10 +134,37 @@ def write_data_splits(recipe: TinyRecipe, out_dir: Path) -> dict[str, list[dict]
     return splits
 
 
+def reusable_role(recipe: TinyRecipe, role: str, cache: Path) -> Path | None:
+    """A complete build in `cache` (a directory of builds) whose `role` model is the one
+    `recipe` would train (the same role key, recipe.role_key, and the same versions), or
+    None."""
+    wanted = role_key(asdict(recipe), role)
+    for manifest_file in sorted(cache.glob(f"*/{MANIFEST}")):
+        try:
+            manifest = json.loads(manifest_file.read_text())
+            same = role_key(manifest["recipe"], role) == wanted
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if same and manifest.get("versions") == versions() and role in manifest["models"]:
+            return manifest_file.parent
+    return None
+
+
+def copy_role(source: Path, role: str, out_dir: Path, log: Callable[[str], None]) -> dict:
+    """The `role` model of the build at `source`, copied into out_dir; its manifest entry,
+    marked with where it came from."""
+    shutil.copytree(source / role, out_dir / role)
+    entry = json.loads((source / MANIFEST).read_text())["models"][role]
+    log(f"{role}: the same as in the build {source.name}, copied (not trained again)")
+    return {**entry, "copied_from": source.name}
+
+
 def build_tiny_assets(
-    recipe: TinyRecipe, out_dir: Path, log: Callable[[str], None] = print
+    recipe: TinyRecipe, out_dir: Path, log: Callable[[str], None] = print, reuse: bool = True
 ) -> dict:
-    """Build everything into ``out_dir`` (which must exist) and return the manifest."""
+    """Build everything into ``out_dir`` (which must exist) and return the manifest. With
+    `reuse`, a model that a complete build beside out_dir already trained from the same
+    inputs (reusable_role) is copied from it instead of trained again."""
     start = time.perf_counter()
     timings: dict[str, float] = {}
     with torch_threads(recipe.torch_threads), quiet_progress_bars():
@@ -142,25 +177,34 @@ def build_tiny_assets(
         #    once for both models
         phase = time.perf_counter()
         tok = recipe.tokenizer
+        first = splits["train"][: tok.num_train_records]
         tokenizer = build_tiny_tokenizer(
-            splits["train"][: tok.num_train_records],
+            first,
             tok.vocab_size,
             tok.min_frequency,
             tok.model_max_length,
             tok.chat_style,
+            extra_texts=corpus_texts(first) if recipe.tools is not None else (),
         )
         tokenizer.save_pretrained(out_dir / "tokenizer")
-        examples = encode_sft_examples(splits["train"], tokenizer)
+        examples = None if recipe.tools else encode_sft_examples(splits["train"], tokenizer)
         timings["tokenizer"] = time.perf_counter() - phase
         log(f"tokenizer: {len(tokenizer)} tokens")
 
-        # 3. teacher and student, each trained, evaluated and saved
+        # 3. teacher and student, each trained, evaluated and saved (the tool task's
+        #    conversations differ by role)
         models = {}
         for role in recipe_roles(recipe):
             phase = time.perf_counter()
-            models[role] = build_model_role(
-                role, recipe, tokenizer, examples, splits["validation"], out_dir, log
-            )
+            source = reusable_role(recipe, role, out_dir.parent) if reuse else None
+            if source is not None:
+                models[role] = copy_role(source, role, out_dir, log)
+            else:
+                if recipe.tools is not None:
+                    examples = encode_tool_examples(splits["train"], tokenizer, role, recipe)
+                models[role] = build_model_role(
+                    role, recipe, tokenizer, examples, splits["validation"], out_dir, log
+                )
             timings[role] = time.perf_counter() - phase
     timings["total"] = time.perf_counter() - start
 

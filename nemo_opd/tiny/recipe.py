@@ -63,6 +63,21 @@ class TrainRecipe:
     seed: int = 0
 
 
+@dataclass(frozen=True)
+class ToolsRecipe:
+    """The tool task (nemo_opd.tiny.tool_task): ``offered_share`` of the train problems are
+    shown with the calculator offered; on those the teacher's solutions call it for the
+    problems tool_task.needs_calculator picks, the student's on ``student_call_share`` of
+    them whatever the problem. Evaluation allows ``max_turns`` assistant turns."""
+
+    offered_share: float = 0.5
+    max_turns: int = 3
+    student_call_share: float = 0.1
+    """Share of the offered problems (spread evenly, whatever the arithmetic) on which the
+    student's solutions call the calculator: a student that knows the call format, as real
+    students do from their instruction tuning, but not when a call pays."""
+
+
 # The student is wider than the teacher but stopped early in its supervised training, at a
 # constant learning rate: on this task a narrow student (64 x 2) learns so little per example
 # that a few minutes of distillation on a 2-core CPU barely move it, while a wide one climbs.
@@ -92,6 +107,8 @@ class TinyRecipe:
     eval_max_new_tokens: int = 32
     torch_threads: int = 2
     format_version: int = FORMAT_VERSION
+    tools: ToolsRecipe | None = None
+    """The tool task's data and evaluation; None for the plain task."""
 
 
 def recipe_key(recipe: TinyRecipe) -> str:
@@ -99,6 +116,20 @@ def recipe_key(recipe: TinyRecipe) -> str:
     that optional fields added later keep the keys of the recipes that do not set them."""
     canonical = json.dumps(_without_none(asdict(recipe)), sort_keys=True)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:12]
+
+
+def role_key(recipe: dict, role: str) -> str:
+    """A short hash of what decides the `role` model of a build, from its recipe as a dict
+    (asdict, or a manifest's "recipe"): everything but the other role's model and training
+    (and, for the teacher, the student's share of calls). Builds with the same role key train
+    the same model."""
+    fields = _without_none(recipe)
+    other = "student" if role == "teacher" else "teacher"
+    fields.pop(other, None)
+    fields.pop(f"{other}_train", None)
+    if role == "teacher" and "tools" in fields:
+        fields["tools"] = {k: v for k, v in fields["tools"].items() if k != "student_call_share"}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode("utf-8")).hexdigest()[:12]
 
 
 def _without_none(value):
@@ -122,6 +153,21 @@ def xtok_recipe() -> TinyRecipe:
         tokenizer=TokenizerRecipe(vocab_size=320, chat_style="plain"),
         student=None,
         student_train=None,
+    )
+
+
+def tools_recipe() -> TinyRecipe:
+    """The recipe behind ``tiny:tools_teacher``, ``tiny:tools_student`` and
+    ``tiny:tools_tokenizer``: the tool task (nemo_opd.tiny.tool_task), with a tokenizer whose
+    chat template offers tools and whose vocabulary holds the call format, and the default
+    models and training, on one torch thread (on a 2-core CPU shared with other work, two
+    threads spent 10x the time of one per step, waiting for each other)."""
+    return replace(
+        default_recipe(),
+        tokenizer=TokenizerRecipe(vocab_size=640, chat_style="tools"),
+        eval_max_new_tokens=40,
+        torch_threads=1,
+        tools=ToolsRecipe(),
     )
 
 

@@ -28,10 +28,13 @@ SENTINEL = "\x00PROMPT\x00"
 
 @dataclass(frozen=True)
 class SFTExample:
-    """Token ids of a whole conversation; targets are the ids at ``prompt_len`` and after."""
+    """Token ids of a whole conversation; targets are the ids at ``prompt_len`` and after, or,
+    with ``targets``, the ids it marks (the assistant turns of a conversation with tool
+    results, which are context)."""
 
     input_ids: list[int]
     prompt_len: int
+    targets: tuple[bool, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -107,7 +110,10 @@ def collate(examples: list[SFTExample], pad_id: int) -> tuple[torch.Tensor, torc
     for row, example in enumerate(examples):
         n = len(example.input_ids)
         input_ids[row, :n] = torch.tensor(example.input_ids)
-        target_mask[row, example.prompt_len - 1 : n - 1] = True
+        if example.targets is None:
+            target_mask[row, example.prompt_len - 1 : n - 1] = True
+        else:
+            target_mask[row, : n - 1] = torch.tensor(example.targets[1:n])
     return input_ids, target_mask
 
 

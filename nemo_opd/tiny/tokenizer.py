@@ -18,9 +18,10 @@ must learn to produce. ``<|im_end|>`` is the eos token and ``<|endoftext|>`` the
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator
 
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 PAD_TOKEN = "<|endoftext|>"
@@ -58,8 +59,41 @@ PLAIN_CHAT_TEMPLATE = (
     "{%- if add_generation_prompt %}{{- '### assistant:\n' }}{%- endif %}"
 )
 
-CHAT_TEMPLATES = {None: CHAT_TEMPLATE, "plain": PLAIN_CHAT_TEMPLATE}
-"""TokenizerRecipe.chat_style -> the chat template. Both end an assistant turn with <|im_end|>
+# ChatML with tools, as Qwen3 writes them: the tools offered (`tools=`, by name only: a tiny
+# model's context is short) in a system turn; tool results in a user turn, each between
+# <tool_response> tags, consecutive results in one turn.
+TOOLS_CHAT_TEMPLATE = (
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\ntools: ' }}"
+    "{%- for tool in tools %}"
+    "{{- (', ' if not loop.first else '') + tool['function']['name'] }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'assistant' %}"
+    "{{- '<|im_start|>assistant\n' }}"
+    "{%- generation %}{{- message['content'] + '<|im_end|>' }}{%- endgeneration %}"
+    "{{- '\n' }}"
+    "{%- elif message['role'] == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}"
+    "{{- '<|im_start|>user' }}"
+    "{%- endif %}"
+    "{{- '\n<tool_response>\n' + message['content'] + '\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}"
+    "{{- '<|im_end|>\n' }}"
+    "{%- endif %}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"
+)
+TOOL_TAGS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+"""Tokens of their own in the "tools" style (not special: decoding keeps them, as Qwen3's)."""
+
+CHAT_TEMPLATES = {None: CHAT_TEMPLATE, "plain": PLAIN_CHAT_TEMPLATE, "tools": TOOLS_CHAT_TEMPLATE}
+"""TokenizerRecipe.chat_style -> the chat template. All end an assistant turn with <|im_end|>
 (the eos token)."""
 
 
@@ -98,7 +132,12 @@ def build_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int) -> Toke
 def wrap_tokenizer(
     tokenizer: Tokenizer, model_max_length: int, chat_style: str | None = None
 ) -> PreTrainedTokenizerFast:
-    """The transformers tokenizer: special tokens, chat template, right padding by default."""
+    """The transformers tokenizer: special tokens, chat template, right padding by default;
+    the "tools" style adds TOOL_TAGS as tokens."""
+    if chat_style == "tools":
+        tokenizer.add_tokens(
+            [AddedToken(tag, special=False, normalized=False) for tag in TOOL_TAGS]
+        )
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         eos_token=IM_END,
@@ -117,7 +156,10 @@ def build_tiny_tokenizer(
     min_frequency: int,
     model_max_length: int,
     chat_style: str | None = None,
+    extra_texts: Iterable[str] = (),
 ) -> PreTrainedTokenizerFast:
-    """Train the tokenizer on task records (``prompt`` and ``solution`` fields)."""
-    bpe = build_bpe(chat_corpus(records), vocab_size, min_frequency)
+    """Train the tokenizer on task records (``prompt`` and ``solution`` fields) and
+    ``extra_texts`` (the tool task's calls and tools line, tags left out)."""
+    corpus = itertools.chain(chat_corpus(records), extra_texts)
+    bpe = build_bpe(corpus, vocab_size, min_frequency)
     return wrap_tokenizer(bpe, model_max_length, chat_style)

@@ -473,3 +473,20 @@ def test_wandb_enabled_needs_wandb_installed(minimal, monkeypatch):
     ]
     minimal["logger"] = {"wandb_enabled": False}
     assert problems(minimal) == []
+
+
+def test_tools_need_a_second_turn_and_known_names(minimal):
+    minimal["env"] = {"tools": {"names": ["calculator"]}}
+    assert problems(minimal) == [
+        "env.tools.names offers tools, but distillation.max_rollout_turns is 1: the model reads "
+        "a tool's result in its next turn; set it to 2 or more"
+    ]
+    minimal.setdefault("distillation", {})["max_rollout_turns"] = 3
+    assert problems(minimal) == []
+    minimal["env"]["tools"]["names"] = ["calculator", "my_pkg.tools:Search", "calculator"]
+    assert problems(minimal) == ["env.tools.names: a tool is named twice"]
+    minimal["env"]["tools"]["names"] = ["shell"]
+    assert problems(minimal) == [
+        "env.tools.names: 'shell' is neither a built-in tool (calculator) nor "
+        "'package.module:attribute'"
+    ]

@@ -10,7 +10,13 @@ from nemo_opd.tiny import assets as tiny_assets
 from nemo_opd.tiny import prebuilt as tiny_prebuilt
 from nemo_opd.tiny.assets import ensure_tiny_assets
 from nemo_opd.tiny.prebuilt import CHECKSUMS, PrebuiltError, export_prebuilt, prebuilt_dir
-from nemo_opd.tiny.recipe import default_recipe, micro_recipe, recipe_key, xtok_recipe
+from nemo_opd.tiny.recipe import (
+    default_recipe,
+    micro_recipe,
+    recipe_key,
+    tools_recipe,
+    xtok_recipe,
+)
 from nemo_opd.tiny.task import load_jsonl
 
 MICRO = micro_recipe()
@@ -89,10 +95,12 @@ def _fake_build(*args):
     raise RuntimeError("fake build")
 
 
-@pytest.mark.parametrize("recipe", [default_recipe(), xtok_recipe()], ids=["default", "xtok"])
+@pytest.mark.parametrize(
+    "recipe", [default_recipe(), xtok_recipe(), tools_recipe()], ids=["default", "xtok", "tools"]
+)
 def test_the_shipped_recipes_are_intact(recipe, tmp_path, monkeypatch):
     shipped = prebuilt_dir(recipe)
-    flag = " --xtok" if recipe.student is None else ""
+    flag = " --xtok" if recipe.student is None else " --tools" if recipe.tools else ""
     assert shipped is not None, (
         f"no prebuilt copy of the recipe: run `python -m nemo_opd.tiny{flag} --rebuild "
         "--export-prebuilt`"
