@@ -149,7 +149,8 @@ def speed_args(settings: dict, out: Path) -> dict:
     - gradient_checkpointing False: TRL's distillation configs default it to True, and GKDTrainer
       then also generates with use_cache=False (every sampled token re-runs the whole prefix);
       recomputation saves no memory worth having at this size.
-    - bf16 False: fp32 is the CPU's fast path (TRL's configs default bf16 to True).
+    - bf16 False unless settings["bf16"]: fp32 is the CPU's fast path at the tiny size (TRL's
+      configs default bf16 to True; bench_vs_trl_wide.py measures both at a real width).
     - no checkpoints, no trackers, no progress bar, no data-loader workers or pinned memory.
     """
     return {
@@ -169,7 +170,7 @@ def speed_args(settings: dict, out: Path) -> dict:
         "temperature": settings["temperature"],
         "seed": settings["seed"],
         "use_cpu": True,
-        "bf16": False,
+        "bf16": settings.get("bf16", False),
         "gradient_checkpointing": False,
         "logging_steps": max(1, settings["max_steps"] // 20),
         "save_strategy": "no",
@@ -241,8 +242,11 @@ def run_trl(args: argparse.Namespace) -> None:
         "saves": {},
         "validations": {},
         "validation_s": 0.0,
+        "step_ends": [],
+        "sampled_tokens": [],
     }
     tokenizer = AutoTokenizer.from_pretrained(settings["tokenizer"])
+    count_sampled_tokens(tokenizer.pad_token_id, timeline["sampled_tokens"])
     if args.trainer == "distillation":
         tokenizer.padding_side = "left"  # DistillationTrainer's generation needs it
     half = settings["max_steps"] // 2
@@ -265,8 +269,9 @@ def run_trl(args: argparse.Namespace) -> None:
             validate(kwargs["model"], 0)
 
         def on_step_end(self, train_args, state, control, **kwargs):
+            timeline["step_ends"].append(time.time())
             validate(kwargs["model"], state.global_step)
-            if state.global_step == half:
+            if state.global_step == half and args.save:
                 kwargs["model"].save_pretrained(out / f"step_{half}")
                 timeline["saves"][half] = time.time()
 
@@ -274,10 +279,30 @@ def run_trl(args: argparse.Namespace) -> None:
     timeline["train_begin"] = time.time()
     trainer.train()
     timeline["train_end"] = time.time()
-    trainer.model.save_pretrained(out / "final")
-    tokenizer.save_pretrained(out / "final")
-    timeline["saves"][settings["max_steps"]] = time.time()
+    if args.save:
+        trainer.model.save_pretrained(out / "final")
+        tokenizer.save_pretrained(out / "final")
+        timeline["saves"][settings["max_steps"]] = time.time()
     (out / "timeline.json").write_text(json.dumps(timeline, indent=2))
+
+
+def count_sampled_tokens(pad_id: int | None, counts: list[int]) -> None:
+    """Append to `counts` the tokens each HF generate call samples (its new ids that are not
+    padding): both TRL trainers sample through GenerationMixin.generate(input_ids=...)."""
+    import torch
+    from transformers import GenerationMixin
+
+    original = GenerationMixin.generate
+
+    def generate(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        prompt = kwargs.get("input_ids", args[0] if args else None)
+        ids = out if isinstance(out, torch.Tensor) else out.sequences
+        new = ids[:, prompt.shape[1] :]
+        counts.append(int((new != pad_id).sum()) if pad_id is not None else new.numel())
+        return out
+
+    GenerationMixin.generate = generate
 
 
 SYSTEMS = {**{f"trl_{name}": label for name, label in TRL_TRAINERS.items()}, "nemo_opd": "nemo_opd"}
@@ -478,6 +503,7 @@ def main() -> None:
         parser.add_argument("--settings", required=True)
         parser.add_argument("--out", required=True)
         parser.add_argument("--no-validate", dest="validate", action="store_false")
+        parser.add_argument("--no-save", dest="save", action="store_false")
         run_trl(parser.parse_args(sys.argv[2:]))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

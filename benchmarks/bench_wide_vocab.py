@@ -30,82 +30,15 @@ import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
-
-import psutil
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from harness import loop_records, run_meta, write_results  # noqa: E402
+from harness import PeakMemory, loop_records, run_meta, write_results  # noqa: E402
 
-POLL_S = 0.1
 PHASES = ("generation", "teacher_topk", "logprob_check", "policy_training", "refit")
-
-
-class PeakMemory:
-    """Polls every descendant of a process for its VmHWM; names each by its Ray class."""
-
-    def __init__(self, root: int) -> None:
-        self.root = psutil.Process(root)
-        self.peak: dict[int, int] = {}
-        self.titles: dict[int, set[str]] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._poll, daemon=True)
-        self._thread.start()
-
-    def stop(self) -> dict[str, int]:
-        """Stop polling; the peak bytes of each named process."""
-        self._stop.set()
-        self._thread.join()
-        out: dict[str, int] = {}
-        for pid, peak in self.peak.items():
-            name = self._name(pid)
-            if name in out:  # several processes of one kind: number them
-                name = f"{name} #{sum(k.startswith(name) for k in out) + 1}"
-            out[name] = peak
-        return dict(sorted(out.items(), key=lambda kv: -kv[1]))
-
-    def _poll(self) -> None:
-        while not self._stop.is_set():
-            try:
-                processes = [self.root, *self.root.children(recursive=True)]
-            except psutil.Error:
-                processes = []
-            for process in processes:
-                self._read(process)
-            self._stop.wait(POLL_S)
-
-    def _read(self, process: psutil.Process) -> None:
-        try:
-            with open(f"/proc/{process.pid}/status") as status:
-                hwm = next(int(r.split()[1]) for r in status if r.startswith("VmHWM:"))
-            title = " ".join(process.cmdline())
-        except (OSError, StopIteration, psutil.Error):
-            return
-        self.peak[process.pid] = max(self.peak.get(process.pid, 0), hwm * 1024)
-        self.titles.setdefault(process.pid, set()).add(title)
-
-    def _name(self, pid: int) -> str:
-        titles = self.titles[pid]
-        if pid == self.root.pid:
-            return "driver"
-        actors = {
-            t.split()[0][len("ray::") :].split(".")[0] for t in titles if t.startswith("ray::")
-        }
-        actors.discard("IDLE")
-        if not actors:
-            program = Path(next(iter(titles)).split()[0]).name if titles else "?"
-            return "grader worker" if any("grader_worker" in t for t in titles) else program
-        actor = sorted(actors)[0]
-        if actor == "PolicyWorker":
-            if any(".train" in t for t in titles):
-                return "student (PolicyWorker)"
-            if any("get_topk_logits" in t for t in titles):
-                return "teacher (PolicyWorker)"
-        return actor
 
 
 def run_pair(name: str, student: str, teacher: str, args: argparse.Namespace) -> dict:
