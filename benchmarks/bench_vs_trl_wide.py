@@ -50,21 +50,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+from bench_engine import SHAPES  # noqa: E402
 from bench_vs_trl import TRL_TRAINERS, matched_settings  # noqa: E402
 from harness import PeakMemory, loop_command, loop_records, run_meta, write_results  # noqa: E402
 
-WIDTH = dict(
-    hidden_size=1024,
-    intermediate_size=3072,
-    num_attention_heads=16,
-    num_key_value_heads=8,
-    head_dim=128,
-    max_position_embeddings=4096,
-    rope_theta=1_000_000.0,
-    rms_norm_eps=1e-6,
-    tie_word_embeddings=True,
-    vocab_size=151_936,
-)
+WIDTH = SHAPES["qwen3-0.6b"]
 """Qwen3-0.6B's width and vocabulary (its config.json), at fewer layers."""
 
 NEMO_OPD_SETTINGS = [
@@ -109,11 +99,10 @@ def build_pair(models: Path, student_layers: int, teacher_layers: int) -> dict[s
         print(f"bench_vs_trl_wide: building the {name} ({layers} layers) in {path}", flush=True)
         torch.manual_seed(len(name))
         config = Qwen3Config(
-            num_hidden_layers=layers,
+            **{**WIDTH, "num_hidden_layers": layers},
             bos_token_id=None,
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
-            **WIDTH,
         )
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         model.save_pretrained(path)
@@ -210,9 +199,8 @@ def run_nemo_opd(name: str, overrides: list[str], out: Path, args: argparse.Name
     result = watch(command, out / f"{name}.log", args.cap_bytes, args.timeout)
     if result["exit"] == 0:
         records = [r for r in loop_records(run_dir / "logs") if "rollout/samples" in r]
-        elapsed = [0.0] + [r["progress/elapsed_s"] for r in records]
         start = records[0]["progress/elapsed_s"] - records[0]["timing/train/total_step_time"]
-        elapsed[0] = start
+        elapsed = [start, *(r["progress/elapsed_s"] for r in records)]
         intervals = [b - a for a, b in zip(elapsed, elapsed[1:], strict=False)]
         tokens = [r["rollout/samples"] * r["rollout/mean_generated_tokens"] for r in records]
         result.update(steady(intervals, tokens))

@@ -234,9 +234,8 @@ class PeakMemory:
     missed), named by its Ray class where it is an actor; and the largest sum of their current
     resident sets seen at one poll (`peak_total`), and of their proportional sets (`peak_pss`,
     every PSS_EVERY polls: pages shared between processes, such as Ray's object store,
-    counted once in all). With
-    `cap_bytes`, the whole tree is killed once the resident sum passes it (`capped` is then
-    True): a run that does not fit ends as one."""
+    counted once in all). With `cap_bytes`, the whole tree is killed once the resident sum
+    passes it (`capped` is then True): a run that does not fit ends as one."""
 
     def __init__(self, root: int, cap_bytes: int | None = None) -> None:
         self.root = psutil.Process(root)
