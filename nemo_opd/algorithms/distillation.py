@@ -61,10 +61,12 @@ from nemo_opd.algorithms.setup import (
 )
 from nemo_opd.algorithms.step_rollouts import (
     VERSION_KEY,
+    is_checked_step,
     keep_only_scheduled,
     plan_steps,
     produce_step,
     rollout_with,
+    scheduled_version,
     score_rollout,
     staleness_metrics,
 )
@@ -158,6 +160,8 @@ def _train_steps(
         state.logger.log(metrics, step=step)
         state.last_metrics.update(metrics)
         stopping = stop.requested and not last
+        if not last:  # before a save: the steps it waits for may sample from these weights
+            _publish(state, pipeline, step)
         if state.checkpoints.should_save(step, is_last=last or stopping):
             _save_checkpoint(state, pipeline)
         if stopping:
@@ -165,7 +169,6 @@ def _train_steps(
             return False
         if last:
             return True
-        _publish(state, pipeline, step)
 
 
 def _train_next(
@@ -201,11 +204,14 @@ def _validate_if_due(
 
 
 def _publish(state: DistillationRun, pipeline: StepPipeline, step: int) -> None:
-    """Tell the producer that the weights after `step` exist, with a handle on them when a
-    step samples from them (step + 1 + max_staleness, when on-policy)."""
+    """Tell the producer that the weights after `step` exist, with a handle on them when an
+    on-policy step samples from them (step + 1 + max_staleness, or step + 1 when the refit
+    check samples it fresh)."""
     cfg = state.cfg
-    sampled_by = step + 1 + cfg.distillation.max_staleness
-    needed = sampled_by <= cfg.distillation.max_num_steps and is_on_policy_step(cfg, sampled_by)
+    later = range(
+        step + 1, min(step + 1 + cfg.distillation.max_staleness, cfg.distillation.max_num_steps) + 1
+    )
+    needed = any(is_on_policy_step(cfg, t) and scheduled_version(cfg, t) == step for t in later)
     pipeline.publish(step, state.student.full_weights_ref() if needed else None)
 
 
@@ -244,7 +250,7 @@ def _train_step(state: DistillationRun, produced: ProducedStep, timers: Timers) 
     if cfg.objective.loss == "policy_gradient":
         metrics.update(_policy_gradient_inputs(state, batch, rollout, len(plan.samples), timers))
     # The check compares vLLM with the weights that sampled: only on fresh rollouts.
-    if cfg.policy.generation.logprob_check and plan.on_policy and plan.version == plan.step - 1:
+    if is_checked_step(cfg, plan.step) and plan.on_policy and plan.version == plan.step - 1:
         with timers.time("logprob_check"):
             metrics["generation/logprob_mismatch"] = _logprob_mismatch(state, batch, rollout)
     # 6. train

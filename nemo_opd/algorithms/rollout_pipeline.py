@@ -8,11 +8,12 @@ rollouts in order while the loop trains (distillation.max_staleness).
     with pipeline.held(through=t + s): ...     # save: rollouts of t+1..t+s complete, producer idle
 
 The schedule is exact: step t's rollouts are sampled from the weights after step
-version_for(t) = max(0, t - 1 - max_staleness), so a run samples alike whatever the timing,
-and a resumed run like an uninterrupted one. The producer makes step t once that version is
-published; with max_staleness 0 it therefore waits for every step to finish (lockstep), with
-s > 0 it is at most s + 1 steps ahead. Everything the producer does goes through `produce`
-(refit, generation, grading, teacher scoring); this module only schedules.
+version_for(t) = max(0, t - 1 - max_staleness) (or t - 1 on the steps the refit check samples
+fresh), so a run samples alike whatever the timing, and a resumed run like an uninterrupted one.
+The producer makes step t once that version is published; with max_staleness 0 it therefore
+waits for every step to finish (lockstep), with s > 0 it is at most s + 1 steps ahead.
+Everything the producer does goes through `produce` (refit, generation, grading, teacher
+scoring); this module only schedules.
 
 The driver holds only the steps in flight: a step's rollouts are kept (for a checkpoint that
 saves the rollouts made ahead of it) from keep() until next() hands the step to the loop, and
@@ -79,9 +80,16 @@ class ProducedStep:
     """The teacher's metrics since the previous step (teacher/*)."""
 
 
-def version_for(step: int, max_staleness: int) -> int:
-    """The weights version that samples step `step` (1-based): max(0, step - 1 - s)."""
-    return max(0, step - 1 - max_staleness)
+def version_for(step: int, max_staleness: int, fresh_every: int | None = None) -> int:
+    """The weights version that samples step `step` (1-based): max(0, step - 1 - s). With
+    fresh_every, steps 1, 1 + fresh_every, 1 + 2 x fresh_every, ... sample from the newest
+    weights, step - 1 (the refit check's steps under overlap), and no step after one of them
+    samples from weights older than it did (versions never decrease from step to step)."""
+    version = max(0, step - 1 - max_staleness)
+    if fresh_every:
+        fresh = step - (step - 1) % fresh_every  # the last fresh step up to this one
+        version = max(version, fresh - 1)
+    return version
 
 
 class StepPipeline:

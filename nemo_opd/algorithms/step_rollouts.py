@@ -64,10 +64,28 @@ def plan_steps(state: DistillationRun) -> Iterator[PlannedStep]:
         )
 
 
+def checked_every(cfg: DistillationConfig) -> int | None:
+    """policy.generation.logprob_check_period when the refit check is on (the steps it checks
+    sample fresh: version_for's fresh_every), else None."""
+    generation = cfg.policy.generation
+    return generation.logprob_check_period if generation.logprob_check else None
+
+
+def scheduled_version(cfg: DistillationConfig, step: int) -> int:
+    """The weights version that samples on-policy step `step` in this run's schedule."""
+    return version_for(step, cfg.distillation.max_staleness, checked_every(cfg))
+
+
+def is_checked_step(cfg: DistillationConfig, step: int) -> bool:
+    """The refit check runs on this step's rollouts if they come from the newest weights."""
+    period = checked_every(cfg)
+    return cfg.policy.generation.logprob_check and (period is None or (step - 1) % period == 0)
+
+
 def _sampling_version(state: DistillationRun, step: int) -> int:
-    """version_for(step), or the resumed step's weights for a step whose scheduled (older)
-    weights are gone and whose rollouts the checkpoint did not save."""
-    version = version_for(step, state.cfg.distillation.max_staleness)
+    """scheduled_version(step), or the resumed step's weights for a step whose scheduled
+    (older) weights are gone and whose rollouts the checkpoint did not save."""
+    version = scheduled_version(state.cfg, step)
     if version < state.resumed_step and step not in state.saved_rollouts:
         print(
             f"step {step}: its rollouts (from the weights of step {version}) were not saved "
@@ -330,7 +348,9 @@ def keep_only_scheduled(state: DistillationRun, saved: dict[int, RolloutResult])
     kept = {}
     for step, rollout in saved.items():
         versions = {meta.get(VERSION_KEY) for meta in rollout.metadata}
-        expected = version_for(step, s) if is_on_policy_step(state.cfg, step) else None
+        expected = (
+            scheduled_version(state.cfg, step) if is_on_policy_step(state.cfg, step) else None
+        )
         if versions == {expected}:
             kept[step] = rollout
         else:

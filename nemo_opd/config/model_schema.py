@@ -270,9 +270,16 @@ class GenerationConfig(Section):
     """Generation stops after any of these token ids (the tokenizer's EOS always stops it)."""
 
     logprob_check: bool = False
-    """Each step, score the generated tokens with the student and log the mean absolute
-    difference from vLLM's log-probs (generation/logprob_mismatch): near 0 means the refit
-    worked and both engines compute the same model."""
+    """Score the generated tokens with the student and log the mean absolute difference from
+    vLLM's log-probs (generation/logprob_mismatch), every step or every logprob_check_period
+    steps: near 0 means the refit worked and both engines compute the same model."""
+
+    logprob_check_period: int | None = Field(None, ge=1, le=MAX_STEPS)
+    """Run the check on steps 1, 1 + period, 1 + 2 x period, ... only. With
+    distillation.max_staleness > 0 those steps are sampled from the newest weights (each waits
+    for the step before it, as in lockstep), so that the check compares vLLM with the weights
+    that sampled while the other steps overlap. null: every step whose rollouts come from the
+    newest weights, which with max_staleness > 0 is the first step alone."""
 
     logprob_check_samples: int | None = Field(None, ge=1, le=MAX_ROWS)
     """Rollouts the check scores each step (the step's first ones); null scores all of them.

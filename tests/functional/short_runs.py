@@ -4,6 +4,10 @@ test's own overrides (after these, so they win) ask for them; logs under the run
 
 from pathlib import Path
 
+LOCKSTEP = ("distillation.max_staleness=0", "policy.generation.logprob_check_period=null")
+"""Overrides for a run of distillation_tiny.yaml (which overlaps, checking the refit every 50th
+step) in lockstep, each step checked."""
+
 
 def short_run_args(
     config: Path, run_dir: Path, steps: int, *extra: str, checkpoint_dir: Path | None = None

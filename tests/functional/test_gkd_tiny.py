@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 import ray
 from run_metrics import read_metrics
-from short_runs import short_run_args
+from short_runs import LOCKSTEP, short_run_args
 
 from nemo_opd.algorithms.data_mix import is_on_policy_step
 from nemo_opd.cli import main
@@ -49,7 +49,7 @@ def ray_session():
 
 
 def run_loop(run_dir: Path, config: str, *extra: str) -> dict[int, dict]:
-    status = main(short_run_args(CONFIGS / config, run_dir, STEPS, *extra))
+    status = main(short_run_args(CONFIGS / config, run_dir, STEPS, *LOCKSTEP, *extra))
     assert status == 0
     return read_metrics(run_dir)
 

@@ -26,7 +26,7 @@ import pytest
 import ray
 from ray_cluster import LocalCluster, free_port
 from run_metrics import read_metrics
-from short_runs import short_run_args
+from short_runs import LOCKSTEP, short_run_args
 
 from nemo_opd.cli import main
 from nemo_opd.distributed.address import probe_head
@@ -51,7 +51,7 @@ def cluster():
 
 
 def loop_args(run_dir: Path, *extra: str, checkpoint_dir: Path | None = None) -> list[str]:
-    return short_run_args(CONFIG, run_dir, STEPS, *extra, checkpoint_dir=checkpoint_dir)
+    return short_run_args(CONFIG, run_dir, STEPS, *LOCKSTEP, *extra, checkpoint_dir=checkpoint_dir)
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,9 @@ TOKENS = 4000
 """Generated tokens per step (one rollout of TOKENS tokens: ~300 kB of Python objects)."""
 SAVE_PERIOD = 10
 
+NO_CHECK = SimpleNamespace(generation=SimpleNamespace(logprob_check=False))
+"""The policy section as the loop reads it: no refit check (nothing generates here)."""
+
 
 def step_rollouts_of(step: int) -> RolloutResult:
     """One rollout of TOKENS distinct token ids and log-probs (as a real step's are)."""
@@ -86,7 +89,7 @@ def fake_state(staleness: int) -> SimpleNamespace:
     loader = PromptLoader([{"id": i} for i in range(STEPS)], 1, shuffle=False, seed=0)
     logger = SimpleNamespace(log=lambda metrics, step: None)
     return SimpleNamespace(
-        cfg=SimpleNamespace(distillation=loop),
+        cfg=SimpleNamespace(distillation=loop, policy=NO_CHECK),
         loader=loader,
         step=0,
         checkpoints=Checkpoints(),

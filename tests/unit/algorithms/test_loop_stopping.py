@@ -23,6 +23,10 @@ class Recorder:
         self.logged.append(step)
 
 
+NO_CHECK = SimpleNamespace(generation=SimpleNamespace(logprob_check=False))
+"""The policy section as the loop reads it: no refit check (nothing generates here)."""
+
+
 def fake_run(records, per_step, *, max_num_steps, max_num_epochs, step=0, position=None):
     loop = SimpleNamespace(
         max_num_steps=max_num_steps,
@@ -40,7 +44,7 @@ def fake_run(records, per_step, *, max_num_steps, max_num_epochs, step=0, positi
     recorder = Recorder()
     checkpoints = SimpleNamespace(should_save=lambda step, is_last: is_last)
     state = SimpleNamespace(
-        cfg=SimpleNamespace(distillation=loop),
+        cfg=SimpleNamespace(distillation=loop, policy=NO_CHECK),
         loader=loader,
         step=step,
         checkpoints=checkpoints,

@@ -20,7 +20,7 @@ from nemo_opd.rollouts import RolloutResult
 WAIT_S = 10.0
 
 
-def plans(steps: int, staleness: int, start: int = 0):
+def plans(steps: int, staleness: int, start: int = 0, fresh_every: int | None = None):
     for step in range(start + 1, steps + 1):
         yield PlannedStep(
             step=step,
@@ -29,7 +29,7 @@ def plans(steps: int, staleness: int, start: int = 0):
             position={"at": step - 1},
             after={"at": step},
             on_policy=True,
-            version=version_for(step, staleness),
+            version=version_for(step, staleness, fresh_every),
         )
 
 
@@ -81,6 +81,57 @@ def test_each_step_starts_once_its_version_is_published(staleness):
         assert published >= version  # never sampled before its weights existed
         # and never later than needed: at most staleness + 1 steps ahead of training
         assert published <= step - 1
+
+
+def test_fresh_steps_sample_from_the_newest_weights_the_others_overlap():
+    """The refit check's steps (1, 1 + n, ...) under overlap: version step - 1, the rest
+    max_staleness older (never older than the fresh step before them), so the producer waits
+    for the step before a fresh one only."""
+    assert [version_for(t, 1, 3) for t in range(1, 9)] == [0, 0, 1, 3, 3, 4, 6, 6]
+    # never older than the fresh step before: weights dropped once a later version is taken
+    assert [version_for(t, 2, 4) for t in range(1, 10)] == [0, 0, 0, 1, 4, 4, 4, 5, 8]
+    assert [version_for(t, 0, 3) for t in range(1, 6)] == [0, 1, 2, 3, 4]  # lockstep anyway
+    recorder = Recorder()
+    pipeline = StepPipeline(plans(9, 1, fresh_every=4), recorder, 1, start_version=0)
+    assert train(pipeline, recorder, 9) == list(range(1, 10))
+    assert recorder.started[5] == 4 and recorder.started[9] == 8  # waited for the step before
+    for step, published in recorder.started.items():
+        assert published >= version_for(step, 1, 4)
+
+
+@pytest.mark.parametrize("staleness, fresh_every", [(1, 3), (2, 4), (3, 2)])
+def test_fresh_steps_hand_over_every_weights_version_they_need(staleness, fresh_every):
+    """Each step refits from the version it is scheduled; the pipeline drops older versions as
+    later ones are taken, which holds because versions never decrease."""
+    seen = {}
+
+    def produce(pipeline, plan):
+        if plan.version:
+            seen[plan.step] = pipeline.weights(plan.version)
+        return ProducedStep(plan, rollout(plan.step), 1, {})
+
+    steps = 10
+    pipeline = StepPipeline(plans(steps, staleness, fresh_every=fresh_every), produce,
+                            staleness, start_version=0)  # fmt: skip
+    for step in range(1, steps + 1):
+        assert pipeline.next().plan.step == step
+        pipeline.publish(step, f"weights {step}")
+    expected = {t: version_for(t, staleness, fresh_every) for t in range(1, steps + 1)}
+    assert seen == {t: f"weights {v}" for t, v in expected.items() if v}
+
+
+def test_a_save_after_publishing_waits_for_a_fresh_step_without_deadlock():
+    """The loop publishes step t's weights before a save holds the producer through t + s:
+    a fresh step t + 1 (sampled from those weights) is then produced, not waited for forever."""
+    recorder = Recorder()
+    pipeline = StepPipeline(plans(6, 1, fresh_every=3), recorder, 1, start_version=0)
+    for step in (1, 2, 3):
+        assert pipeline.next().plan.step == step
+        recorder.published = step
+        pipeline.publish(step, f"weights {step}")
+    with pipeline.held(through=3 + 1):  # step 4 is fresh: version 3, just published
+        assert sorted(pipeline.rollouts_after(3)) == [4]
+    pipeline.stop()
 
 
 def test_lockstep_produces_a_step_only_after_the_previous_one_trained():

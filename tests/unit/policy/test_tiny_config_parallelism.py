@@ -1,5 +1,6 @@
 """The tiny example config switches each parallelism on with one override besides the two
-workers it needs (the config itself runs one worker per model on two threads).
+workers it needs (the config itself runs one worker per model on two threads); sequence packing
+with two, as it replaces the config's dynamic batching (the two are exclusive).
 
 The config is loaded exactly as the example script loads it; only the model is swapped for a
 random tiny Qwen3 (the trained tiny assets are not needed to check the wiring). Each layout's
@@ -19,21 +20,24 @@ TINY_CONFIG = Path(__file__).resolve().parents[3] / "examples/configs/distillati
 LOGPROB_ATOL = 2e-5
 
 TWO_WORKERS = ["cluster.gpus_per_node=2", "cluster.cpus_per_worker=1"]
-# layout: (the one override, the (dp, tp, cp) sizes it must give on 2 workers)
+# layout: (its overrides, the (dp, tp, cp) sizes they must give on 2 workers)
 OVERRIDES = {
-    "tp2": ("policy.dtensor_cfg.tensor_parallel_size=2", (1, 2, 1)),
-    "cp2": ("policy.dtensor_cfg.context_parallel_size=2", (1, 1, 2)),
-    "packing": ("policy.sequence_packing.enabled=true", (2, 1, 1)),
+    "tp2": (["policy.dtensor_cfg.tensor_parallel_size=2"], (1, 2, 1)),
+    "cp2": (["policy.dtensor_cfg.context_parallel_size=2"], (1, 1, 2)),
+    "packing": (
+        ["policy.sequence_packing.enabled=true", "policy.dynamic_batching.enabled=false"],
+        (2, 1, 1),
+    ),
 }
 
 
 @pytest.mark.parametrize("layout", list(OVERRIDES))
 def test_one_override_switches_parallelism(layout, model_dirs, ray_session):
-    override, sizes = OVERRIDES[layout]
+    overrides, sizes = OVERRIDES[layout]
     model = model_dirs["tied"]
     cfg = load_config(
         TINY_CONFIG,
-        [*TWO_WORKERS, override, f"policy.model_name={model}", f"teacher.model_name={model}"],
+        [*TWO_WORKERS, *overrides, f"policy.model_name={model}", f"teacher.model_name={model}"],
     )
     assert cfg.cluster.world_size == 2
     assert cfg.policy.sequence_packing.enabled == (layout == "packing")
