@@ -60,6 +60,8 @@ WIDTH = SHAPES["qwen3-0.6b"]
 NEMO_OPD_SETTINGS = [
     "policy.generation.logprob_check=false",
     "policy.generation.vllm_cfg.precision=bfloat16",
+    "policy.dynamic_batching.enabled=false",  # the fixed microbatches it was measured with
+    "teacher.dynamic_batching.enabled=false",
 ]
 """nemo_opd's settings at this width, beyond the embedded default's: the math recipe's
 (distillation_math.yaml): no refit check (at this width a second forward of the student per
@@ -67,7 +69,10 @@ step: +7 s of ~50), and vLLM sampling in bfloat16 while the student trains in fl
 generation 6.6 s against 10.5 s in float32 on the 2-core CPU; the teacher stays float32: in
 bfloat16 its top-k took 4x longer there)."""
 
-NEMO_OPD = {"nemo_opd": [], "nemo_opd_staleness1": ["distillation.max_staleness=1"]}
+NEMO_OPD = {
+    "nemo_opd": ["distillation.max_staleness=0"],
+    "nemo_opd_staleness1": ["distillation.max_staleness=1"],
+}
 """nemo_opd's two runs and their extra overrides."""
 
 LABELS = {
