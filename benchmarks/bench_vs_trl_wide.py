@@ -18,10 +18,12 @@ per second, and peak memory per process and in all.
    optimizer step per step, the forward KL, --steps steps, no validation, no checkpoints.
 3. Runs each system as a fresh process, one after the other: TRL's GKDTrainer and
    DistillationTrainer (bench_vs_trl.py trl: the speed settings of the tiny comparison,
-   gradient checkpointing off, fp32, no saves), then nemo_opd in lockstep and with
+   gradient checkpointing off, no saves), each in float32 and with bf16=True (autocast:
+   bfloat16 compute over float32 weights); then nemo_opd in lockstep and with
    distillation.max_staleness=1 (the README's command with NEMO_OPD_SETTINGS, the math
-   recipe's: no refit check, vLLM sampling in bfloat16; the config's defaults otherwise: the
-   LM head in chunks of policy.logits_chunk_tokens, the teacher's top-16). Every process of a
+   recipe's: no refit check, vLLM sampling in bfloat16, bfloat16 compute over float32 weights;
+   the config's defaults otherwise: the LM head in chunks of policy.logits_chunk_tokens, the
+   teacher's top-16). TRL's best is its fastest of the four. Every process of a
    run is polled for its peak resident set, and for the largest sum over all of them at once,
    resident (RSS) and proportional (PSS: shared pages such as Ray's object store counted once);
    a run whose processes together pass --memory-cap-gib (RSS) is killed and reported as not
@@ -60,14 +62,16 @@ WIDTH = SHAPES["qwen3-0.6b"]
 NEMO_OPD_SETTINGS = [
     "policy.generation.logprob_check=false",
     "policy.generation.vllm_cfg.precision=bfloat16",
+    "policy.precision=bfloat16",
+    "teacher.precision=bfloat16",
     "policy.dynamic_batching.enabled=false",  # the fixed microbatches it was measured with
     "teacher.dynamic_batching.enabled=false",
 ]
 """nemo_opd's settings at this width, beyond the embedded default's: the math recipe's
 (distillation_math.yaml): no refit check (at this width a second forward of the student per
-step: +7 s of ~50), and vLLM sampling in bfloat16 while the student trains in float32 (vLLM's
-generation 6.6 s against 10.5 s in float32 on the 2-core CPU; the teacher stays float32: in
-bfloat16 its top-k took 4x longer there)."""
+step: +7 s of ~50), vLLM sampling in bfloat16 (6.6 s against 10.5 s in float32 on the 2-core
+CPU), and both models computing in bfloat16, the student's weights and Adam moments kept in
+float32 (FSDP's mixed precision: the math recipe's `precision: bfloat16`)."""
 
 NEMO_OPD = {
     "nemo_opd": ["distillation.max_staleness=0"],
@@ -75,9 +79,15 @@ NEMO_OPD = {
 }
 """nemo_opd's two runs and their extra overrides."""
 
+TRL_BF16 = "_bf16"
+"""The suffix of a TRL run with `bf16=True` (autocast: bfloat16 compute, float32 weights and
+Adam moments, nemo_opd's mixed precision); without it TRL computes in float32."""
+
 LABELS = {
-    "trl_gkd": "TRL GKDTrainer",
-    "trl_distillation": "TRL DistillationTrainer",
+    "trl_gkd": "TRL GKDTrainer, float32",
+    "trl_distillation": "TRL DistillationTrainer, float32",
+    "trl_gkd_bf16": "TRL GKDTrainer, bf16=True",
+    "trl_distillation_bf16": "TRL DistillationTrainer, bf16=True",
     "nemo_opd": "nemo_opd, lockstep",
     "nemo_opd_staleness1": "nemo_opd, max_staleness 1",
 }
@@ -179,15 +189,20 @@ def steady(intervals: list[float], tokens: list[float]) -> dict:
     }
 
 
-def run_trl(trainer: str, settings_file: Path, out: Path, args: argparse.Namespace) -> dict:
-    run_out = out / f"trl_{trainer}"
+def run_trl(name: str, settings: dict, out: Path, args: argparse.Namespace) -> dict:
+    """TRL's run `name` (trl_TRAINER, with TRL_BF16 for bf16=True) in a fresh process."""
+    run_out = out / name
     run_out.mkdir(parents=True, exist_ok=True)
+    bf16 = name.endswith(TRL_BF16)
+    trainer = name.removeprefix("trl_").removesuffix(TRL_BF16)
+    settings_file = run_out / "trl_settings.json"
+    settings_file.write_text(json.dumps({**settings, "bf16": bf16}, indent=2))
     command = [
         sys.executable, str(REPO / "benchmarks" / "bench_vs_trl.py"), "trl",
         f"--trainer={trainer}", "--settings", str(settings_file), "--out", str(run_out),
         "--no-validate", "--no-save",
     ]  # fmt: skip
-    result = watch(command, out / f"trl_{trainer}.log", args.cap_bytes, args.timeout)
+    result = watch(command, out / f"{name}.log", args.cap_bytes, args.timeout)
     timeline_file = run_out / "timeline.json"
     if result["exit"] == 0 and timeline_file.is_file():
         timeline = json.loads(timeline_file.read_text())
@@ -296,12 +311,10 @@ def main() -> None:
     pair = build_pair(out / "models", args.student_layers, args.teacher_layers)
     overrides = overrides_for(pair, args)
     settings = matched_settings(args.config, [*overrides, *args.overrides])
-    settings_file = out / "trl_settings.json"
-    settings_file.write_text(json.dumps(settings, indent=2))
     runs = {}
     for name in args.systems:
         if name.startswith("trl_"):
-            runs[name] = run_trl(name.removeprefix("trl_"), settings_file, out, args)
+            runs[name] = run_trl(name, settings, out, args)
         else:
             runs[name] = run_nemo_opd(name, overrides, out, args)
         (out / "runs.json").write_text(json.dumps(runs, indent=2))  # kept if a later run fails

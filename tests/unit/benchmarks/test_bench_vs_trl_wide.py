@@ -66,7 +66,7 @@ def test_the_check(runs, verdict):
 def test_the_table_names_runs_that_did_not_fit():
     runs = {"trl_gkd": run(fits=False, pss_gib=20.5), "nemo_opd_staleness1": run(25.0)}
     table = wide.report({"runs": runs})
-    assert "| TRL GKDTrainer | did not fit | - | - | 20.50 |" in table
+    assert "| TRL GKDTrainer, float32 | did not fit | - | - | 20.50 |" in table
     assert "| nemo_opd, max_staleness 1 | 25.0 | 2048 | 82 |" in table
 
 
