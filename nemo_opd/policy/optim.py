@@ -25,7 +25,7 @@ def build_optimizer(
         eps=cfg.eps,
         weight_decay=cfg.weight_decay,
         fused=fused,
-        foreach=False if not fused else None,
+        foreach=None if fused else False,
     )
 
 

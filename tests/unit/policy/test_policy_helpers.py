@@ -40,11 +40,13 @@ def test_adamw_is_fused_on_one_mesh_and_steps_as_the_loop():
         b.data.copy_(a.data)
     fused = build_optimizer(twins[0], cfg)
     assert fused.defaults["fused"] and one_mesh(twins[0])
-    loop = torch.optim.AdamW(twins[1], lr=1e-2, weight_decay=0.1, foreach=False)
+    loop = torch.optim.AdamW(
+        twins[1], lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
+        foreach=False,
+    )  # fmt: skip
     for step in range(3):
-        grads = [
-            torch.randn(shape, generator=torch.Generator().manual_seed(step)) for shape in shapes
-        ]
+        gen = torch.Generator().manual_seed(step)
+        grads = [torch.randn(shape, generator=gen) for shape in shapes]
         for params, optimizer in zip(twins, (fused, loop), strict=True):
             for param, grad in zip(params, grads, strict=True):
                 param.grad = grad.clone()
