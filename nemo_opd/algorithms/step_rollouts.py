@@ -219,7 +219,8 @@ def score_rollout(
     sample_mask) with, as the objective asks (or top-k alone, topk=True: validation), the
     teacher's top-k log-probs and ids of every position (teacher_topk_logprobs,
     teacher_topk_indices [B, S, k]) and its log-prob of every sampled token
-    (teacher_logprobs [B, S], position t scoring token t + 1), or with loss_fn.support full
+    (teacher_logprobs [B, S], position t scoring token t + 1), both possibly 0 where token
+    t + 1 is not trained (TeacherNeed.trained_only), or with loss_fn.support full
     or student_topk its final hidden states instead of its top-k (teacher_hidden
     [B, S, H_T]), all from one call of the teacher; and that call's seconds, named by what it
     computed (teacher_phase: "teacher_topk", "teacher_topk_logprobs", ...)."""
@@ -236,6 +237,7 @@ def score_rollout(
         sampled=sampled,
         temperature=temperature,
         hidden=hidden,
+        trained_only=True,  # every loss and metric reads the loss mask's positions only
     )
     if need.topk or need.sampled or need.hidden:
         started = time.perf_counter()

@@ -132,15 +132,20 @@ class Policy:
         temperature: float = 1.0,
         logprobs: bool = False,
         hidden: bool = False,
+        trained_only: bool = False,
     ) -> dict[str, torch.Tensor]:
         """Any of the top-k ("topk_logprobs", "topk_indices" [B, S, k]), the next-token
         log-probs ("logprobs" [B, S]) and the final hidden states ("hidden_states" [B, S, H])
         of every position, in one forward pass (what a teacher sends; see get_topk_logits,
-        get_logprobs and get_hidden_states for each alone)."""
+        get_logprobs and get_hidden_states for each alone). With trained_only the top-k and
+        the log-probs only where the next token is trained (data's token_mask; 0 elsewhere):
+        the LM head skips the prompts' positions."""
         shards, size = even_shards(data, self.dims.dp)
         outputs = self._run_on_replicas(
             [dict(shard) for shard in shards],
-            lambda actor, shard: actor.score.remote(shard, topk, temperature, logprobs, hidden),
+            lambda actor, shard: actor.score.remote(
+                shard, topk, temperature, logprobs, hidden, trained_only
+            ),
         )
         return joined(outputs, size)
 

@@ -100,9 +100,22 @@ class PolicyWorker:
     def get_hidden_states(self, data: dict) -> torch.Tensor:
         return self.engine.get_hidden_states(TensorBatch(data))
 
-    def score(self, data: dict, topk: int, temperature: float, logprobs: bool, hidden: bool):
+    def score(
+        self,
+        data: dict,
+        topk: int,
+        temperature: float,
+        logprobs: bool,
+        hidden: bool,
+        trained_only: bool = False,
+    ):
         return self.engine.score(
-            TensorBatch(data), topk=topk, temperature=temperature, logprobs=logprobs, hidden=hidden
+            TensorBatch(data),
+            topk=topk,
+            temperature=temperature,
+            logprobs=logprobs,
+            hidden=hidden,
+            trained_only=trained_only,
         )
 
     def set_rendering(self, rendering: TeacherRendering) -> None:

@@ -45,7 +45,7 @@ rendered and mapped on the driver. The answers are the same either way, bit for 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -457,6 +457,9 @@ class CrossTokenizerTeacher:
         self._truncated = 0
 
     def score(self, rollouts: Rollouts, need: TeacherNeed) -> TeacherScores:
+        # The teacher's rows are its own rendering: every position of them is scored, and the
+        # alignment picks what lands on the student's trained positions.
+        need = replace(need, trained_only=False)
         if self._workers is None:
             answer = score_rendered(
                 self.rendering,

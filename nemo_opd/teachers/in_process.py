@@ -31,6 +31,7 @@ class InProcessTeacher:
             temperature=need.temperature,
             logprobs=need.sampled,
             hidden=need.hidden,
+            trained_only=need.trained_only,
         )
         return TeacherScores(**out)
 

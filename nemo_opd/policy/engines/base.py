@@ -483,11 +483,19 @@ class Engine(ABC):
         temperature: float = 1.0,
         logprobs: bool = False,
         hidden: bool = False,
+        trained_only: bool = False,
     ) -> dict[str, torch.Tensor]:
         """Any of the top-k, the next-token log-probs and the hidden states of every position
-        in one forward pass per microbatch (teacher_scores.score_positions)."""
+        (the top-k and log-probs with trained_only: of the token mask's positions only, 0
+        elsewhere) in one forward pass per microbatch (teacher_scores.score_positions)."""
         return score_positions(
-            self, data, topk=topk, temperature=temperature, logprobs=logprobs, hidden=hidden
+            self,
+            data,
+            topk=topk,
+            temperature=temperature,
+            logprobs=logprobs,
+            hidden=hidden,
+            trained_only=trained_only,
         )
 
     def load_teacher_head(self, model_dir: str, precision: str) -> None:

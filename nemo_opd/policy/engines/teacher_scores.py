@@ -10,7 +10,10 @@ token log-probs); each engine call of its own would run the model again.
 
 The top-k and the log-probs come from the LM head applied chunk by chunk to the hidden states
 (policy.logits_chunk_tokens; all positions at once when null), as the chunked scoring of
-get_topk_logits and get_logprobs computes them.
+get_topk_logits and get_logprobs computes them. With trained_only the head runs only on the
+positions whose next token is trained (token_mask[t + 1]: the loss mask's positions, the only
+ones a loss reads) and the others are 0: at a real vocabulary the head is most of a teacher's
+work, and a prompt's positions would be a third of it at 64 prompt and 128 sampled tokens.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import torch
 from nemo_opd.data.batching import TensorBatch
 from nemo_opd.distributed.vocab_parallel import vocab_parallel_logprobs, vocab_parallel_topk
 from nemo_opd.losses.chunked_head import chunked_scores
+from nemo_opd.losses.distillation_loss import build_loss_mask
 
 if TYPE_CHECKING:
     from nemo_opd.policy.engines.base import Engine
@@ -36,27 +40,40 @@ def score_positions(
     temperature: float = 1.0,
     logprobs: bool = False,
     hidden: bool = False,
+    trained_only: bool = False,
 ) -> dict[str, torch.Tensor]:
-    """What is asked, for every position of `data` (input_ids, input_lengths).
+    """What is asked, for every position of `data` (input_ids, input_lengths; token_mask with
+    trained_only).
 
     Returns:
         a dict with, as asked: "topk_logprobs" [B, S, k] fp32 (descending) and "topk_indices"
         [B, S, k] int32 (0 at and past a row's length); "logprobs" [B, S] fp32, position t
         scoring token t + 1 (0 where t >= input_lengths - 1); "hidden_states" [B, S, H] in the
-        compute precision (0 past a row's length). On the CPU.
+        compute precision (0 past a row's length). With trained_only the top-k and the
+        log-probs are 0 also where token t + 1 is not trained (the hidden states are all
+        there). On the CPU.
     """
     if topk > engine.vocab_size:
         raise ValueError(f"k={topk} exceeds the vocabulary size {engine.vocab_size}")
+    if trained_only and "token_mask" not in data:
+        raise ValueError("trained_only scores the token mask's positions: the batch has none")
     data = data.to(engine.device)
     data["targets"] = torch.roll(data["input_ids"], -1, dims=1)
+    fields = ("targets",)
+    if trained_only:
+        data["scored"] = build_loss_mask(data["token_mask"])
+        fields = ("targets", "scored")
     engine.set_train_mode(False)
     out: dict[str, torch.Tensor] = {}
-    for mb in engine._scoring_microbatches(data, ("targets",)):
+    for mb in engine._scoring_microbatches(data, fields):
         states = engine._forward_hidden(mb)
         parts = {"hidden_states": states} if hidden else {}
         if topk or logprobs:
             targets = engine._cp_shard(mb.fields["targets"])
-            parts.update(_head_scores(engine, states, targets, topk, temperature, logprobs))
+            scored = engine._cp_shard(mb.fields["scored"]) != 0 if trained_only else None
+            parts.update(
+                _head_scores(engine, states, targets, topk, temperature, logprobs, scored)
+            )
         for name, value in parts.items():
             value = engine._cp_gather(value)
             if name not in out:
@@ -66,13 +83,33 @@ def score_positions(
     return {name: _zero_past_lengths(name, value, data).cpu() for name, value in out.items()}
 
 
-def _head_scores(engine, states, targets, topk, temperature, logprobs) -> dict:
+def _head_scores(engine, states, targets, topk, temperature, logprobs, scored=None) -> dict:
     """Top-k and next-token log-probs of this rank's positions [b, s_local, ...], the LM head
-    applied chunk by chunk to `states` [b, s_local, H]."""
+    applied chunk by chunk to `states` [b, s_local, H]; with `scored` ([b, s_local] bool) only
+    at its positions, 0 at the others."""
     b, s = states.shape[:2]
-    n = b * s
-    device = states.device
+    flat_states = states.reshape(b * s, -1)
     flat_targets = targets.reshape(-1)
+    if scored is None:
+        answer = _flat_head_scores(engine, flat_states, flat_targets, topk, temperature, logprobs)
+        return {name: value.reshape(b, s, *value.shape[1:]) for name, value in answer.items()}
+    index = scored.reshape(-1).nonzero().squeeze(1)
+    answer = _flat_head_scores(
+        engine, flat_states[index], flat_targets[index], topk, temperature, logprobs
+    )
+    out = {}
+    for name, value in answer.items():
+        full = value.new_zeros((b * s, *value.shape[1:]))
+        full[index] = value
+        out[name] = full.reshape(b, s, *value.shape[1:])
+    return out
+
+
+def _flat_head_scores(engine, states, targets, topk, temperature, logprobs) -> dict:
+    """Top-k ([n, k] fp32 and int32) and next-token log-probs ([n] fp32) of positions
+    `states` [n, H] whose next tokens are `targets` [n]."""
+    n = states.shape[0]
+    device = states.device
     out = {}
     if topk:
         out["topk_logprobs"] = torch.empty(n, topk, dtype=torch.float32, device=device)
@@ -86,20 +123,19 @@ def _head_scores(engine, states, targets, topk, temperature, logprobs) -> dict:
             values, ids = vocab_parallel_topk(scaled, topk, *engine._vocab())
             out["topk_logprobs"][start:end], out["topk_indices"][start:end] = values, ids
         if logprobs:
-            chunk_targets = flat_targets[start:end]
             out["logprobs"][start:end] = vocab_parallel_logprobs(
-                scaled, chunk_targets, *engine._vocab()
+                scaled, targets[start:end], *engine._vocab()
             )
 
     chunked_scores(
         states,
         engine.output_weight(),
         keep,
-        chunk=engine.cfg.logits_chunk_tokens or n,
+        chunk=engine.cfg.logits_chunk_tokens or max(n, 1),
         project=engine._project,
         finish=engine._mask_padding,
     )
-    return {name: value.reshape(b, s, *value.shape[1:]) for name, value in out.items()}
+    return out
 
 
 def _zero_past_lengths(name: str, value: torch.Tensor, data: TensorBatch) -> torch.Tensor:

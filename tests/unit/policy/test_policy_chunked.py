@@ -13,7 +13,7 @@ from conftest import ODD_VOCAB, VOCAB, cpu_cluster, make_batch, policy_config
 from test_megatron_engine import MEGATRON
 from test_policy_parallel import LAYOUTS, policy_gradient_case
 
-from nemo_opd.losses import DistillationLossFn, TopkKLParams
+from nemo_opd.losses import DistillationLossFn, TopkKLParams, build_loss_mask
 from nemo_opd.policy.policy import Policy
 
 RAY_CPUS = 4
@@ -39,6 +39,8 @@ def run(cfg, workers: int, name: str, vocab: int) -> dict:
     try:
         values, indices = policy.get_topk_logits(batch, K)
         logprobs = policy.get_logprobs(batch, temperature=0.9)
+        trained = policy.score(batch, topk=K, temperature=0.9, logprobs=True, trained_only=True)
+        at_09 = policy.get_topk_logits(batch, K, temperature=0.9)
         topk_steps = policy.train(batch, loss_fn)
         pg_batch, pg_loss = policy_gradient_case(batch, logprobs)
         pg_steps = policy.train(pg_batch, pg_loss)
@@ -49,6 +51,8 @@ def run(cfg, workers: int, name: str, vocab: int) -> dict:
         "values": values,
         "indices": indices,
         "logprobs": logprobs,
+        "trained": trained,
+        "at_09": at_09,
         "topk_steps": topk_steps,
         "pg_steps": pg_steps,
         "weights": weights,
@@ -67,6 +71,8 @@ def test_chunked_equals_the_whole_logits(layout, model_dirs, ray_session):
     torch.testing.assert_close(chunked["values"], reference["values"], **close)
     assert torch.equal(chunked["indices"], reference["indices"])
     torch.testing.assert_close(chunked["logprobs"], reference["logprobs"], **close)
+    for result in (chunked, reference):
+        assert_trained_only_scores(result, make_batch(8, k=K, seed=3, vocab=vocab))
     for steps in ("topk_steps", "pg_steps"):
         for metric in ("loss", "grad_norm"):
             got = torch.tensor(chunked[steps][metric])
@@ -76,3 +82,17 @@ def test_chunked_equals_the_whole_logits(layout, model_dirs, ray_session):
         # AdamW's first steps move every element by about lr: noise in a gradient's last bits
         # can move one by a fraction of that, a wrong gradient by all of it.
         torch.testing.assert_close(weight, reference["weights"][name], rtol=0, atol=1e-5)
+
+
+def assert_trained_only_scores(result: dict, batch: dict) -> None:
+    """score(trained_only=True) is score's top-k and log-probs where the next token is trained
+    (token_mask[t + 1]) and 0 elsewhere."""
+    scored = build_loss_mask(batch["token_mask"]) != 0
+    assert 0 < scored.sum() < (batch["input_ids"] != 0).sum()  # prompts are left out
+    values, indices = result["at_09"]
+    trained = result["trained"]
+    torch.testing.assert_close(
+        trained["topk_logprobs"], values * scored.unsqueeze(-1), rtol=0, atol=1e-6
+    )
+    assert torch.equal(trained["topk_indices"], indices * scored.unsqueeze(-1))
+    torch.testing.assert_close(trained["logprobs"], result["logprobs"] * scored, rtol=0, atol=1e-6)
