@@ -71,9 +71,7 @@ def score_positions(
         if topk or logprobs:
             targets = engine._cp_shard(mb.fields["targets"])
             scored = engine._cp_shard(mb.fields["scored"]) != 0 if trained_only else None
-            parts.update(
-                _head_scores(engine, states, targets, topk, temperature, logprobs, scored)
-            )
+            parts.update(_head_scores(engine, states, targets, topk, temperature, logprobs, scored))
         for name, value in parts.items():
             value = engine._cp_gather(value)
             if name not in out:

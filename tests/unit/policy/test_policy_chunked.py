@@ -91,8 +91,7 @@ def assert_trained_only_scores(result: dict, batch: dict) -> None:
     assert 0 < scored.sum() < (batch["input_ids"] != 0).sum()  # prompts are left out
     values, indices = result["at_09"]
     trained = result["trained"]
-    torch.testing.assert_close(
-        trained["topk_logprobs"], values * scored.unsqueeze(-1), rtol=0, atol=1e-6
-    )
+    close = {"rtol": 1e-5, "atol": 1e-6}  # the head's product over fewer rows: fp32 noise
+    torch.testing.assert_close(trained["topk_logprobs"], values * scored.unsqueeze(-1), **close)
     assert torch.equal(trained["topk_indices"], indices * scored.unsqueeze(-1))
-    torch.testing.assert_close(trained["logprobs"], result["logprobs"] * scored, rtol=0, atol=1e-6)
+    torch.testing.assert_close(trained["logprobs"], result["logprobs"] * scored, **close)
