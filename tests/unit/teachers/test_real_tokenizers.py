@@ -3,10 +3,13 @@ from the packages that ship their vocabularies: each reads text as its family's 
 does (tiktoken for Qwen and Llama 3, mistral-common's Tekkenizer, sentencepiece), round-trips
 it, and has the published special tokens and chat template."""
 
+import copy
 import random
 
 import pytest
 from real_tokenizers import HOSTILE_TEXTS, NAMES
+
+from nemo_opd.data.chat import encode_texts
 
 SIZES = {"qwen3": 151669, "llama3": 128256, "tekken": 131072, "mistral_sp": 32000}
 EOS = {"qwen3": "<|im_end|>", "llama3": "<|eot_id|>", "tekken": "</s>", "mistral_sp": "</s>"}
@@ -121,3 +124,16 @@ def test_qwen3_template_writes_the_thinking_block(real_tokenizer):
         user, tokenize=False, add_generation_prompt=True, enable_thinking=False
     )
     assert prompt.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_prompt_encoding_equals_transformers(name, real_tokenizer):
+    """encode_texts (how the chat formatter tokenizes a dataset's prompts: the fast backend's
+    batch) gives transformers' ids, special-token strings read as the special tokens; with
+    truncation set on the backend (as a tokenizer.json can ship it) nothing is cut either."""
+    tokenizer = copy.deepcopy(real_tokenizer(name))
+    texts = [*HOSTILE_TEXTS, *_random_texts(200, seed=3)]
+    expected = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    assert encode_texts(tokenizer, texts) == expected
+    tokenizer.backend_tokenizer.enable_truncation(4)
+    assert encode_texts(tokenizer, texts) == expected
