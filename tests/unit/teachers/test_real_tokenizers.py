@@ -129,11 +129,15 @@ def test_qwen3_template_writes_the_thinking_block(real_tokenizer):
 @pytest.mark.parametrize("name", NAMES)
 def test_prompt_encoding_equals_transformers(name, real_tokenizer):
     """encode_texts (how the chat formatter tokenizes a dataset's prompts: the fast backend's
-    batch) gives transformers' ids, special-token strings read as the special tokens; with
+    batch) gives transformers' ids, special-token strings read as the special tokens, also
+    after a call that split them (transformers leaves the backend's flag set); with
     truncation set on the backend (as a tokenizer.json can ship it) nothing is cut either."""
     tokenizer = copy.deepcopy(real_tokenizer(name))
     texts = [*HOSTILE_TEXTS, *_random_texts(200, seed=3)]
     expected = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    assert encode_texts(tokenizer, texts) == expected
+    split = tokenizer(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    assert split != expected  # the texts hold special-token strings
     assert encode_texts(tokenizer, texts) == expected
     tokenizer.backend_tokenizer.enable_truncation(4)
     assert encode_texts(tokenizer, texts) == expected
