@@ -6,9 +6,8 @@
 All the logic lives in nemo_opd.cli and nemo_opd.config; see docs/config.md for every key.
 """
 
-import sys
-
 from nemo_opd.cli import main
+from nemo_opd.utils.quick_exit import quick_exit
 
 if __name__ == "__main__":
-    sys.exit(main(description=__doc__.splitlines()[0]))
+    quick_exit(main(description=__doc__.splitlines()[0]))
