@@ -70,8 +70,8 @@ from nemo_opd.algorithms.step_rollouts import (
     score_rollout,
     staleness_metrics,
 )
+from nemo_opd.algorithms.student_evaluation import StudentEvaluation
 from nemo_opd.config import DistillationConfig
-from nemo_opd.config.checks import VALIDATION_DIVERGENCE
 from nemo_opd.data.batching import TensorBatch
 from nemo_opd.data.message_log import flatten_generation_logprobs
 from nemo_opd.errors import RunError, ServiceError
@@ -431,72 +431,50 @@ def _graded(rollout: RolloutResult, mode: str, samples: int) -> list[dict]:
 
 def _validate_greedy(state: DistillationRun, timers: Timers, responses: list | None = None) -> dict:
     """validation/accuracy, avg_length and, with a teacher, the divergence metrics; with several
-    teachers, each teacher's own as validation/teacher/<name>/* (its prompts' rollouts)."""
+    teachers, each teacher's own as validation/teacher/<name>/* (its prompts' rollouts). The
+    student's divergence on a chunk is evaluated while the next chunk generates where
+    generation has devices of its own (student_evaluation)."""
     loop = state.cfg.distillation
     samples = state.val_prompts.samples
-    rewards, graded, lengths, divergence = [], [], [], DivergenceSums()
+    rewards, graded, lengths = [], [], []
     env_metrics: dict[str, float] = defaultdict(float)
-    for start in range(0, len(samples), loop.val_batch_size):
-        chunk = samples[start : start + loop.val_batch_size]
-        logs, metadata = repeat_samples(chunk, 1)
-        with timers.time("generation"):
-            rollout = rollout_with(state, logs, metadata, greedy=True, seed=None)
-        rewards.append(rollout.rewards)
-        if responses is not None:
-            responses += _graded(rollout, "greedy", 1)
-        for name, value in rollout.env_metrics.items():
-            env_metrics[f"validation/{name}"] += value
-        lengths.append(rollout.metrics["mean_generated_tokens"] * len(chunk))
-        graded += rollout.metadata
-        if state.teacher is None:
-            continue
-        with timers.time("teacher_topk"):
-            batch, _ = score_rollout(state, rollout, topk=True)
-        with timers.time("student_eval"):
-            # With several teachers, each teacher's rows apart: the overall values are the
-            # token-weighted means of theirs.
-            groups = state.teacher.groups(rollout.metadata) or {"": None}
-            for name, rows in groups.items():
-                part = batch if rows is None else TensorBatch(batch).select(rows)
-                divergence.add(state.student.evaluate(part, state.val_loss_fn), name)
+    evaluation = StudentEvaluation(state, background=not state.generation.colocated)
+    try:
+        for start in range(0, len(samples), loop.val_batch_size):
+            chunk = samples[start : start + loop.val_batch_size]
+            logs, metadata = repeat_samples(chunk, 1)
+            with timers.time("generation"):
+                rollout = rollout_with(state, logs, metadata, greedy=True, seed=None)
+            rewards.append(rollout.rewards)
+            if responses is not None:
+                responses += _graded(rollout, "greedy", 1)
+            for name, value in rollout.env_metrics.items():
+                env_metrics[f"validation/{name}"] += value
+            lengths.append(rollout.metrics["mean_generated_tokens"] * len(chunk))
+            graded += rollout.metadata
+            if state.teacher is None:
+                continue
+            with timers.time("teacher_topk"):
+                batch, _ = score_rollout(state, rollout, topk=True)
+            evaluation.submit(batch, state.teacher.groups(rollout.metadata) or {"": None})
+        divergence = {}
+        if state.teacher is not None:
+            with timers.time("student_eval_wait"):
+                divergence, seconds = evaluation.finish()
+            timers.add("student_eval", seconds)
+    finally:
+        evaluation.close()
     rewards = torch.cat(rewards)
     metrics = {
         "validation/accuracy": float(rewards.mean()),
         "validation/avg_length": sum(lengths) / len(samples),
-        **divergence.means("validation/"),
+        **divergence,
         **env_metrics,
     }
     groups = state.teacher.groups(graded) if state.teacher is not None else {}
     for name, rows in groups.items():
         metrics[f"validation/teacher/{name}/accuracy"] = float(rewards[rows].mean())
     return metrics
-
-
-class DivergenceSums:
-    """Token-weighted sums of the validation loss's metrics, overall and per teacher."""
-
-    NAMES = VALIDATION_DIVERGENCE  # the names checkpointing.metric_name may rank by
-
-    def __init__(self) -> None:
-        self.sums: dict[str, dict[str, float]] = {}
-
-    def add(self, evaluated: dict, teacher: str) -> None:
-        """Add one evaluate() result; teacher "" for a run with one teacher."""
-        tokens = evaluated["global_valid_toks"]
-        for group in {"", teacher}:
-            sums = self.sums.setdefault(group, {"tokens": 0.0})
-            sums["tokens"] += tokens
-            for name in self.NAMES:
-                sums[name] = sums.get(name, 0.0) + evaluated[name] * tokens
-
-    def means(self, prefix: str) -> dict:
-        """{prefix + name: mean} overall, {prefix + "teacher/<t>/" + name: mean} per teacher."""
-        metrics = {}
-        for group, sums in self.sums.items():
-            where = prefix if group == "" else f"{prefix}teacher/{group}/"
-            for name in self.NAMES:
-                metrics[where + name] = sums[name] / max(sums["tokens"], 1.0)
-        return metrics
 
 
 def _validate_sampled(

@@ -45,6 +45,12 @@ class Timers:
             self._stack.pop()
             self._seconds[full_name] = self._seconds.get(full_name, 0.0) + elapsed
 
+    def add(self, name: str, seconds: float) -> None:
+        """Record `seconds` spent on `name` elsewhere (another thread's work), nested under the
+        enclosing `time` blocks like a timed block of that name."""
+        full_name = "/".join([*self._stack, name])
+        self._seconds[full_name] = self._seconds.get(full_name, 0.0) + seconds
+
     def summary(self, reset: bool = True) -> dict[str, float]:
         """Seconds per phase as {"timing/<phase>": seconds}; reset=True starts a new interval."""
         result = {TIMING_PREFIX + name: seconds for name, seconds in self._seconds.items()}

@@ -47,3 +47,14 @@ def test_a_raising_block_is_still_timed_and_unnests():
 def test_bad_names_are_rejected(name):
     with pytest.raises(ValueError, match="timer name"), Timers().time(name):
         pass
+
+
+def test_add_records_time_spent_elsewhere_under_the_enclosing_phase():
+    timers = Timers()
+    with timers.time("validation"):
+        timers.add("student_eval", 0.25)
+        timers.add("student_eval", 0.5)
+    timers.add("outside", 1.0)
+    summary = timers.summary()
+    assert summary["timing/validation/student_eval"] == 0.75
+    assert summary["timing/outside"] == 1.0
