@@ -11,11 +11,11 @@ chunk generates.
 With `background`, the student's evaluate() of each chunk runs in one worker thread of the
 driver while the driver generates (and the teacher scores) the next: vLLM, the teacher's workers
 and the student's workers are separate processes, so on a 2-core CPU (one thread each under
-overlap) the student takes the core that generation leaves idle, ~0.5 s less per validation of
-the tiny default (of ~2.8 s). Only where generation has devices of its own: a colocated engine
-shares the GPU with the training workers and sleeps while they compute, so there each chunk is
-evaluated at once, in the caller's thread. Chunks are evaluated one at a time in the order
-submitted, so the sums, and the metrics, are the same either way.
+overlap) the student takes the core that generation leaves idle: a validation of the tiny
+default took 2.6 s instead of 2.7-3.0 s (2026-11-27). Only where generation has devices of its
+own: a colocated engine shares the GPU with the training workers and sleeps while they compute,
+so there each chunk is evaluated at once, in the caller's thread. Chunks are evaluated one at
+a time in the order submitted, so the sums, and the metrics, are the same either way.
 
 The thread calls the student's workers only (with tensors; no tokenizer, no teacher): the
 caller keeps the teacher and the generation engine, and the rollout producer is held while
