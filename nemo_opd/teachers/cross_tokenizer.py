@@ -68,6 +68,7 @@ from nemo_opd.teachers.xtok_rows import COUNTS, TeacherRows, TurnPair
 from nemo_opd.teachers.xtok_vocab import (
     ByteTable,
     VocabMap,
+    encode_as_text,
     is_byte_complete,
     special_ids,
     token_bytes,
@@ -272,13 +273,7 @@ class TeacherRendering:
     def _encode(self, contents: list[_Content]):
         """An iterator of (teacher ids, character offsets) for each content's text, control
         strings read as text: one batched call into the tokenizer's Rust core."""
-        backend = self.teacher.backend_tokenizer
-        was = backend.encode_special_tokens
-        backend.encode_special_tokens = True
-        try:
-            encoded = backend.encode_batch([c.text for c in contents], add_special_tokens=False)
-        finally:
-            backend.encode_special_tokens = was
+        encoded = encode_as_text(self.teacher, [c.text for c in contents])
         return ((e.ids, e.offsets) for e in encoded)
 
     def _assistant_turn(

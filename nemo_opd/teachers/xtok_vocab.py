@@ -195,6 +195,19 @@ def implied_tokens(student: PreTrainedTokenizerBase, texts) -> list[int]:
     return out
 
 
+def encode_as_text(tokenizer: PreTrainedTokenizerBase, texts: list[str]) -> list:
+    """The fast tokenizer's Rust encodings (ids and character offsets) of `texts`, no special
+    tokens added and control strings read as text: one batched call into its core, with the
+    backend's special-token flag set for the call and put back after it."""
+    backend = tokenizer.backend_tokenizer
+    was = backend.encode_special_tokens
+    backend.encode_special_tokens = True
+    try:
+        return backend.encode_batch(texts, add_special_tokens=False)
+    finally:
+        backend.encode_special_tokens = was
+
+
 def first_tokens(
     tokenizer: PreTrainedTokenizerBase, texts: list[str], known: dict[int, bytes]
 ) -> list[int]:
@@ -204,15 +217,7 @@ def first_tokens(
     not have). Control strings in the texts are text. One batched call into the tokenizer's
     Rust core."""
     context = "\n" if _vocabulary_style(tokenizer) == "sentencepiece" else ""
-    backend = tokenizer.backend_tokenizer
-    was = backend.encode_special_tokens
-    backend.encode_special_tokens = True
-    try:
-        encodings = backend.encode_batch(
-            [context + text for text in texts], add_special_tokens=False
-        )
-    finally:
-        backend.encode_special_tokens = was
+    encodings = encode_as_text(tokenizer, [context + text for text in texts])
     out = []
     for text, encoding in zip(texts, encodings, strict=True):
         first = -1
