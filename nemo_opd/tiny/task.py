@@ -145,7 +145,7 @@ def generate_problems(config: TinyMathConfig) -> dict[str, list[Problem]]:
     """Both splits. The held-out split is drawn first with distinct triples; the train split then
     rejects every held-out triple (train may repeat its own triples: the small multiplication
     table is sampled many times). Drawn once per process and config (a run loads both
-    splits, each from both: ~0.5 s of a 2-core CPU per draw of the default's 50,500); the
+    splits, each from both: ~0.25 s of a 2-core CPU per draw of the default's 50,500); the
     lists are the caller's own."""
     return {split: list(problems) for split, problems in _drawn_splits(config).items()}
 

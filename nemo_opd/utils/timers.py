@@ -34,7 +34,6 @@ class Timers:
         """
         if not name or name.startswith("/") or name.endswith("/"):
             raise ValueError(f"timer name must be non-empty without leading/trailing '/': {name!r}")
-        full_name = "/".join([*self._stack, name])
         self._stack.append(name)
         start = time.perf_counter()
         try:
@@ -43,7 +42,7 @@ class Timers:
             # Recorded even when the block raises, so a failing step still shows its cost.
             elapsed = time.perf_counter() - start
             self._stack.pop()
-            self._seconds[full_name] = self._seconds.get(full_name, 0.0) + elapsed
+            self.add(name, elapsed)
 
     def add(self, name: str, seconds: float) -> None:
         """Record `seconds` spent on `name` elsewhere (another thread's work), nested under the
