@@ -1,8 +1,10 @@
 """Which Ray a run uses: cluster.address, else RAY_ADDRESS, else a local instance it starts and
-stops; an address where no head answers is refused at once, without connecting."""
+stops (without idle worker processes); an address where no head answers is refused at once,
+without connecting."""
 
 import time
 
+import psutil
 import pytest
 import ray
 
@@ -41,11 +43,29 @@ def test_a_dashboard_address_in_the_environment_is_named(monkeypatch):
         init_ray(ClusterConfig())
 
 
+def idle_workers() -> list[psutil.Process]:
+    """Ray's idle worker processes among this process's descendants (its local instance's)."""
+    found = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if " ".join(child.cmdline()).startswith("ray::IDLE"):
+                found.append(child)
+        except psutil.Error:  # ended meanwhile
+            pass
+    return found
+
+
 def test_a_local_instance_ends_with_the_session(monkeypatch, capsys):
     monkeypatch.delenv(ADDRESS_ENV, raising=False)
     with ray_session(ClusterConfig(device="cpu")):
         assert ray.is_initialized()
         gcs = ray.get_runtime_context().gcs_address
+        # No idle worker processes (Ray's default starts one per CPU for the first driver
+        # within a second or two of its start; a run's workers are actors of their own).
+        deadline = time.monotonic() + 4.0
+        while time.monotonic() < deadline:
+            assert idle_workers() == []
+            time.sleep(0.2)
     assert f"ray: started a local instance at {gcs}" in capsys.readouterr().out
     assert not ray.is_initialized()
 
