@@ -2,6 +2,7 @@ import re
 
 import pytest
 
+import nemo_opd.tiny.task as task
 from nemo_opd.tiny.task import (
     OPERATORS,
     TinyMathConfig,
@@ -113,3 +114,15 @@ def test_load_split_and_jsonl_round_trip(tmp_path):
     assert load_jsonl(path) == records
     with pytest.raises(ValueError):
         load_tiny_math("test", SMALL)
+
+
+def test_a_config_is_drawn_once_and_each_caller_gets_its_own_lists():
+    config = TinyMathConfig(num_train=200, num_validation=20, seed=11)
+    first = generate_problems(config)
+    first["train"].clear()  # the caller's own list
+    again = generate_problems(config)
+    assert len(again["train"]) == 200 and len(again["validation"]) == 20
+    assert again["train"] is not generate_problems(config)["train"]
+    hits = task._drawn_splits.cache_info().hits
+    load_tiny_math("validation", config)
+    assert task._drawn_splits.cache_info().hits == hits + 1
