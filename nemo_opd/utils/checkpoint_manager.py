@@ -49,8 +49,9 @@ RUN_KEY = "run"
 """The record's identity of the run that saved it (CheckpointManager.identity)."""
 SET_ASIDE_DIR = "unreadable"
 _STEP_DIR = re.compile(r"step_(\d+)")
-# Hidden leftovers of an interrupted save (atomic_directory) or prune (this module).
-_STALE = re.compile(r"\.step_\d+\.(tmp|deleting)-.*")
+# Hidden leftovers of an interrupted save (atomic_directory), prune (this module) or final
+# export (utils.export_folder's folder, and the engine's atomic_directory inside it).
+_STALE = re.compile(r"\.(step_\d+|\.?final_model)\.(tmp|deleting)-.*")
 _READ_CHUNK = 1 << 22
 
 
@@ -186,12 +187,12 @@ class CheckpointManager:
         if not self.root.is_dir():
             return
         for path in list(self.root.iterdir()):
-            if path.name.endswith(BACKUP_SUFFIX):
+            if _STALE.fullmatch(path.name):
+                shutil.rmtree(path, ignore_errors=True)
+            elif path.name.endswith(BACKUP_SUFFIX):
                 original = path.name.removesuffix(BACKUP_SUFFIX)
                 if _STEP_DIR.fullmatch(original):
                     recover_checkpoint(self.root / original)
-            elif _STALE.fullmatch(path.name):
-                shutil.rmtree(path, ignore_errors=True)
 
     def prune(self, keep: int | None = None) -> list[int]:
         """Delete checkpoints beyond keep_top_k; returns the deleted steps.

@@ -76,8 +76,10 @@ def test_latest_ignores_and_cleans_half_written_leftovers(tmp_path):
     manager = make_manager(tmp_path)
     save(manager, 1)
     # What a killed process leaves: a temporary save, an interrupted delete, a step dir
-    # made by hand without training_state.json, and a checkpoint moved aside mid-overwrite.
-    for name in (".step_2.tmp-abc", ".step_0.deleting-1234"):
+    # made by hand without training_state.json, a checkpoint moved aside mid-overwrite, and
+    # a final export's folders (utils.export_folder around the engine's own).
+    leftovers = (".step_2.tmp-abc", ".step_0.deleting-1234", ".final_model.tmp-ab12")
+    for name in (*leftovers, "..final_model.tmp-ab12.tmp-cd34", ".final_model.tmp-ab.previous"):
         (manager.root / name).mkdir()
         (manager.root / name / STATE_FILE).write_text("{}")
     (manager.root / "step_9").mkdir()
