@@ -31,7 +31,9 @@ def model_folder(given: str | Path) -> Path:
     whose model is in the local Hugging Face cache (its snapshot folder; nothing is
     downloaded). SetupError, naming what was looked for, when none is there."""
     path = Path(given).expanduser()
-    if not path.exists():
+    if not path.exists() and (path.is_absolute() or str(given).startswith((".", "~"))):
+        raise SetupError(f"--checkpoint {given}: no such folder")
+    if not path.exists():  # "owner/name": a hub name, or a mistyped relative path
         return _cached_hub_model(str(given))
     if path.is_dir() and not (path / "config.json").exists() and not (path / "policy").is_dir():
         steps = [p for p in path.glob(f"{STEP_PREFIX}*") if p.name[len(STEP_PREFIX) :].isdigit()]

@@ -145,6 +145,12 @@ def test_a_hub_name_is_evaluated_from_the_local_cache(sharded, tmp_path, monkeyp
         )
 
 
+def test_a_local_path_that_is_not_there_is_no_hub_name(tmp_path):
+    for missing in (tmp_path / "absent", "./models/absent", "~/absent_model"):
+        with pytest.raises(SetupError, match=f"^--checkpoint {missing}: no such folder$"):
+            model_folder(missing)
+
+
 def test_a_model_that_is_nowhere_exits_2_at_once(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     started = time.monotonic()
