@@ -4,9 +4,11 @@ Exports a checkpoint's student as the run exports its final model (nemo_opd.util
 Hugging Face weights in policy.precision, config, tokenizer, chat template and
 generation_config.json, and none of the training state. DIR is a checkpoint (step_N) or its
 policy folder; the config is the run's (its tokenizer, chat template and precision). Runs on
-the driver alone (no Ray, no GPU): the checkpoint's weights are read from disk. Exit status 0,
-or 2 with one `error:` line for a bad config, a folder that holds no model, or a LoRA
-checkpoint (its adapters only: the run's final_model is the merged one).
+the driver alone (no Ray, no GPU): the checkpoint's weights are read from disk. OUT is written
+whole, and only when it is new, empty or an earlier export (nemo_opd.utils.export_folder).
+Exit status 0, or 2 with one `error:` line for a bad config, a folder that holds no model, a
+LoRA checkpoint (its adapters only: the run's final_model is the merged one), or an OUT that
+holds anything else (nothing in it is touched).
 """
 
 import argparse

@@ -80,13 +80,13 @@ from nemo_opd.losses import build_loss_mask
 from nemo_opd.losses.reduction import metric_reduction
 from nemo_opd.rollouts import RolloutResult, rollout_state
 from nemo_opd.tiny.assets import recorded_heldout_accuracy
+from nemo_opd.utils.export_folder import FINAL_MODEL_DIR, export_directory
 from nemo_opd.utils.hf_export import write_model_files
 from nemo_opd.utils.plot import ROLLOUTS_KEY, plot_metrics
 from nemo_opd.utils.startup import startup_metrics
 from nemo_opd.utils.stop_signal import StopSignal
 from nemo_opd.utils.timers import Timers
 
-FINAL_MODEL_DIR = "final_model"
 ELAPSED_KEY = "progress/elapsed_s"
 STOPPED_EXIT_STATUS = 128 + signal.SIGTERM
 """Exit status of a run that SIGTERM stopped at a clean point (the shell's convention)."""
@@ -542,10 +542,13 @@ def export_final_model(state: DistillationRun) -> Path:
     """The trained student as a Hugging Face model (nemo_opd.utils.hf_export: weights in the
     policy's precision, config, tokenizer, chat template, generation_config.json; a LoRA
     student merged, with its peft adapter in final_model/adapter; no training state) under
-    checkpointing.checkpoint_dir/final_model, and the PNG of the training curves."""
+    checkpointing.checkpoint_dir/final_model, written whole over the previous export (never
+    over anything else: nemo_opd.utils.export_folder), and the PNG of the training curves."""
     target = Path(state.cfg.checkpointing.checkpoint_dir) / FINAL_MODEL_DIR
-    state.student.export(str(target), state.cfg.policy.precision)
-    write_model_files(target, state.formatter.tokenizer, state.cfg.policy)
+    source = {"checkpoint_dir": state.cfg.checkpointing.checkpoint_dir, "step": state.step}
+    with export_directory(target, source, earlier_unmarked=True) as folder:
+        state.student.export(str(folder), state.cfg.policy.precision)
+        write_model_files(folder, state.formatter.tokenizer, state.cfg.policy)
     metrics_file = Path(state.cfg.logger.log_dir) / "metrics.jsonl"
     if metrics_file.exists():
         references = {}

@@ -69,6 +69,7 @@ from nemo_opd.tools.base import tool_schemas
 from nemo_opd.utils.checkpoint_manager import CheckpointManager
 from nemo_opd.utils.logger import Logger
 from nemo_opd.utils.run_dirs import RunLock, check_writable, with_absolute_paths
+from nemo_opd.utils.run_identity import check_run_folders, record_log_owner, run_identity
 from nemo_opd.utils.startup import StartupMarks, format_startup_report
 
 PLACEMENT_FILE = "placement.json"
@@ -147,8 +148,10 @@ def setup(cfg: DistillationConfig) -> DistillationRun:
 
 
 def _claim_directories(cfg: DistillationConfig) -> RunLock:
-    """This run alone uses checkpointing.checkpoint_dir (a lock held until shutdown), and it
-    and logger.log_dir can be written: checked before anything starts."""
+    """This run alone uses checkpointing.checkpoint_dir (a lock held until shutdown), it and
+    logger.log_dir can be written, and neither holds another run's checkpoints or metrics
+    (run_identity.check_run_folders): checked before anything starts. The lock carries the
+    run's identity, which its checkpoints record."""
     lock = RunLock(cfg.checkpointing.checkpoint_dir)
     note = lock.acquire()
     if note:
@@ -156,9 +159,12 @@ def _claim_directories(cfg: DistillationConfig) -> RunLock:
     try:
         check_writable(cfg.checkpointing.checkpoint_dir, "checkpointing.checkpoint_dir")
         check_writable(cfg.logger.log_dir, "logger.log_dir")
+        check_run_folders(cfg)
+        record_log_owner(cfg)
     except SetupError:
         lock.release()
         raise
+    lock.identity = run_identity(cfg)
     return lock
 
 
@@ -775,7 +781,9 @@ def _describe_objective(cfg: DistillationConfig) -> str:
 
 def _restore_latest(state: DistillationRun) -> None:
     """Load the newest checkpoint of checkpointing.checkpoint_dir that verifies, if any; newer
-    ones that do not are set aside under unreadable/ and reported."""
+    ones that do not are set aside under unreadable/ and reported. (_claim_directories found
+    them this run's; the checkpoints it saves record its identity.)"""
+    state.checkpoints.identity = state.lock.identity
     if not state.cfg.checkpointing.enabled:
         return
     point = state.checkpoints.resume_point()
@@ -795,3 +803,5 @@ def _restore_latest(state: DistillationRun) -> None:
     state.generation_version = -1  # vLLM holds the initial weights: refit before sampling
     state.last_metrics = dict(saved.get("metrics", {}))
     print(f"resumed from {path} (step {state.step})")
+    if state.step >= (steps := state.cfg.distillation.max_num_steps):
+        print(f"nothing to train: step {state.step} >= {steps}; exporting that step's model")

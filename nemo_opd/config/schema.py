@@ -519,7 +519,15 @@ class CheckpointingConfig(Section):
     """Save checkpoints."""
 
     checkpoint_dir: str = Field("results/distillation", min_length=1)
-    """Directory holding one subdirectory per saved step."""
+    """Directory holding one subdirectory per saved step, and the final model (final_model)."""
+
+    resume: Literal["auto", "force"] = "auto"
+    """auto: resume the newest checkpoint of checkpoint_dir only when the run that saved it had
+    this run's models, data, objective and shapes (nemo_opd.utils.run_identity; max_num_steps,
+    validation, logging, the save cadence and the learning rate may change), and append to
+    logger.log_dir only when it holds this run's metrics; otherwise stop at start, naming each
+    difference. force: resume those checkpoints and append to those metrics whatever run made
+    them (the differences were meant)."""
 
     save_period: int = Field(10, gt=0, le=MAX_STEPS)
     """Save every save_period steps (and after the last step)."""
