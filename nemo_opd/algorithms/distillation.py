@@ -82,12 +82,15 @@ from nemo_opd.rollouts import RolloutResult, rollout_state
 from nemo_opd.tiny.assets import recorded_heldout_accuracy
 from nemo_opd.utils.hf_export import write_model_files
 from nemo_opd.utils.plot import ROLLOUTS_KEY, plot_metrics
+from nemo_opd.utils.run_summary import RunOutcome, format_run_summary
 from nemo_opd.utils.startup import startup_metrics
 from nemo_opd.utils.stop_signal import StopSignal
 from nemo_opd.utils.timers import Timers
 
 FINAL_MODEL_DIR = "final_model"
 ELAPSED_KEY = "progress/elapsed_s"
+TEACHER_ACCURACY_SOURCE = "teacher, at its build"
+"""Where the teacher's held-out accuracy comes from (the tiny assets record it)."""
 STOPPED_EXIT_STATUS = 128 + signal.SIGTERM
 """Exit status of a run that SIGTERM stopped at a clean point (the shell's convention)."""
 
@@ -97,13 +100,29 @@ def run(cfg: DistillationConfig) -> int:
     stopped the run early (with a checkpoint to resume from, and no final export). Bad input
     found at setup raises SetupError before any training."""
     state = setup(cfg)
+    final_model = None
     try:
-        if not distillation_train(state):
-            return STOPPED_EXIT_STATUS
-        export_final_model(state)
+        finished = distillation_train(state)
+        if finished:
+            final_model = export_final_model(state)
     finally:
         state.shutdown()
-    return 0
+    print(format_run_summary(_outcome(state, final_model)))
+    return 0 if finished else STOPPED_EXIT_STATUS
+
+
+def _outcome(state: DistillationRun, final_model: Path | None) -> RunOutcome:
+    """What the end-of-run summary reports (utils/run_summary.py)."""
+    accuracy = _recorded_teacher_accuracy(state.cfg)
+    return RunOutcome(
+        step=state.step,
+        total_steps=state.cfg.distillation.max_num_steps,
+        resumed_step=state.resumed_step,
+        seconds=time.time() - state.started_at,
+        log_dir=Path(state.cfg.logger.log_dir),
+        final_model=final_model,
+        teacher_accuracy=None if accuracy is None else (accuracy, TEACHER_ACCURACY_SOURCE),
+    )
 
 
 # --------------------------------------------------------------------------------------- training
@@ -538,6 +557,16 @@ def _save_checkpoint(state: DistillationRun, pipeline: StepPipeline) -> None:
             ) from error
 
 
+def _recorded_teacher_accuracy(cfg: DistillationConfig) -> float | None:
+    """The teacher's held-out accuracy when the run validates where its build measured it
+    (a tiny teacher on tiny_math's held-out split); None otherwise."""
+    data = cfg.data
+    on_heldout = data.dataset_name == "tiny_math" and data.val_split in (None, "validation")
+    if cfg.teacher is None or not on_heldout or data.val_path or data.val_dataset_name:
+        return None
+    return recorded_heldout_accuracy(cfg.teacher.model_name)
+
+
 def export_final_model(state: DistillationRun) -> Path:
     """The trained student as a Hugging Face model (nemo_opd.utils.hf_export: weights in the
     policy's precision, config, tokenizer, chat template, generation_config.json; a LoRA
@@ -552,7 +581,7 @@ def export_final_model(state: DistillationRun) -> Path:
         teacher = state.cfg.teacher
         accuracy = recorded_heldout_accuracy(teacher.model_name) if teacher else None
         if accuracy is not None:
-            references["validation/accuracy"] = ("teacher, at its build", accuracy)
+            references["validation/accuracy"] = (TEACHER_ACCURACY_SOURCE, accuracy)
         plot_metrics(
             metrics_file, Path(state.cfg.logger.log_dir) / "curves.png", references=references
         )
