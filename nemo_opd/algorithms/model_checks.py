@@ -97,6 +97,24 @@ def check_vocab_sizes(
         )
 
 
+def check_student_ids_fit_teacher(
+    student: PretrainedConfig, teacher: PretrainedConfig, section: str = "teacher"
+) -> None:
+    """A teacher that reads the student's ids as they are (one tokenizer) has a row for every
+    id the student can sample: vLLM samples over all of the student's vocab_size logits, and
+    an id past the teacher's embedding failed in its worker, minutes in, as an IndexError
+    (check_vocab_sizes refuses the other direction)."""
+    if student.vocab_size > teacher.vocab_size:
+        raise SetupError(
+            f"{section}: the student's vocabulary ({student.vocab_size:,} ids) is larger than "
+            f"the teacher's ({teacher.vocab_size:,}), and the teacher reads the student's ids "
+            "as they are: the student can write ids the teacher has no embedding row for. Let "
+            "each tokenizer follow its model (tokenizer.name: ${..model_name}): a teacher with "
+            "another vocabulary then reads the student's text in its own tokens "
+            "(docs/cross_tokenizer.md)"
+        )
+
+
 def check_tokenizer_fits(
     tokenizer: PreTrainedTokenizerBase, config: PretrainedConfig, section: str
 ) -> None:

@@ -28,6 +28,7 @@ from nemo_opd.algorithms.data_mix import on_policy_share
 from nemo_opd.algorithms.model_checks import (
     check_megatron_training_precision,
     check_sequence_length,
+    check_student_ids_fit_teacher,
     check_tensor_parallel,
     check_tokenizer_fits,
     check_vocab_sizes,
@@ -296,6 +297,7 @@ def _check_models(
         rendering = _crossed(cfg, tokenizer, section, teacher_config.vocab_size)
         if rendering is None:
             check_vocab_sizes(student_config, teacher_config, len(tokenizer), section)
+            check_student_ids_fit_teacher(student_config, teacher_config, section)
         else:
             renderings[section] = rendering
             if teacher_config.vocab_size < len(rendering.teacher):

@@ -12,7 +12,7 @@ from nemo_opd.algorithms.setup import _check_models, _resolve_model_paths
 from nemo_opd.algorithms.tokenizers import load_tokenizer, own_tokenizer_note
 from nemo_opd.config import TokenizerConfig, load_config
 from nemo_opd.errors import SetupError
-from nemo_opd.tiny.assets import ensure_tiny_assets
+from nemo_opd.tiny.assets import ensure_tiny_assets, resolve_pretrained
 from nemo_opd.tiny.recipe import micro_recipe
 from nemo_opd.utils.run_dirs import with_absolute_paths
 
@@ -77,3 +77,21 @@ def test_no_note_for_the_models_own_vocabulary(assets):
     assert own_tokenizer_note(cfg.policy, "policy") is None
     follows = configured("policy.tokenizer.name=${..model_name}").policy
     assert own_tokenizer_note(follows, "policy") is None
+
+
+def test_a_student_that_can_write_ids_past_the_teachers_rows_is_refused():
+    # A student of another vocabulary (the tool task's, 528 ids) with the tiny teacher (481),
+    # both reading the inherited tiny:tokenizer: every check passed, and the teacher's worker
+    # met the student's ids past its embedding as an IndexError.
+    student = resolve_pretrained("tiny:tools_student")
+    cfg = _resolve_model_paths(
+        with_absolute_paths(
+            load_config("examples/configs/distillation_tiny.yaml", [f"policy.model_name={student}"])
+        )
+    )
+    with pytest.raises(SetupError) as error:
+        _check_models(cfg)
+    assert str(error.value).startswith(
+        "teacher: the student's vocabulary (528 ids) is larger than the teacher's (481), and the "
+        "teacher reads the student's ids as they are"
+    )
