@@ -89,8 +89,6 @@ from nemo_opd.utils.timers import Timers
 
 FINAL_MODEL_DIR = "final_model"
 ELAPSED_KEY = "progress/elapsed_s"
-TEACHER_ACCURACY_SOURCE = "teacher, at its build"
-"""Where the teacher's held-out accuracy comes from (the tiny assets record it)."""
 STOPPED_EXIT_STATUS = 128 + signal.SIGTERM
 """Exit status of a run that SIGTERM stopped at a clean point (the shell's convention)."""
 
@@ -121,7 +119,7 @@ def _outcome(state: DistillationRun, final_model: Path | None) -> RunOutcome:
         seconds=time.time() - state.started_at,
         log_dir=Path(state.cfg.logger.log_dir),
         final_model=final_model,
-        teacher_accuracy=None if accuracy is None else (accuracy, TEACHER_ACCURACY_SOURCE),
+        teacher_accuracy=None if accuracy is None else (accuracy, "measured at its build"),
     )
 
 
@@ -581,7 +579,7 @@ def export_final_model(state: DistillationRun) -> Path:
         teacher = state.cfg.teacher
         accuracy = recorded_heldout_accuracy(teacher.model_name) if teacher else None
         if accuracy is not None:
-            references["validation/accuracy"] = (TEACHER_ACCURACY_SOURCE, accuracy)
+            references["validation/accuracy"] = ("teacher, at its build", accuracy)
         plot_metrics(
             metrics_file, Path(state.cfg.logger.log_dir) / "curves.png", references=references
         )

@@ -10,6 +10,8 @@ from pathlib import Path
 from nemo_opd.utils.logger import read_jsonl
 
 ACCURACY_KEY = "validation/accuracy"
+LABEL_WIDTH = 19
+"""Columns of a line's label ("held-out accuracy: " and its space)."""
 
 
 @dataclass(frozen=True)
@@ -33,14 +35,17 @@ class RunOutcome:
 def format_run_summary(outcome: RunOutcome) -> str:
     """The summary lines (see the module docstring)."""
     metrics = outcome.log_dir / "metrics.jsonl"
-    lines = [_steps_line(outcome), _accuracy_line(metrics, outcome.teacher_accuracy)]
+    lines = [_steps_line(outcome), _line("held-out accuracy:", _accuracies(metrics))]
+    if outcome.teacher_accuracy is not None:
+        accuracy, source = outcome.teacher_accuracy
+        lines.append(_line("teacher:", f"{accuracy:.1%} held-out ({source})"))
     if outcome.final_model is not None:
-        lines.append(f"final model:  {_shown(outcome.final_model)}")
+        lines.append(_line("final model:", _shown(outcome.final_model)))
     else:
-        lines.append("final model:  not exported (the run stopped before its last step)")
+        lines.append(_line("final model:", "not exported (the run stopped before its end)"))
     for label, path in (("metrics:", metrics), ("curves:", outcome.log_dir / "curves.png")):
         if path.is_file():
-            lines.append(f"{label:<13} {_shown(path)}")
+            lines.append(_line(label, _shown(path)))
     return "\n".join(lines)
 
 
@@ -63,30 +68,28 @@ def format_duration(seconds: float) -> str:
     return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
 
 
+def _line(label: str, text: str) -> str:
+    return f"{label:<{LABEL_WIDTH}}{text}"
+
+
 def _steps_line(outcome: RunOutcome) -> str:
     resumed = f", resumed from step {outcome.resumed_step}" if outcome.resumed_step else ""
     took = f"in {format_duration(outcome.seconds)}{resumed}"
     if outcome.final_model is None:
-        return (
-            f"run stopped after step {outcome.step} of {outcome.total_steps} {took}; the same "
-            "command resumes it"
-        )
-    return f"run done: {outcome.step} of {outcome.total_steps} steps {took}"
+        text = f"after step {outcome.step} of {outcome.total_steps} {took}"
+        return _line("run stopped:", text + "; the same command resumes it")
+    return _line("run done:", f"{outcome.step} of {outcome.total_steps} steps {took}")
 
 
-def _accuracy_line(metrics: Path, teacher: tuple[float, str] | None) -> str:
-    """'held-out accuracy: 34.2% (step 0) -> 60.6% (step 350); teacher 83.2% (...)'."""
+def _accuracies(metrics: Path) -> str:
+    """'34.2% (step 0) -> 60.6% (step 350)': the first and last validation's accuracy."""
     history = accuracy_history(metrics)
     if not history:
-        measured = "not recorded (no validation in metrics.jsonl)"
-    elif len(history) == 1:
-        measured = f"{history[0][1]:.1%} (step {history[0][0]})"
-    else:
-        (first_step, first), (last_step, last) = history[0], history[-1]
-        measured = f"{first:.1%} (step {first_step}) -> {last:.1%} (step {last_step})"
-    if teacher is not None:
-        measured += f"; teacher {teacher[0]:.1%} ({teacher[1]})"
-    return f"held-out accuracy: {measured}"
+        return "not recorded (no validation in metrics.jsonl)"
+    (first_step, first), (last_step, last) = history[0], history[-1]
+    if len(history) == 1:
+        return f"{first:.1%} (step {first_step})"
+    return f"{first:.1%} (step {first_step}) -> {last:.1%} (step {last_step})"
 
 
 def _shown(path: Path) -> str:

@@ -18,12 +18,12 @@ def test_the_readme_own_model_run_as_written(tmp_path):
     result = run_as_written(commands[1], folder, timeout=900)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     summary = result.stdout[result.stdout.index("run done: ") :].splitlines()
-    assert summary[0].startswith("run done: 20 of 20 steps in ")
+    assert summary[0].startswith("run done:          20 of 20 steps in ")
     assert summary[1].startswith("held-out accuracy: ") and "(step 0) -> " in summary[1]
     assert summary[2:] == [
-        "final model:  runs/own_model_cpu/checkpoints/final_model",
-        "metrics:      runs/own_model_cpu/logs/metrics.jsonl",
-        "curves:       runs/own_model_cpu/logs/curves.png",
+        "final model:       runs/own_model_cpu/checkpoints/final_model",
+        "metrics:           runs/own_model_cpu/logs/metrics.jsonl",
+        "curves:            runs/own_model_cpu/logs/curves.png",
     ]
     assert (folder / "runs/own_model_cpu/checkpoints/final_model/config.json").is_file()
     assert "warning:" not in result.stdout  # each tokenizer is its model's own

@@ -21,7 +21,7 @@ def outcome(tmp_path, **changes):
         "seconds": 201.4,
         "log_dir": tmp_path / "logs",
         "final_model": tmp_path / "checkpoints" / "final_model",
-        "teacher_accuracy": (0.832, "teacher, at its build"),
+        "teacher_accuracy": (0.832, "measured at its build"),
     }
     return RunOutcome(**{**fields, **changes})
 
@@ -34,14 +34,16 @@ def test_a_finished_run(tmp_path, monkeypatch):
         {"step": 350, "validation/accuracy": 0.606},
     ]
     write_metrics(tmp_path / "logs", records)
-    assert format_run_summary(outcome(tmp_path)).splitlines() == [
-        "run done: 350 of 350 steps in 3 min 21 s",
-        "held-out accuracy: 34.2% (step 0) -> 60.6% (step 350); teacher 83.2% (teacher, at its "
-        "build)",
-        "final model:  checkpoints/final_model",
-        "metrics:      logs/metrics.jsonl",
-        "curves:       logs/curves.png",
+    lines = format_run_summary(outcome(tmp_path)).splitlines()
+    assert lines == [
+        "run done:          350 of 350 steps in 3 min 21 s",
+        "held-out accuracy: 34.2% (step 0) -> 60.6% (step 350)",
+        "teacher:           83.2% held-out (measured at its build)",
+        "final model:       checkpoints/final_model",
+        "metrics:           logs/metrics.jsonl",
+        "curves:            logs/curves.png",
     ]
+    assert max(map(len, lines)) <= 80
 
 
 def test_a_stopped_resumed_run_without_validation(tmp_path):
@@ -49,10 +51,10 @@ def test_a_stopped_resumed_run_without_validation(tmp_path):
         outcome(tmp_path, step=180, resumed_step=175, final_model=None, teacher_accuracy=None)
     )
     assert summary.splitlines() == [
-        "run stopped after step 180 of 350 in 3 min 21 s, resumed from step 175; the same "
-        "command resumes it",
+        "run stopped:       after step 180 of 350 in 3 min 21 s, resumed from step 175; the "
+        "same command resumes it",
         "held-out accuracy: not recorded (no validation in metrics.jsonl)",
-        "final model:  not exported (the run stopped before its last step)",
+        "final model:       not exported (the run stopped before its end)",
     ]
 
 
