@@ -112,8 +112,8 @@ def _folder_problems(name: str, key: str, needed: tuple[str, ...]) -> list[str]:
 
 def _check_records(cfg: DistillationConfig, split: Split) -> None:
     """The split's rows, when they are a local file of at most MAX_CHECKED_BYTES (a larger one:
-    that it exists), or a local dataset folder that exists; hub datasets and tiny_math are not
-    read here."""
+    that it exists), and that the train rows fill one step; or that a local dataset folder
+    exists. Hub datasets and tiny_math are not read here."""
     data = cfg.data
     path = data.train_path if split == "train" else data.val_path
     key = "data.train_path" if split == "train" else "data.val_path"
@@ -128,8 +128,16 @@ def _check_records(cfg: DistillationConfig, split: Split) -> None:
     file = Path(path)
     if not file.is_file():
         raise SetupError(f"{key}: file not found: {file.resolve()}{nearest(file, folders=False)}")
-    if file.stat().st_size <= MAX_CHECKED_BYTES:
-        load_prompt_records(data, split, **record_options(cfg, split))
+    if file.stat().st_size > MAX_CHECKED_BYTES:
+        return
+    records = load_prompt_records(data, split, **record_options(cfg, split))
+    step = cfg.distillation.num_prompts_per_step
+    if split == "train" and len(records) < step:
+        raise SetupError(
+            f"distillation.num_prompts_per_step is {step} but {key} ({file}) has only "
+            f"{len(records)} rows: lower distillation.num_prompts_per_step to at most "
+            f"{len(records)} or add prompts"
+        )
 
 
 def _read_problems(check) -> list[str]:

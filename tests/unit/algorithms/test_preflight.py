@@ -139,6 +139,18 @@ def test_a_sequence_longer_than_the_students_positions(user_dir):
     )
 
 
+def test_too_few_rows_for_one_step(user_dir):
+    # The math recipe's 128 prompts per step with a 20-line file failed after 30 s.
+    [problem] = problems(
+        "distillation.num_prompts_per_step=32", "policy.train_global_batch_size=64"
+    )
+    assert problem == (
+        f"distillation.num_prompts_per_step is 32 but data.train_path "
+        f"({user_dir / 'data' / 'train.jsonl'}) has only 20 rows: lower "
+        "distillation.num_prompts_per_step to at most 20 or add prompts"
+    )
+
+
 def test_a_row_without_the_answer_column(user_dir):
     (user_dir / "data" / "train.jsonl").write_text('{"problem": "1 + 1"}\n')
     [problem] = problems()
