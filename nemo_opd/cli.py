@@ -1,5 +1,9 @@
 """Command line of the example scripts: `--config FILE [overrides...] [--print-config]`.
 
+Before anything starts (and with --print-config, after printing) the inputs the config names
+are checked (algorithms/preflight.py): data files and their columns, prompt files, local model
+and tokenizer folders.
+
 Exit codes: 0 success; 2 a configuration error (the config file or an override) or a setup
 error (data, tokenizers, models); 1 a fault that ended the run (a worker died, a checkpoint
 could not be written); 143 a run stopped by SIGTERM at a clean point. Errors are printed to
@@ -12,6 +16,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from nemo_opd.algorithms.preflight import check_inputs
 from nemo_opd.config import ConfigError, DistillationConfig, load_config, to_yaml
 from nemo_opd.config.secrets import redact_text
 from nemo_opd.errors import RunError, SetupError
@@ -35,7 +40,8 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument(
         "--print-config",
         action="store_true",
-        help="print the resolved, validated config as YAML and exit",
+        help="print the resolved, validated config as YAML, check the data files and model "
+        "folders it names, and exit",
     )
     parser.add_argument(
         "overrides", nargs="*", help="overrides in Hydra's grammar, e.g. loss_fn.kl_type=jsd"
@@ -55,8 +61,9 @@ def main(argv: Sequence[str] | None = None, description: str | None = None) -> i
         cfg = load_config(args.config, args.overrides)
         if args.print_config:
             sys.stdout.write(redact_text(to_yaml(cfg)))
-            return 0
-        return _train(cfg)
+            sys.stdout.flush()
+        check_inputs(cfg)  # files, columns, model folders: before any process starts
+        return 0 if args.print_config else _train(cfg)
     except (ConfigError, SetupError) as error:
         print(f"error: {redact_text(str(error))}", file=sys.stderr)
         return EXIT_CONFIG_ERROR

@@ -83,6 +83,7 @@ from nemo_opd.tiny.assets import recorded_heldout_accuracy
 from nemo_opd.utils.export_folder import FINAL_MODEL_DIR, export_directory
 from nemo_opd.utils.hf_export import write_model_files
 from nemo_opd.utils.plot import ROLLOUTS_KEY, plot_metrics
+from nemo_opd.utils.run_summary import RunOutcome, format_run_summary
 from nemo_opd.utils.startup import startup_metrics
 from nemo_opd.utils.stop_signal import StopSignal
 from nemo_opd.utils.timers import Timers
@@ -97,13 +98,29 @@ def run(cfg: DistillationConfig) -> int:
     stopped the run early (with a checkpoint to resume from, and no final export). Bad input
     found at setup raises SetupError before any training."""
     state = setup(cfg)
+    final_model = None
     try:
-        if not distillation_train(state):
-            return STOPPED_EXIT_STATUS
-        export_final_model(state)
+        finished = distillation_train(state)
+        if finished:
+            final_model = export_final_model(state)
     finally:
         state.shutdown()
-    return 0
+    print(format_run_summary(_outcome(state, final_model)))
+    return 0 if finished else STOPPED_EXIT_STATUS
+
+
+def _outcome(state: DistillationRun, final_model: Path | None) -> RunOutcome:
+    """What the end-of-run summary reports (utils/run_summary.py)."""
+    accuracy = _recorded_teacher_accuracy(state.cfg)
+    return RunOutcome(
+        step=state.step,
+        total_steps=state.cfg.distillation.max_num_steps,
+        resumed_step=state.resumed_step,
+        seconds=time.time() - state.started_at,
+        log_dir=Path(state.cfg.logger.log_dir),
+        final_model=final_model,
+        teacher_accuracy=None if accuracy is None else (accuracy, "measured at its build"),
+    )
 
 
 # --------------------------------------------------------------------------------------- training
@@ -536,6 +553,16 @@ def _save_checkpoint(state: DistillationRun, pipeline: StepPipeline) -> None:
                 f"kept: {error}. The earlier checkpoints are intact (newest: {kept}); free "
                 "space or fix the cause, then run the same command again to resume"
             ) from error
+
+
+def _recorded_teacher_accuracy(cfg: DistillationConfig) -> float | None:
+    """The teacher's held-out accuracy when the run validates where its build measured it
+    (a tiny teacher on tiny_math's held-out split); None otherwise."""
+    data = cfg.data
+    on_heldout = data.dataset_name == "tiny_math" and data.val_split in (None, "validation")
+    if cfg.teacher is None or not on_heldout or data.val_path or data.val_dataset_name:
+        return None
+    return recorded_heldout_accuracy(cfg.teacher.model_name)
 
 
 def export_final_model(state: DistillationRun) -> Path:

@@ -1,17 +1,31 @@
 """Checks on the student's and teacher's model configs, made on the driver before any worker
-starts, so that a mismatch is one clear message instead of a worker traceback."""
+starts, so that a mismatch is one clear message instead of a worker traceback.
+
+transformers is imported where a config is loaded, not with the module: the command line's
+pre-flight (algorithms/preflight.py) runs check_weights before anything heavy is imported."""
+
+from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from transformers import AutoConfig, PretrainedConfig
-
+from nemo_opd.algorithms.local_paths import missing_folder
 from nemo_opd.config import PolicyConfig
 from nemo_opd.errors import SetupError
 
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedTokenizerBase
+
 
 def load_model_config(cfg: PolicyConfig, section: str) -> PretrainedConfig:
-    """The Hugging Face config of a model section."""
+    """The Hugging Face config of a model section; a local path to no folder is refused here,
+    without asking the hub (algorithms.local_paths)."""
+    from transformers import AutoConfig
+
+    problem = missing_folder(cfg.model_name, f"{section}.model_name")
+    if problem is not None:
+        raise SetupError(problem)
     try:
         return AutoConfig.from_pretrained(cfg.model_name)
     except Exception as error:  # noqa: BLE001 - missing files, bad name, no network
@@ -80,6 +94,54 @@ def check_vocab_sizes(
         raise SetupError(
             f"{section}: the teacher's vocab size ({teacher.vocab_size}) exceeds the student's "
             f"({student.vocab_size}): teacher top-k ids could fall outside the student's logits"
+        )
+
+
+def check_student_ids_fit_teacher(
+    student: PretrainedConfig, teacher: PretrainedConfig, section: str = "teacher"
+) -> None:
+    """A teacher that reads the student's ids as they are (one tokenizer) has a row for every
+    id the student can sample: vLLM samples over all of the student's vocab_size logits, and
+    an id past the teacher's embedding failed in its worker, minutes in, as an IndexError
+    (check_vocab_sizes refuses the other direction)."""
+    if student.vocab_size > teacher.vocab_size:
+        raise SetupError(
+            f"{section}: the student's vocabulary ({student.vocab_size:,} ids) is larger than "
+            f"the teacher's ({teacher.vocab_size:,}), and the teacher reads the student's ids "
+            "as they are: the student can write ids the teacher has no embedding row for. Let "
+            "each tokenizer follow its model (tokenizer.name: ${..model_name}): a teacher with "
+            "another vocabulary then reads the student's text in its own tokens "
+            "(docs/cross_tokenizer.md)"
+        )
+
+
+def check_tokenizer_fits(
+    tokenizer: PreTrainedTokenizerBase, config: PretrainedConfig, section: str
+) -> None:
+    """Every id the tokenizer can write (its vocabulary and added special tokens) is a row of
+    the model's embedding: an id past them fails in a worker, after start-up, as an IndexError
+    (a tokenizer named for another model, often a recipe's inherited with a new model)."""
+    ids = max(len(tokenizer), max(tokenizer.get_vocab().values(), default=-1) + 1)
+    if ids > config.vocab_size:
+        raise SetupError(
+            f"{section}.tokenizer.name: the tokenizer writes ids up to {ids - 1:,}, but "
+            f"{section}.model_name has {config.vocab_size:,} embedding rows (ids 0 to "
+            f"{config.vocab_size - 1:,}): the model cannot read its ids. Use the tokenizer the "
+            f"model was trained with: {section}.tokenizer.name follows the model when set to "
+            "${..model_name}"
+        )
+
+
+def check_sequence_length(cfg: PolicyConfig, config: PretrainedConfig, section: str) -> None:
+    """max_total_sequence_length fits the model's positions (max_position_embeddings): vLLM
+    refuses a longer max_model_len when it starts, after the other workers have loaded."""
+    positions = getattr(config, "max_position_embeddings", None)
+    if isinstance(positions, int | float) and cfg.max_total_sequence_length > positions:
+        raise SetupError(
+            f"{section}.max_total_sequence_length ({cfg.max_total_sequence_length}) is longer "
+            f"than {section}.model_name reads ({int(positions)} positions, its "
+            f"max_position_embeddings): set {section}.max_total_sequence_length to at most "
+            f"{int(positions)}"
         )
 
 

@@ -27,15 +27,23 @@ from transformers import PreTrainedTokenizerBase
 from nemo_opd.algorithms.data_mix import on_policy_share
 from nemo_opd.algorithms.model_checks import (
     check_megatron_training_precision,
+    check_sequence_length,
+    check_student_ids_fit_teacher,
     check_tensor_parallel,
+    check_tokenizer_fits,
     check_vocab_sizes,
     check_weights,
     load_model_config,
 )
+from nemo_opd.algorithms.preflight import record_options
 from nemo_opd.algorithms.prompts import PromptSet, check_fills_one_batch, encode_prompts
-from nemo_opd.algorithms.tokenizers import load_tokenizer, tokenizer_difference
+from nemo_opd.algorithms.tokenizers import (
+    load_tokenizer,
+    own_tokenizer_notes,
+    tokenizer_difference,
+)
 from nemo_opd.config import DistillationConfig, PolicyConfig
-from nemo_opd.config.checks import overlap_problem, template_fields
+from nemo_opd.config.checks import overlap_problem
 from nemo_opd.config.worker_split import WorkerSplit, worker_split
 from nemo_opd.data.chat import ChatFormatter, read_text_file
 from nemo_opd.data.datasets import load_prompt_records
@@ -283,14 +291,19 @@ def _check_models(
     local_teachers = {} if _is_served(cfg) else cfg.teacher_sections  # else: checked served
     student_config = load_model_config(cfg.policy, "policy")
     check_weights(cfg.policy, "policy")
+    check_tokenizer_fits(tokenizer, student_config, "policy")
+    check_sequence_length(cfg.policy, student_config, "policy")
     check_tensor_parallel(cfg.policy, student_config, "policy")
     renderings = {}
+    for note in own_tokenizer_notes(cfg, tokenizer):  # a tokenizer not the model's own
+        print(note)
     for section, teacher in local_teachers.items():
         teacher_config = load_model_config(teacher, section)
         check_weights(teacher, section)
         rendering = _crossed(cfg, tokenizer, section, teacher_config.vocab_size)
         if rendering is None:
             check_vocab_sizes(student_config, teacher_config, len(tokenizer), section)
+            check_student_ids_fit_teacher(student_config, teacher_config, section)
         else:
             renderings[section] = rendering
             if teacher_config.vocab_size < len(rendering.teacher):
@@ -515,21 +528,12 @@ def _load_prompts(
         tools=offered_tools(cfg),
     )
     max_prompt = cfg.data.max_input_seq_length or cfg.policy.max_total_sequence_length - 1
-    template = _privileged_template(cfg)
-    privileged = template is not None and "response" in template_fields(template)
-    # The dataset's responses: the off-policy steps' data (unless the teacher samples it).
-    off_policy = on_policy_share(cfg) < 1.0 and not cfg.distillation.seq_kd
-    # Several teachers: each record's teacher, by data.teacher_key.
-    teachers = list(cfg.teachers) if cfg.teachers is not None else None
-    records = load_prompt_records(
-        cfg.data, "train", responses=off_policy or privileged, teachers=teachers
-    )
+    records = load_prompt_records(cfg.data, "train", **record_options(cfg, "train"))
     train = encode_prompts(records, formatter, max_prompt, "train")
     val = PromptSet([], 0)  # a run that never validates needs no validation data
     if cfg.distillation.validates:
-        val_records = load_prompt_records(
-            cfg.data, "validation", responses=privileged, teachers=teachers
-        )
+        options = record_options(cfg, "validation")
+        val_records = load_prompt_records(cfg.data, "validation", **options)
         val = encode_prompts(val_records, formatter, max_prompt, "validation")
     if cfg.distillation.max_val_samples is not None:
         val.samples = val.samples[: cfg.distillation.max_val_samples]

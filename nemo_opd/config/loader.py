@@ -62,8 +62,16 @@ from nemo_opd.config.bounds import (
     check_integers,
     check_size,
 )
-from nemo_opd.config.errors import ConfigError, closest, join_path, show, show_path, suggest
-from nemo_opd.config.interpolation import interpolated_keys, resolve_interpolations
+from nemo_opd.config.errors import (
+    ConfigError,
+    closest,
+    closest_key,
+    join_path,
+    show,
+    show_path,
+    suggest,
+)
+from nemo_opd.config.interpolation import MISSING, interpolated_keys, resolve_interpolations
 from nemo_opd.config.key_paths import keys_at
 from nemo_opd.config.nemo_rl_keys import CONVERTER, unknown_key_hint
 from nemo_opd.config.overrides import apply_overrides
@@ -335,10 +343,24 @@ class _Inheritance:
         if not isinstance(content, dict):
             kind = type(content).__name__
             raise ConfigError(f"{path}: a config file must be a mapping of keys, got a {kind}")
+        _check_defaults_spelling(content, path)
         merged: dict[str, Any] = {}
         for parent in _parents(content.pop(DEFAULTS_KEY, None), path):
             merged = deep_merge(merged, self.load(parent, (*chain, resolved)))
         return deep_merge(merged, with_paths_from(content, path.parent))
+
+
+def _check_defaults_spelling(content: dict[str, Any], path: Path) -> None:
+    """ConfigError for a top-level key that misspells `defaults:` (a key of the file, not of
+    the schema, so validation could only list the schema's keys)."""
+    sections = keys_at(DistillationConfig, ())
+    for key in content:
+        unknown = isinstance(key, str) and key != DEFAULTS_KEY and key not in sections
+        if unknown and closest_key(key, [DEFAULTS_KEY]):
+            raise ConfigError(
+                f"{path}: {key}: unknown key; did you mean '{DEFAULTS_KEY}'? (the file or files "
+                "this config extends)"
+            )
 
 
 def _parents(entry: Any, path: Path) -> list[Path]:
@@ -426,9 +448,9 @@ def _exists(path: Path) -> bool:
 
 def _is_relative_path(value: str) -> bool:
     """Whether a config value reads as a relative path: not empty, absolute, a `${...}`
-    interpolation, a home-relative `~` path, nor anything a path cannot be (a multi-line
-    template, a value too long for a file name)."""
-    if not value or value.startswith(("/", "${", "~")) or "\n" in value:
+    interpolation, the mandatory mark `???`, a home-relative `~` path, nor anything a path
+    cannot be (a multi-line template, a value too long for a file name)."""
+    if not value or value == MISSING or value.startswith(("/", "${", "~")) or "\n" in value:
         return False
     return len(value) < 4096 and not Path(value).is_absolute()
 

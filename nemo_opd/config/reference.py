@@ -38,8 +38,10 @@ python examples/run_distillation_math.py --config examples/configs/distillation_
     --print-config loss_fn.kl_type=jsd loss_fn.jsd_beta=0.3
 ```
 
-`--print-config` prints the fully resolved, validated config and exits; configuration errors
-exit with status 2 and an `error:` message. From Python:
+`--print-config` prints the fully resolved, validated config, checks the data files and local
+model folders it names (nemo_opd/algorithms/preflight.py, as a run does before it starts) and
+exits; configuration errors and those problems exit with status 2 and an `error:` message.
+From Python:
 
 ```python
 from nemo_opd.config import load_config, to_yaml

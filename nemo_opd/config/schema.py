@@ -478,7 +478,12 @@ class LoggerConfig(Section):
     """W&B settings, used when wandb_enabled."""
 
     num_rollouts_to_log: int = Field(2, ge=0, le=MAX_ROWS)
-    """Rollouts (prompt, response, reward) printed and logged each step."""
+    """Rollouts (prompt, response, reward) printed and logged at the steps of
+    rollouts_log_period."""
+
+    rollouts_log_period: int = Field(50, ge=0, le=MAX_STEPS)
+    """Print and log num_rollouts_to_log sample rollouts at a process's first step and then
+    every this many steps (to the console, TensorBoard and W&B); 0 never."""
 
     rollout_dump_period: int = Field(0, ge=0, le=MAX_STEPS)
     """Write every rollout of a step to log_dir/rollouts/ every this many steps; 0 never."""

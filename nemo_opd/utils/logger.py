@@ -224,6 +224,7 @@ class Logger:
             self._backends.append(TensorBoardBackend(tb_dir, resume_step, run_config))
         if cfg.wandb_enabled:
             self._backends.append(WandbBackend(cfg.wandb, self.log_dir, run_config))
+        self._rollouts_shown = False
         self.console = console or StepConsole(
             total_steps, progress=cfg.console_progress, start_step=resume_step or 0
         )
@@ -237,8 +238,9 @@ class Logger:
 
     def log_rollouts(self, records: Sequence[Mapping[str, Any]], step: int) -> None:
         """Show and log the first num_rollouts_to_log rollouts ({"prompt", "response",
-        "reward", ...}); every rollout_dump_period steps also dump all of them to a file."""
-        samples = list(records[: self.cfg.num_rollouts_to_log])
+        "reward", ...}) at this logger's first step and every rollouts_log_period steps; every
+        rollout_dump_period steps also dump all of them to a file."""
+        samples = list(records[: self.cfg.num_rollouts_to_log]) if self._shows(step) else []
         if samples:
             for backend in self._backends:
                 backend.log_rollouts(samples, step)
@@ -246,6 +248,12 @@ class Logger:
         period = self.cfg.rollout_dump_period
         if period and step % period == 0:
             self.dump_rollouts(records, step)
+
+    def _shows(self, step: int) -> bool:
+        """Whether sample rollouts are shown at `step` (see log_rollouts)."""
+        period = self.cfg.rollouts_log_period
+        first, self._rollouts_shown = not self._rollouts_shown, True
+        return bool(period) and (first or step % period == 0)
 
     def dump_rollouts(self, records: Sequence[Mapping[str, Any]], step: int) -> Path:
         """Write every record to log_dir/rollouts/step_<step>.jsonl atomically; returns it."""
