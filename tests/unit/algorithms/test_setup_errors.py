@@ -239,13 +239,13 @@ def test_prompt_file_that_is_not_utf8(assets, tmp_path, capsys):
 
 def test_fewer_prompts_than_one_batch(assets, tmp_path, capsys):
     long_prompt = json.dumps({"prompt": "What is 2 + 3? " * 20, "answer": 5})
-    lines = [GOOD_ROW] * 5 + [long_prompt] * 2
+    lines = [GOOD_ROW] * 30 + [long_prompt] * 2  # rows enough for the pre-flight's count
     overrides = _data_files(tmp_path, lines)
     assert run(assets, tmp_path, *overrides, "data.max_input_seq_length=40") == 2
     assert (
-        "error: distillation.num_prompts_per_step is 32 but there are only 5 usable train prompts "
-        "(2 skipped as longer than 40 tokens): lower distillation.num_prompts_per_step to at "
-        "most 5, add prompts, or raise data.max_input_seq_length"
+        "error: distillation.num_prompts_per_step is 32 but there are only 30 usable train "
+        "prompts (2 skipped as longer than 40 tokens): lower distillation.num_prompts_per_step "
+        "to at most 30, add prompts, or raise data.max_input_seq_length"
     ) in capsys.readouterr().err
 
 

@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+from shipped_recipes import OWN_MODEL_KEYS, SET_BY_THE_USER
 
 from nemo_opd.config import ConfigError, load_config, to_yaml
 
@@ -18,16 +19,6 @@ def test_examples_exist():
         "distillation_tiny.yaml",
         "distillation_tiny_megatron.yaml",
     } <= names
-
-
-OWN_MODEL_KEYS = [
-    "policy.model_name=/models/student",
-    "teacher.model_name=/models/teacher",
-    "data.train_path=/data/train.jsonl",
-    "data.val_path=/data/val.jsonl",
-]
-"""The keys own_model_cpu.yaml leaves to the user's config (??? there)."""
-SET_BY_THE_USER = {"own_model_cpu.yaml": OWN_MODEL_KEYS}
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda path: path.name)

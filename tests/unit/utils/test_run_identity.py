@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from shipped_recipes import load_recipe
 
 from nemo_opd import cli
 from nemo_opd.config import load_config
@@ -216,7 +217,7 @@ def test_the_command_line_says_when_there_is_nothing_to_do(tmp_path, capsys):
 def test_no_two_shipped_recipes_share_a_folder():
     folders: dict[str, str] = {}
     for recipe in sorted(TINY.parent.glob("*.yaml")):
-        cfg = load_config(recipe)
+        cfg = load_recipe(recipe)
         for folder in (cfg.checkpointing.checkpoint_dir, cfg.logger.log_dir):
             assert folder not in folders, f"{recipe.name} shares {folder} with {folders[folder]}"
             folders[folder] = recipe.name
