@@ -40,7 +40,7 @@ from nemo_opd.tools.pool import ToolPool
 @dataclass(frozen=True)
 class ToolLimits:
     """What a turn may ask for: call text length (max_call_chars, checked before parsing) and
-    calls per turn (the rest are errors)."""
+    calls per turn (the rest are not run, and one message answers them all)."""
 
     max_call_chars: int
     max_calls_per_turn: int
