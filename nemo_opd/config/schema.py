@@ -425,7 +425,25 @@ class ToolsConfig(Section):
     """Longest call (characters of its JSON): a longer one is a tool error, never parsed."""
 
     max_calls_per_turn: int = Field(4, gt=0, le=64)
-    """Calls run per assistant turn; the model reads an error for each one past it."""
+    """Calls run per assistant turn, each answered by a tool message; the calls past it are
+    not run, and the model reads one error for all of them."""
+
+    turn_budget_s: float | None = Field(15.0, gt=0, le=MAX_SECONDS)
+    """Seconds for all the calls of one assistant turn, from its first call's start (time
+    outs and the restarts of killed workers included): past it the turn's calls still waiting
+    are not run and one still running is stopped, each a tool error
+    (env/<task>/tool_error/budget). null: no budget."""
+
+    step_budget_s: float | None = Field(300.0, gt=0, le=MAX_SECONDS)
+    """Seconds for all the calls of one environment step (a turn of every conversation of a
+    rollout batch), from its start: past it the step's remaining calls fail as turn_budget_s
+    says. A batch of many calls needs more (calls x seconds a call / num_workers). null: no
+    budget."""
+
+    pass_env: list[str] = Field(default_factory=list, max_length=64)
+    """Environment variables the tool workers get from the driver (an API key a tool of
+    yours needs). They get only PATH, HOME, TMPDIR, the locale, LD_LIBRARY_PATH, PYTHONHOME,
+    PYTHONHASHSEED and PYTHONPATH otherwise: the driver's secrets stay in the driver."""
 
 
 class EnvConfig(Section):

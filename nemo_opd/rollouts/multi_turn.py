@@ -6,9 +6,10 @@ whether the episode is done, and may reply: a new user message (for example "try
 tool results (`tool` messages, nemo_opd.environments.tool_env), tokenized with the chat
 template and appended. A conversation stops when the
 environment is done, when max_rollout_turns assistant turns were made, when a turn ended without
-a natural stop (cut at max_new_tokens, or at max_seq_len), or when the sequence reached
-max_seq_len; the last two mark it truncated, so every rollout either ended naturally or was
-truncated.
+a natural stop (cut at max_new_tokens, or at max_seq_len), or when the environment's reply
+would leave no room for another generated token within max_seq_len (the reply is then not
+appended, so a conversation never grows past max_seq_len, however long the reply); the last
+two mark it truncated, so every rollout either ended naturally or was truncated.
 
 Seeds: with a seed, the request of conversation i (its index in the call) at turn t samples
 with request_seed(seed, i, t), whatever other conversations are still active, so a turn draws
@@ -118,7 +119,11 @@ def run_multi_turn_rollout(
             if done or last_turn or reply is None or not state.natural_stop:
                 state.active = False
                 continue
-            logs[i] = formatter.extend(logs[i], reply if isinstance(reply, list) else [reply])
+            extended = formatter.extend(logs[i], reply if isinstance(reply, list) else [reply])
+            if log_length(extended) >= max_seq_len:  # no room left for the next turn
+                state.active, state.truncated = False, True
+                continue
+            logs[i] = extended
     return finished_rollout(logs, states, metadata, dict(env_metrics))
 
 
