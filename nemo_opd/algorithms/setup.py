@@ -121,16 +121,27 @@ class DistillationRun:
     """time.time() when the driver process started (progress/elapsed_s counts from it)."""
 
     def shutdown(self) -> None:
-        """Stop every worker (generation first: it holds the most memory)."""
-        for part in (self.generation, self.teacher_sampler, self.student, self.teacher):
-            if part is not None:
-                part.shutdown()
-        for env in self.environments.values():
-            env.shutdown()
-        ray.util.remove_placement_group(self.placement)
+        """Stop every worker (generation first: it holds the most memory), the environments
+        and the placement group, then close the logger and release the run's lock. Each is
+        stopped even when one before it raises; the first error is raised after all of them,
+        the others' noted on it."""
+        parts = [self.generation, self.teacher_sampler, self.student, self.teacher]
+        stops = [part.shutdown for part in parts if part is not None]
+        stops += [env.shutdown for env in self.environments.values()]
+        stops.append(lambda: ray.util.remove_placement_group(self.placement))
         if self.logger is not None:
-            self.logger.close()
-        self.lock.release()
+            stops.append(self.logger.close)
+        stops.append(self.lock.release)
+        errors = []
+        for stop in stops:
+            try:
+                stop()
+            except Exception as error:  # noqa: BLE001 - raised below, after the rest stopped
+                errors.append(error)
+        if errors:
+            for later in errors[1:]:
+                errors[0].add_note(f"also while shutting down: {type(later).__name__}: {later}")
+            raise errors[0]
 
 
 def setup(cfg: DistillationConfig) -> DistillationRun:
