@@ -464,7 +464,8 @@ def _start_teachers(
         teacher = InProcessTeacher(policy, part)
         rendering = renderings.get(section)
         if rendering is not None:  # its workers render and map their own rows
-            teacher = CrossTokenizerTeacher(teacher, rendering, workers=policy)
+            share = named[name].max_unrendered_share
+            teacher = CrossTokenizerTeacher(teacher, rendering, policy, share, section)
         teachers[name] = teacher
     return teachers["teacher"] if cfg.teachers is None else RoutedTeachers(teachers)
 
@@ -494,7 +495,9 @@ def _served_teacher(cfg: DistillationConfig, tokenizer: PreTrainedTokenizerBase)
     print(f"teacher: served by {teacher.shown_url} (model {teacher.model!r})")
     if rendering is None:
         return teacher
-    return CrossTokenizerTeacher(teacher, rendering)
+    return CrossTokenizerTeacher(
+        teacher, rendering, max_unrendered_share=cfg.teacher.max_unrendered_share
+    )
 
 
 def offered_tools(cfg: DistillationConfig) -> list[dict] | None:
