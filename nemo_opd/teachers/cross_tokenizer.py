@@ -590,6 +590,9 @@ class CrossTokenizerTeacher:
             "saved so far are intact"
         )
 
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
 
 def _rendered_fields(message: Message) -> Message:
     """A message without its generation log-probs (one per token, never read by a teacher):

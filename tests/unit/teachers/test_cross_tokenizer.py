@@ -321,6 +321,7 @@ def test_conversations_the_template_refuses_are_counted_and_too_many_end_the_run
     message = str(raised.value)
     assert "could not render 3 of the 8 conversations of this step (38%" in message
     assert "teacher.max_unrendered_share 0.25" in message and "\n" not in message
+    crossed.shutdown()  # the Teacher interface: the inner teacher's workers stop
 
 
 def test_a_bug_in_the_alignment_is_raised_not_counted(student, monkeypatch):
