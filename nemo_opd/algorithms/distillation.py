@@ -84,6 +84,7 @@ from nemo_opd.utils.export_folder import FINAL_MODEL_DIR, export_directory
 from nemo_opd.utils.hf_export import write_model_files
 from nemo_opd.utils.plot import ROLLOUTS_KEY, plot_metrics
 from nemo_opd.utils.run_summary import RunOutcome, format_run_summary
+from nemo_opd.utils.seeds import call_seed, request_seed
 from nemo_opd.utils.startup import startup_metrics
 from nemo_opd.utils.stop_signal import StopSignal
 from nemo_opd.utils.timers import Timers
@@ -507,7 +508,7 @@ def _validate_sampled(
     rewards = []
     for start in range(0, len(samples), chunk_prompts):
         logs, metadata = repeat_samples(samples[start : start + chunk_prompts], k)
-        seed = loop.seed * 1_000_003 + 7 + start * k * 1_000
+        seed = request_seed(call_seed(loop.seed, "validation", 0), start * k, 0)
         with timers.time("generation"):
             rollout = rollout_with(
                 state, logs, metadata, greedy=False, seed=seed, temperature=loop.val_temperature

@@ -130,16 +130,27 @@ class DistillationRun:
     """time.time() when the driver process started (progress/elapsed_s counts from it)."""
 
     def shutdown(self) -> None:
-        """Stop every worker (generation first: it holds the most memory)."""
-        for part in (self.generation, self.teacher_sampler, self.student, self.teacher):
-            if part is not None:
-                part.shutdown()
-        for env in self.environments.values():
-            env.shutdown()
-        ray.util.remove_placement_group(self.placement)
+        """Stop every worker (generation first: it holds the most memory), the environments
+        and the placement group, then close the logger and release the run's lock. Each is
+        stopped even when one before it raises; the first error is raised after all of them,
+        the others' noted on it."""
+        parts = [self.generation, self.teacher_sampler, self.student, self.teacher]
+        stops = [part.shutdown for part in parts if part is not None]
+        stops += [env.shutdown for env in self.environments.values()]
+        stops.append(lambda: ray.util.remove_placement_group(self.placement))
         if self.logger is not None:
-            self.logger.close()
-        self.lock.release()
+            stops.append(self.logger.close)
+        stops.append(self.lock.release)
+        errors = []
+        for stop in stops:
+            try:
+                stop()
+            except Exception as error:  # noqa: BLE001 - raised below, after the rest stopped
+                errors.append(error)
+        if errors:
+            for later in errors[1:]:
+                errors[0].add_note(f"also while shutting down: {type(later).__name__}: {later}")
+            raise errors[0]
 
 
 def setup(cfg: DistillationConfig) -> DistillationRun:
@@ -472,7 +483,8 @@ def _start_teachers(
         teacher = InProcessTeacher(policy, part)
         rendering = renderings.get(section)
         if rendering is not None:  # its workers render and map their own rows
-            teacher = CrossTokenizerTeacher(teacher, rendering, workers=policy)
+            share = named[name].max_unrendered_share
+            teacher = CrossTokenizerTeacher(teacher, rendering, policy, share, section)
         teachers[name] = teacher
     return teachers["teacher"] if cfg.teachers is None else RoutedTeachers(teachers)
 
@@ -502,7 +514,9 @@ def _served_teacher(cfg: DistillationConfig, tokenizer: PreTrainedTokenizerBase)
     print(f"teacher: served by {teacher.shown_url} (model {teacher.model!r})")
     if rendering is None:
         return teacher
-    return CrossTokenizerTeacher(teacher, rendering)
+    return CrossTokenizerTeacher(
+        teacher, rendering, max_unrendered_share=cfg.teacher.max_unrendered_share
+    )
 
 
 def offered_tools(cfg: DistillationConfig) -> list[dict] | None:

@@ -36,6 +36,7 @@ from nemo_opd.generation import VllmGeneration
 from nemo_opd.rollouts import RolloutResult, concat_rollouts, run_multi_turn_rollout
 from nemo_opd.rollouts.off_policy import reference_rollout
 from nemo_opd.teachers.base import Rollouts, TeacherNeed
+from nemo_opd.utils.seeds import call_seed, request_seed
 from nemo_opd.utils.timers import Timers
 
 VERSION_KEY = "weights_version"
@@ -269,7 +270,7 @@ def _step_rollout(
     rollout/teacher_sampled say which."""
     cfg = state.cfg
     sampler = state.teacher_sampler
-    seed = step_seed(cfg, plan.step) + first_row
+    seed = request_seed(step_seed(cfg, plan.step), first_row, 0)  # the part's first row
     if plan.on_policy:
         rollout = rollout_with(state, logs, metadata, greedy=False, seed=seed)
         for meta in rollout.metadata:
@@ -321,11 +322,12 @@ def rollout_with(
 
 
 def step_seed(cfg: DistillationConfig, step: int) -> int:
-    """Sampling seed of a step: a function of (seed, step) only, so resumed runs sample the
-    same rollouts as uninterrupted ones. Row r of the step (prompt p's sample j: r = p x copies
-    + j) at turn t samples with request_seed(step_seed, r, t) (nemo_opd.rollouts), whatever
+    """Sampling seed of a step: a hash of (seed, step) only, so resumed runs sample the same
+    rollouts as uninterrupted ones, and no request of one step shares a seed with another's
+    at any batch size. Row r of the step (prompt p's sample j: r = p x copies + j) at turn t
+    samples with request_seed(step_seed, r, t) (nemo_opd.utils.seeds), whatever
     stream_chunks is."""
-    return cfg.distillation.seed * 1_000_003 + step * 1_000
+    return call_seed(cfg.distillation.seed, "step", step)
 
 
 def staleness_metrics(plan: PlannedStep) -> dict[str, float]:

@@ -522,3 +522,9 @@ class TeacherConfig(PolicyConfig):
     solution: {response})". The teacher scores the student's conversation after it instead of
     after the student's prompt (docs/gkd.md); with the student's own model as the teacher this
     is on-policy self-distillation. Null: the teacher sees the student's prompt."""
+
+    max_unrendered_share: float = Field(0.1, ge=0, le=1)
+    """With a tokenizer or chat template other than the student's (docs/cross_tokenizer.md):
+    the largest share of a step's conversations that the teacher's template may fail to render
+    (those rows are not graded, teacher/xtok_unrendered_rows); more ends the run with an error,
+    rather than train on an empty loss. 0 stops at the first such row; 1 never stops."""

@@ -39,9 +39,9 @@ class GenerationInterface(Protocol):
     ) -> GenerationOutput:
         """Sample one continuation per prompt (token ids). max_new_tokens may differ per prompt
         (the rollout shrinks it so a sequence never exceeds max_seq_len); seed is a base seed
-        (prompt i samples with seed + i), one seed per prompt, or None (the engine's RNG);
-        temperature overrides the engine's configured sampling temperature for this call (None
-        keeps it)."""
+        (prompt i samples with request_seed(seed, i, 0): nemo_opd.utils.seeds), one seed per
+        prompt, or None (the engine's RNG); temperature overrides the engine's configured
+        sampling temperature for this call (None keeps it)."""
         ...
 
     def refit(self, weights: dict[str, torch.Tensor] | Any, version: int) -> bool:

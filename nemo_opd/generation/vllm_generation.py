@@ -8,8 +8,9 @@
 
 Engines are data parallel: prompts are split into contiguous, nearly equal chunks, one per
 engine, and results are gathered back in prompt order. A call seeded with `seed` samples
-prompt i with seed + i (i its index in the whole batch), or with seed[i] when given one seed
-per prompt, so the samples do not depend on the number of engines.
+prompt i with request_seed(seed, i, 0) (i its index in the whole batch; nemo_opd.utils.seeds),
+or with seed[i] when given one seed per prompt, so the samples do not depend on the number of
+engines.
 
 Placement (one Ray actor per engine, see VllmWorker):
 - CPU: each engine reserves cpus_per_engine Ray CPUs, 0 by default. The training workers'
@@ -57,6 +58,7 @@ from nemo_opd.distributed.worker_group import death_notice
 from nemo_opd.errors import RunError
 from nemo_opd.generation.interface import GenerationOutput
 from nemo_opd.generation.vllm_worker import ENGINE_ENV, VllmWorker
+from nemo_opd.utils.seeds import request_seed
 
 READY_TIMEOUT_S = 1800.0
 """How long the engines may take to start (a large model on a slow disk takes minutes)."""
@@ -175,8 +177,8 @@ class VllmGeneration:
         max_new_tokens: per prompt (B ints), one int for all, or None for cfg.max_new_tokens; a
             budget of 0 yields an empty continuation with finish reason "length".
         greedy: argmax decoding (also when cfg.temperature is 0).
-        seed: base seed (prompt i samples with seed + i), or B seeds (prompt i samples with
-            seed[i]). None uses the engines' own RNG.
+        seed: base seed (prompt i samples with request_seed(seed, i, 0)), or B seeds (prompt
+            i samples with seed[i]). None uses the engines' own RNG.
         temperature: sampling temperature of this call; None uses cfg.temperature.
         """
         budgets = _budgets(max_new_tokens, self.cfg.max_new_tokens, len(prompts))
@@ -334,11 +336,12 @@ def _budgets(max_new_tokens: list[int] | int | None, default: int, num_prompts: 
 
 
 def _seeds(seed: int | list[int] | None, num_prompts: int) -> list[int] | None:
-    """One seed per prompt (num_prompts ints): seed + i for a base seed, or the list given."""
+    """One seed per prompt (num_prompts ints): request_seed(seed, i, 0) for a base seed, or
+    the list given."""
     if seed is None:
         return None
     if isinstance(seed, int):
-        return [seed + i for i in range(num_prompts)]
+        return [request_seed(seed, i, 0) for i in range(num_prompts)]
     if len(seed) != num_prompts:
         raise ValueError(f"seed needs one seed per prompt ({num_prompts}), got {len(seed)}")
     return list(seed)

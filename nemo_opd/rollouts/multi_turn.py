@@ -12,8 +12,8 @@ appended, so a conversation never grows past max_seq_len, however long the reply
 two mark it truncated, so every rollout either ended naturally or was truncated.
 
 Seeds: with a seed, the request of conversation i (its index in the call) at turn t samples
-with request_seed(seed, i, t), whatever other conversations are still active, so a turn draws
-other random numbers than any earlier turn of any conversation.
+with request_seed(seed, i, t) (nemo_opd.utils.seeds), whatever other conversations are still
+active, so a turn draws other random numbers than any earlier turn of any conversation.
 """
 
 from collections import defaultdict
@@ -25,12 +25,9 @@ from nemo_opd.data.chat import ChatFormatter
 from nemo_opd.data.message_log import Message, log_length
 from nemo_opd.environments.base import Environment
 from nemo_opd.generation.interface import GenerationInterface
+from nemo_opd.utils.seeds import request_seed
 
 DEFAULT_TASK = "math"
-TURN_SEED_STRIDE = 2**21
-"""Turn t's seeds are turn 0's plus t times this. A call has fewer than 2**20 conversations
-and at most 1,024 turns (distillation.max_rollout_turns), so no two requests of a call share
-a seed, not even in the low 32 bits that a CPU generator (torch's mt19937) reads of it."""
 
 
 @dataclass
@@ -125,12 +122,6 @@ def run_multi_turn_rollout(
                 continue
             logs[i] = extended
     return finished_rollout(logs, states, metadata, dict(env_metrics))
-
-
-def request_seed(seed: int, row: int, turn: int) -> int:
-    """The sampling seed of conversation `row` (its index in the call) at `turn` (0-based) of
-    a call seeded `seed`: seed + row at the first turn, TURN_SEED_STRIDE more per turn."""
-    return seed + row + turn * TURN_SEED_STRIDE
 
 
 def finished_rollout(

@@ -24,12 +24,17 @@ teacher's answers come back in the student's positions (`TeacherRows`):
   group.
 
 A response that is not whole UTF-8 (cut inside a character) is read up to its last whole
-character. A conversation the teacher's template cannot render (say, roles it refuses) is not
-graded at all and counted (`teacher/xtok_unrendered_rows`); one longer in the teacher's tokens
-than a served teacher's context (teacher.max_total_sequence_length: a teacher with finer tokens
+character. A conversation the teacher's template cannot render (RENDER_ERRORS: roles it
+refuses, which its template raises on; text that is not valid Unicode, such as a lone surrogate
+a tool result echoed, which no tokenizer encodes) is not graded at all and counted
+(`teacher/xtok_unrendered_rows`); any other exception is a bug and ends the run where it is
+raised. When more than teacher.max_unrendered_share of the rows scored for a step are
+unrendered, the run stops with a RunError (`take_metrics`): a teacher that cannot read the
+run's conversations would leave an empty loss. One longer in the teacher's tokens than a
+served teacher's context (teacher.max_total_sequence_length: a teacher with finer tokens
 writes more of them) is cut there, graded up to the cut and counted
-(`teacher/xtok_truncated_rows`); the run goes on. Positions outside
-the assistant turns (never trained) are 0, as past a row's end.
+(`teacher/xtok_truncated_rows`); the run goes on. Positions outside the assistant turns (never
+trained) are 0, as past a row's end.
 
 Where it runs (`score_rendered`): a teacher with workers of its own (in process) renders,
 scores and maps in each data-parallel worker, on that worker's rows (Policy.score_rendered), so
@@ -50,12 +55,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
 
 from nemo_opd.data.batching import TensorBatch
 from nemo_opd.data.chat import ChatFormatter
 from nemo_opd.data.message_log import Message, flatten_message_logs
-from nemo_opd.errors import SetupError
+from nemo_opd.errors import RunError, SetupError
 from nemo_opd.teachers.base import Rollouts, Teacher, TeacherNeed, TeacherScores
 from nemo_opd.teachers.xtok_align import (
     char_starts,
@@ -80,6 +86,17 @@ if TYPE_CHECKING:
 PROBE_RESPONSE = "  2 + 2 = 4 ≈ 4.0 🎉\n\\boxed{4} <|im_end|> [INST] </s>\n"
 """The probe's assistant turn (setup's check): outer whitespace, a multi-byte character, an
 emoji, and control strings as text, which templates and tokenizers each treat their own way."""
+
+
+class UnrenderableText(ValueError):
+    """A message of a conversation holds text that is not valid Unicode (a lone surrogate, as
+    a tool result can echo from a JSON escape in the model's call): no tokenizer encodes it."""
+
+
+RENDER_ERRORS = (TemplateError, SetupError, UnrenderableText)
+"""What real conversations raise when the teacher's template cannot render them: the
+template's own refusal (jinja2's TemplateError: raise_exception, an undefined field), the
+ChatFormatter's SetupError for a turn the template does not write, and UnrenderableText."""
 
 
 @dataclass
@@ -168,7 +185,7 @@ class TeacherRendering:
             self._row(log)
         except SetupError:
             raise
-        except Exception as error:  # noqa: BLE001 - a template's own exception
+        except RENDER_ERRORS as error:
             shown = " with a system message" if self.system_prompt is not None else ""
             raise SetupError(
                 f"the teacher's chat template cannot render a conversation{shown} like the "
@@ -199,8 +216,9 @@ class TeacherRendering:
         return [t for t, ids in zip(texts, encoded["input_ids"], strict=True) if unknown in ids]
 
     def teacher_rows(self, logs: list[list[Message]]) -> TeacherRows:
-        """The teacher's rows of these conversations; one its template cannot render is a
-        single padding token with no turns (not graded, counted in `unrendered`). Every
+        """The teacher's rows of these conversations; one its template cannot render
+        (RENDER_ERRORS) is a single padding token with no turns (not graded, counted in
+        `unrendered`); any other error is raised. Every
         assistant turn's text is tokenized for the teacher in one batched call (the
         tokenizer's Rust core, on all cores)."""
         contents = [[self._content(m) for m in log if m["role"] == "assistant"] for log in logs]
@@ -213,7 +231,7 @@ class TeacherRendering:
             unrendered, truncated = False, False
             try:
                 teacher_log, turns = self._row(log, pairs)
-            except Exception:  # noqa: BLE001 - never a crash mid-run: this row is not graded
+            except RENDER_ERRORS:  # this conversation is not graded; a bug is raised
                 unrendered = True
                 teacher_log, turns = [{"role": "user", "content": "", "token_ids": [pad]}], []
             if self.max_length is not None and _length(teacher_log) > self.max_length:
@@ -230,6 +248,7 @@ class TeacherRendering:
     ) -> tuple[list[Message], list[TurnPair]]:
         """One conversation for the teacher; `contents`: each assistant turn's content and its
         teacher encoding (computed here when not given)."""
+        _check_text(log)
         if contents is None:
             mine = [self._content(m) for m in log if m["role"] == "assistant"]
             contents = list(zip(mine, self._encode(mine), strict=True))
@@ -321,6 +340,30 @@ class TeacherRendering:
             first = closing[0] if closing and closing[0] in self._teacher_special else None
             self._closings[key] = (closing, first)
         return self._closings[key]
+
+
+def _check_text(log: list[Message]) -> None:
+    """UnrenderableText when the text the template writes of a message other than an
+    assistant turn (its role, content, a tool's name: what ChatFormatter renders) is not valid
+    Unicode. An assistant turn is read from its bytes, always valid."""
+    for message in log:
+        if message["role"] == "assistant":
+            continue
+        for key in ("role", "content", "name"):
+            value = message.get(key)
+            if isinstance(value, str) and not _is_unicode(value):
+                raise UnrenderableText(
+                    f"a {message['role']!r} message's {key} holds text that is not valid "
+                    "Unicode (a lone surrogate)"
+                )
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _length(log: list[Message]) -> int:
@@ -435,12 +478,22 @@ class CrossTokenizerTeacher:
             each data-parallel replica then renders, scores and maps its own rows
             (Policy.score_rendered), and the driver only ships conversations and collects
             answers. None: the driver renders and maps (a served teacher).
+        max_unrendered_share: the largest share of the rows scored for a step that may be
+            unrendered (teacher.max_unrendered_share); more ends the run (take_metrics).
+        name: the teacher's config section, named in that error.
     """
 
     def __init__(
-        self, inner: Teacher, rendering: TeacherRendering, workers: Policy | None = None
+        self,
+        inner: Teacher,
+        rendering: TeacherRendering,
+        workers: Policy | None = None,
+        max_unrendered_share: float = 1.0,
+        name: str = "teacher",
     ) -> None:
         self.inner = inner
+        self.max_unrendered_share = max_unrendered_share
+        self.name = name
         self.rendering = rendering
         self.vocab = rendering.vocab_map()
         self._workers = workers
@@ -450,6 +503,7 @@ class CrossTokenizerTeacher:
         self._chained: list[float] = []
         self._unrendered = 0
         self._truncated = 0
+        self._rows = 0
 
     def score(self, rollouts: Rollouts, need: TeacherNeed) -> TeacherScores:
         # The teacher's rows are its own rendering: every position of them is scored, and the
@@ -487,6 +541,7 @@ class CrossTokenizerTeacher:
         and chained shares and the mapped mass (with a top-k) as this batch's ratios, the
         unrendered and truncated rows summed."""
         total = dict(zip(COUNTS, counts.sum(0).tolist(), strict=True))
+        self._rows += counts.shape[0]
         self._unrendered += int(total["unrendered"])
         self._truncated += int(total["truncated"])
         if not topk:
@@ -503,6 +558,9 @@ class CrossTokenizerTeacher:
         return self.inner.groups(metadata)
 
     def take_metrics(self) -> dict[str, float]:
+        """The metrics of the rows scored since the last call (a step's); RunError when more
+        than max_unrendered_share of those rows could not be rendered."""
+        self._check_unrendered()
         metrics = self.inner.take_metrics()
         if self._mapped:
             metrics["teacher/xtok_mapped_mass"] = sum(self._mapped) / len(self._mapped)
@@ -515,8 +573,22 @@ class CrossTokenizerTeacher:
             self._chained = []
         metrics["teacher/xtok_unrendered_rows"] = float(self._unrendered)
         metrics["teacher/xtok_truncated_rows"] = float(self._truncated)
-        self._unrendered = self._truncated = 0
+        self._unrendered = self._truncated = self._rows = 0
         return metrics
+
+    def _check_unrendered(self) -> None:
+        unrendered, rows = self._unrendered, self._rows
+        name, share = self.name, self.max_unrendered_share
+        if rows == 0 or unrendered <= share * rows:
+            return
+        raise RunError(
+            f"{name}: its chat template could not render {unrendered} of the {rows} "
+            f"conversations of this step ({unrendered / rows:.0%}, more than "
+            f"{name}.max_unrendered_share {share:g}), which are not graded; set "
+            f"{name}.tokenizer.chat_template to one that renders the run's conversations, or "
+            f"raise {name}.max_unrendered_share (docs/cross_tokenizer.md); the checkpoints "
+            "saved so far are intact"
+        )
 
     def shutdown(self) -> None:
         self.inner.shutdown()
