@@ -27,6 +27,7 @@ from transformers import PreTrainedTokenizerBase
 from nemo_opd.algorithms.data_mix import on_policy_share
 from nemo_opd.algorithms.model_checks import (
     check_megatron_training_precision,
+    check_model_family,
     check_tensor_parallel,
     check_vocab_sizes,
     check_weights,
@@ -278,6 +279,7 @@ def _check_models(
     student_config = load_model_config(cfg.policy, "policy")
     check_weights(cfg.policy, "policy")
     check_tensor_parallel(cfg.policy, student_config, "policy")
+    check_model_family(cfg.policy, student_config, "policy")
     renderings = {}
     for section, teacher in local_teachers.items():
         teacher_config = load_model_config(teacher, section)
@@ -294,6 +296,7 @@ def _check_models(
                     "teacher needs its own model's tokenizer"
                 )
         check_tensor_parallel(teacher, teacher_config, section)
+        check_model_family(teacher, teacher_config, section)
     if cfg.loss_fn.support != "teacher_topk":
         _check_full_vocabulary(cfg, student_config, renderings)
     if cfg.named_teachers and cfg.distillation.topk_logits_k > student_config.vocab_size:
