@@ -168,7 +168,7 @@ def output_head_of(config: PretrainedConfig) -> OutputHead:
     model_type = getattr(config, "model_type", None)
     if model_type not in FAMILIES:
         known = ", ".join(sorted(FAMILIES))
-        hint = REFUSAL_HINTS.get(model_type, f"the supported families are {known}")
+        hint = REFUSAL_HINTS.get(model_type, f"use a model of a supported family ({known})")
         raise UnknownHeadError(
             f"model_type {model_type!r}: its output head (how its logits are made from the "
             f"hidden states) is not one nemo_opd reproduces; {hint}"
