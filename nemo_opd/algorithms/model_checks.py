@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from nemo_opd.algorithms.local_paths import missing_folder
 from nemo_opd.config import PolicyConfig
 from nemo_opd.errors import SetupError
+from nemo_opd.models.output_head import UnknownHeadError, output_head_of
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerBase
@@ -174,4 +175,41 @@ def check_megatron_training_precision(cfg: PolicyConfig, device_type: str) -> No
             f"policy.precision={cfg.precision} cannot train with the Megatron backend on CPU "
             "(megatron-core's linear layers support autocast training on GPU only); set "
             "policy.precision=float32 (the teacher may keep its precision)"
+        )
+
+
+def check_model_family(cfg: PolicyConfig, config: PretrainedConfig, section: str) -> None:
+    """The engines reproduce the model's Hugging Face forward: its output head is one nemo_opd
+    knows (models/output_head.py) and its backend expresses, and its attention needs nothing
+    the engines' attention leaves out (check_attention)."""
+    try:
+        head = output_head_of(config)
+    except UnknownHeadError as error:
+        raise SetupError(f"{section}.model_name: {error}") from None
+    if cfg.backend == "megatron" and not head.is_plain:
+        raise SetupError(
+            f"{section}.model_name: the output head of model_type {head.family!r} adds a bias, "
+            "scale or soft-cap to h W^T, which the Megatron backend's output layer does not "
+            f"apply; use the DTensor backend for {section}"
+        )
+    check_attention(cfg, config, section)
+
+
+def check_attention(cfg: PolicyConfig, config: PretrainedConfig, section: str) -> None:
+    """The engines' attention (distributed/context_parallel.py) is causal attention within
+    segments: it applies neither an attention-logit soft-cap (Gemma 2) nor a sliding window,
+    so a model that has one is refused, the window only where a sequence can outgrow it."""
+    cap = getattr(config, "attn_logit_softcapping", None)
+    if cap is not None:
+        raise SetupError(
+            f"{section}.model_name: model_type {config.model_type!r} soft-caps its attention "
+            f"logits (attn_logit_softcapping={cap}), which the engines' attention does not "
+            "apply: its log-probs would be wrong; use a model without it"
+        )
+    window = getattr(config, "sliding_window", None)
+    if window is not None and cfg.max_total_sequence_length > window:
+        raise SetupError(
+            f"{section}.model_name: model_type {config.model_type!r} attends within a sliding "
+            f"window of {window} positions, which the engines' attention does not apply; set "
+            f"{section}.max_total_sequence_length to at most {window}"
         )

@@ -27,6 +27,7 @@ from transformers import PreTrainedTokenizerBase
 from nemo_opd.algorithms.data_mix import on_policy_share
 from nemo_opd.algorithms.model_checks import (
     check_megatron_training_precision,
+    check_model_family,
     check_sequence_length,
     check_student_ids_fit_teacher,
     check_tensor_parallel,
@@ -305,6 +306,7 @@ def _check_models(
     check_tokenizer_fits(tokenizer, student_config, "policy")
     check_sequence_length(cfg.policy, student_config, "policy")
     check_tensor_parallel(cfg.policy, student_config, "policy")
+    check_model_family(cfg.policy, student_config, "policy")
     renderings = {}
     for note in own_tokenizer_notes(cfg, tokenizer):  # a tokenizer not the model's own
         print(note)
@@ -324,6 +326,7 @@ def _check_models(
                     "teacher needs its own model's tokenizer"
                 )
         check_tensor_parallel(teacher, teacher_config, section)
+        check_model_family(teacher, teacher_config, section)
     if cfg.loss_fn.support != "teacher_topk":
         _check_full_vocabulary(cfg, student_config, renderings)
     if cfg.named_teachers and cfg.distillation.topk_logits_k > student_config.vocab_size:

@@ -11,7 +11,9 @@ def logprob_mismatch(
     Args:
         generated_logprobs: [B, S] log-probs the engine reported for each token (0 elsewhere).
         student_logprobs: [B, S] the student's log-probs of the same tokens, same alignment and
-            temperature (e.g. Policy.get_logprobs shifted so both index the scored token).
+            temperature (e.g. Policy.get_logprobs shifted so both index the scored token: made
+            with the model family's own output head, nemo_opd/models/output_head.py, as the
+            generation engine makes its own).
         mask: [B, S] 1 where a generated token is scored, 0 for prompt and padding.
 
     Returns:

@@ -45,6 +45,7 @@ from nemo_opd.losses import build_loss_mask, validate_teacher_topk
 from nemo_opd.losses.chunked_head import chunked_head_loss, chunked_scores
 from nemo_opd.losses.reduction import accumulate_metrics, metric_reduction
 from nemo_opd.losses.teacher_logits import TeacherLogits
+from nemo_opd.models.output_head import output_head_of
 from nemo_opd.policy.engines.teacher_head import TeacherHead, load_teacher_head
 from nemo_opd.policy.engines.teacher_scores import score_positions
 from nemo_opd.policy.engines.training_state import (
@@ -119,6 +120,7 @@ class Engine(ABC):
         self.step = 0  # optimizer steps taken
         self.model_dir = resolve_pretrained(cfg.model_name)
         self.hf_config = AutoConfig.from_pretrained(self.model_dir)
+        self.output_head = output_head_of(self.hf_config)  # refuses a head it cannot reproduce
         self.optimizer: torch.optim.Optimizer | None = None  # set by the backend when training
         self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         self.teacher_head: TeacherHead | None = None  # load_teacher_head (support full)
@@ -147,6 +149,11 @@ class Engine(ABC):
     def output_weight(self) -> torch.Tensor:
         """This rank's rows of the LM head, [V_pad / tp, H], as the last forward_hidden used
         them (its gradient reaches the parameter): the chunked LM head multiplies them."""
+
+    def output_bias(self) -> torch.Tensor | None:
+        """This rank's entries of the LM head's bias, [V_pad / tp], like output_weight; None
+        for a head without one (every head but a biased family's: output_head.biased)."""
+        return None
 
     def backward(self, loss: torch.Tensor) -> None:
         """Accumulate the gradients of `loss` (already globally normalized)."""
@@ -413,7 +420,8 @@ class Engine(ABC):
             loss_of_logits,
             chunk=chunk,
             project=self._project,
-            finish=self._mask_padding,
+            finish=self._finish,
+            bias=self.output_bias(),
             tp_group=self._tp_shards(),
             keep=fields["loss_mask"] != 0 if "loss_mask" in fields else None,
         )
@@ -699,10 +707,17 @@ class Engine(ABC):
         """(vocab_start, tp_group): where this rank's logit columns sit in the vocabulary."""
         return self.vocab_start, self.tp_group
 
-    def _project(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """The LM head's product: hidden states [n, H] x this rank's rows [V_local, H] ->
-        [n, V_local] in the compute precision (before the padding mask)."""
-        return torch.nn.functional.linear(hidden, weight)
+    def _project(
+        self, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The linear part of the model's head (output_head.project): hidden states [n, H] x
+        this rank's rows [V_local, H] (+ bias) -> [n, V_local] in the compute precision."""
+        return self.output_head.project(hidden, weight, bias)
+
+    def _finish(self, raw: torch.Tensor) -> torch.Tensor:
+        """The rest of the model's head (output_head.transform: its scale or soft-cap), then
+        the padded vocabulary's columns at -inf: _project's raw product -> logits."""
+        return self._mask_padding(self.output_head.transform(raw))
 
     def _mask_padding(self, logits: torch.Tensor) -> torch.Tensor:
         """The padded vocabulary's columns of this rank's logits at -inf."""
@@ -744,7 +759,8 @@ class Engine(ABC):
             keep,
             chunk=chunk,
             project=self._project,
-            finish=self._mask_padding,
+            finish=self._finish,
+            bias=self.output_bias(),
         )
         return tuple(t.reshape(b, s, *shape) for t, (shape, _) in zip(out, outputs, strict=True))
 

@@ -212,6 +212,10 @@ class DTensorEngine(Engine):
         weight = self.model.get_output_embeddings().weight
         return weight.to_local() if isinstance(weight, DTensor) else weight
 
+    def output_bias(self) -> torch.Tensor | None:
+        bias = self.model.get_output_embeddings().bias
+        return bias.to_local() if isinstance(bias, DTensor) else bias
+
     def zero_grad(self) -> None:
         self.model.zero_grad(set_to_none=True)
 

@@ -131,7 +131,8 @@ def _flat_head_scores(engine, states, targets, topk, temperature, logprobs) -> d
         keep,
         chunk=engine.cfg.logits_chunk_tokens or max(n, 1),
         project=engine._project,
-        finish=engine._mask_padding,
+        finish=engine._finish,
+        bias=engine.output_bias(),
     )
     return out
 

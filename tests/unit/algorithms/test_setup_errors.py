@@ -116,6 +116,28 @@ def test_a_model_directory_without_weights(assets, tmp_path, capsys, section, ke
     assert f"error: {section}.model_name: {model} {missing}" in err
 
 
+@pytest.mark.parametrize("case", ["unknown_family", "logit_step"])
+def test_a_model_whose_output_head_is_not_known(assets, tmp_path, capsys, case):
+    # A teacher of a family nemo_opd does not reproduce (GPT-2), or a Qwen3 config carrying a
+    # logit scale its family's head ignores: refused by name before any worker starts.
+    import torch
+    from transformers import AutoConfig, GPT2Config, GPT2LMHeadModel
+
+    model = tmp_path / "model"
+    if case == "unknown_family":
+        vocab = AutoConfig.from_pretrained(assets.teacher).vocab_size
+        config = GPT2Config(vocab_size=vocab, n_embd=32, n_layer=1, n_head=2, n_positions=512)
+        GPT2LMHeadModel(config).to(torch.float32).save_pretrained(model)
+        refused = "error: teacher.model_name: model_type 'gpt2': its output head"
+    else:
+        shutil.copytree(assets.teacher, model)
+        config = json.loads((model / "config.json").read_text())
+        (model / "config.json").write_text(json.dumps({**config, "logits_scaling": 8.0}))
+        refused = "error: teacher.model_name: model_type 'qwen3' sets logits_scaling=8.0"
+    assert run(assets, tmp_path, f"teacher.model_name={model}") == 2
+    assert refused in capsys.readouterr().err
+
+
 def test_topk_larger_than_vocabulary(assets, tmp_path, capsys):
     assert run(assets, tmp_path, "distillation.topk_logits_k=100000") == 2
     assert "distillation.topk_logits_k (100000) exceeds the vocabulary size" in (
