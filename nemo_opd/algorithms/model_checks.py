@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 from nemo_opd.algorithms.local_paths import missing_folder
 from nemo_opd.config import PolicyConfig
 from nemo_opd.errors import SetupError
-from nemo_opd.models.output_head import UnknownHeadError, output_head_of
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerBase
@@ -182,6 +181,8 @@ def check_model_family(cfg: PolicyConfig, config: PretrainedConfig, section: str
     """The engines reproduce the model's Hugging Face forward: its output head is one nemo_opd
     knows (models/output_head.py) and its backend expresses, and its attention needs nothing
     the engines' attention leaves out (check_attention)."""
+    from nemo_opd.models.output_head import UnknownHeadError, output_head_of  # imports torch
+
     try:
         head = output_head_of(config)
     except UnknownHeadError as error:
