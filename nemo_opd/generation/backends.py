@@ -13,6 +13,8 @@ from nemo_opd.config import GenerationConfig
 from nemo_opd.errors import SetupError
 
 Backend = Literal["vllm", "transformers"]
+ENGINE_NAMES: dict[Backend, str] = {"vllm": "vLLM engine", "transformers": "transformers engine"}
+"""What a run calls one engine of each backend in its messages."""
 
 
 def vllm_installed() -> bool:
