@@ -62,6 +62,7 @@ from nemo_opd.distributed.shared_paths import check_shared_paths, paths_workers_
 from nemo_opd.environments.build import build_environments
 from nemo_opd.errors import SetupError
 from nemo_opd.generation import VllmGeneration
+from nemo_opd.generation.backends import ENGINE_NAMES, resolve_backend
 from nemo_opd.losses import DistillationLossFn, NLLLossFn, PolicyGradientLossFn
 from nemo_opd.losses.full_vocab_loss import FullVocabDistillationLossFn
 from nemo_opd.policy.policy import Policy
@@ -698,6 +699,7 @@ def _describe_workers(cfg: DistillationConfig, device: str, split: WorkerSplit) 
     and what runs on them, the vLLM engines and where); _report_placement says where Ray put
     each once they have started."""
     engines = len(generation_bundles(cfg.cluster, split, cfg.policy.generation, device))
+    engine = ENGINE_NAMES[resolve_backend(cfg.policy.generation.backend)]
     models = "the student"
     if cfg.named_teachers and not _is_served(cfg):
         models += " and of the teacher" if cfg.teachers is None else " and of each teacher"
@@ -709,7 +711,7 @@ def _describe_workers(cfg: DistillationConfig, device: str, split: WorkerSplit) 
         where = "on GPUs of their own"
     return (
         f"workers: {_count(split.training, 'training worker')} (each runs a rank of {models}) "
-        f"on {_count(cfg.cluster.num_nodes, 'node')}, {_count(engines, 'vLLM engine')} "
+        f"on {_count(cfg.cluster.num_nodes, 'node')}, {_count(engines, engine)} "
         f"({where}); where Ray placed each is printed once they have started"
     )
 

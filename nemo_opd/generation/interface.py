@@ -1,4 +1,5 @@
-"""The generation interface the rollout loop talks to; vLLM implements it (vllm_generation.py)."""
+"""The generation interface the rollout loop talks to; VllmGeneration implements it over vLLM or
+transformers engines (vllm_generation.py, backends.py)."""
 
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol

@@ -1,4 +1,6 @@
-"""VllmGeneration: the driver's handle on num_engines vLLM replicas (GenerationInterface).
+"""VllmGeneration: the driver's handle on num_engines vLLM replicas (GenerationInterface); with
+policy.generation.backend transformers, each replica is an HfWorker instead of a VllmWorker
+(the same calls and sampling semantics; backends.py).
 
     generation = VllmGeneration(cfg.generation, model_path, tokenizer_path, device_type="cpu")
     generation.refit(policy.full_weights_ref(), version=policy.step)   # only when stale
@@ -56,6 +58,7 @@ from nemo_opd.distributed.nodes import actor_nodes
 from nemo_opd.distributed.waits import get_within
 from nemo_opd.distributed.worker_group import death_notice
 from nemo_opd.errors import RunError
+from nemo_opd.generation.backends import engine_worker
 from nemo_opd.generation.interface import GenerationOutput
 from nemo_opd.generation.vllm_worker import ENGINE_ENV, VllmWorker
 from nemo_opd.utils.seeds import request_seed
@@ -112,17 +115,23 @@ class VllmGeneration:
         self.model_path = model_path
         self.loaded_version: int | None = None
         self.last_refit_time_s = 0.0
+        worker_cls, engine_cfg = engine_worker(cfg)  # VllmWorker, or HfWorker (backends.py)
         options = _actor_options(
-            device_type, self.colocated, cpus_per_engine, gpus_per_engine, cpu_threads
+            device_type,
+            self.colocated,
+            cpus_per_engine,
+            gpus_per_engine,
+            cpu_threads,
+            engine_env=ENGINE_ENV if worker_cls is VllmWorker else {},
         )
         bundles = list(range(num_engines)) if bundles is None else list(bundles)
         if len(bundles) != num_engines:
             raise ValueError(f"{len(bundles)} bundles given for {num_engines} engines")
-        remote_cls = ray.remote(VllmWorker)
+        remote_cls = ray.remote(worker_cls)
         self._started = time.perf_counter()
         self.engines = [
             remote_cls.options(**options, **_bundle(placement, bundles[i])).remote(
-                model_path, tokenizer_path, cfg.vllm_cfg.model_dump(), seed + i, self.colocated
+                model_path, tokenizer_path, engine_cfg, seed + i, self.colocated
             )
             for i in range(num_engines)
         ]
@@ -296,9 +305,11 @@ def _actor_options(
     cpus: float | None,
     gpus: float | None,
     cpu_threads: int | None = None,
+    engine_env: dict[str, str] = ENGINE_ENV,
 ) -> dict:
-    """Ray options of one engine actor (resources and the env vLLM must see at import)."""
-    env = dict(ENGINE_ENV)
+    """Ray options of one engine actor (resources, and engine_env: the env vLLM must see at
+    import; none for the transformers engine)."""
+    env = dict(engine_env)
     if device_type == "cpu":
         resources = {"num_cpus": 0.0 if cpus is None else cpus, "num_gpus": 0}
         threads = cpu_threads or max(1, int(cpus or 1))

@@ -174,9 +174,14 @@ def test_megatron_student_on_cpu_must_train_in_fp32():
     check_megatron_training_precision(dtensor.policy, "cpu")  # DTensor's autocast trains on CPU
 
 
-def test_the_device_and_the_workers_are_said_at_start(assets, tmp_path, capsys):
+@pytest.mark.parametrize(
+    ("backend", "engine"), [("vllm", "vLLM"), ("transformers", "transformers")]
+)
+def test_the_device_and_the_workers_are_said_at_start(assets, tmp_path, capsys, backend, engine):
     # cluster.device auto fell back to CPU without a word. A Megatron student in bf16 on CPU
     # is refused right after the device is known: the lines come before anything starts.
+    if backend == "vllm":
+        pytest.importorskip("vllm")
     config = Path(__file__).parents[3] / "examples/configs/distillation_tiny_megatron.yaml"
     code = main(
         [
@@ -184,6 +189,7 @@ def test_the_device_and_the_workers_are_said_at_start(assets, tmp_path, capsys):
             str(config),
             "cluster.device=auto",
             "policy.precision=bfloat16",
+            f"policy.generation.backend={backend}",
             f"logger.log_dir={tmp_path / 'logs'}",
             f"checkpointing.checkpoint_dir={tmp_path / 'ckpt'}",
         ]
@@ -196,7 +202,7 @@ def test_the_device_and_the_workers_are_said_at_start(assets, tmp_path, capsys):
     ) in out
     assert (
         "workers: 1 training worker (each runs a rank of the student and of the teacher) on 1 "
-        "node, 1 vLLM engine (sharing the training workers' CPUs); where Ray placed each is "
+        f"node, 1 {engine} engine (sharing the training workers' CPUs); where Ray placed each is "
         "printed once they have started"
     ) in out
 
