@@ -316,7 +316,7 @@ def test_an_engine_that_raises_or_dies_ends_the_call_with_one_line_naming_it(
         assert message.startswith(f"{engine} raised ") and " while generating; " in message
         assert "\n" not in message
 
-        [actor] = generation.engines
+        [actor] = generation.engines.actors
         pid = ray.get(actor.__ray_call__.remote(lambda worker: os.getpid()))
         os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(psutil.NoSuchProcess):
