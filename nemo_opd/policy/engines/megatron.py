@@ -244,16 +244,13 @@ class MegatronEngine(Engine):
 
     def iter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """(HF name, full tensor on CPU in the training precision) per weight; lm_head
-        included even when tied to the embedding. Copies, never views of the live parameters
-        (a run in one process hands them to its engine, which may read them after the next
-        optimizer step). A collective over the tp group."""
+        included even when tied to the embedding. A collective over the tp group."""
         dtype = DTYPES[self.cfg.precision]
         for rule in self.rules:
             for name, full in self._gather_to_hf(rule, self.params[rule.megatron_name].detach()):
-                full = full.to("cpu", dtype, copy=True)
-                yield name, full
+                yield name, full.to("cpu", dtype)
                 if name == "model.embed_tokens.weight" and self.shape.tied:
-                    yield "lm_head.weight", full
+                    yield "lm_head.weight", full.to("cpu", dtype)
 
     def gather_weights(self) -> dict[str, torch.Tensor]:
         return {
