@@ -708,15 +708,18 @@ def _describe_workers(cfg: DistillationConfig, device: str, split: WorkerSplit) 
     and what runs on them, the vLLM engines and where); _report_placement says where Ray put
     each once they have started."""
     engines = len(generation_bundles(cfg.cluster, split, cfg.policy.generation, device))
-    models = "the student"
-    if cfg.named_teachers and not _is_served(cfg):
-        models += " and of the teacher" if cfg.teachers is None else " and of each teacher"
+    teachers = cfg.named_teachers and not _is_served(cfg)
     if cfg.cluster.executor == "local":
-        return (
-            f"workers: one process (cluster.executor local, no Ray): {models}, and "
-            f"{_count(engines, 'vLLM engine')}, run in this process on "
-            f"{torch.get_num_threads()} torch threads"
+        teacher = (
+            ("the teacher, " if cfg.teachers is None else "each teacher, ") if teachers else ""
         )
+        return (
+            f"workers: one process (cluster.executor local, no Ray): the student, {teacher}"
+            f"{_count(engines, 'vLLM engine')} on {_count(torch.get_num_threads(), 'thread')}"
+        )
+    models = "the student"
+    if teachers:
+        models += " and of the teacher" if cfg.teachers is None else " and of each teacher"
     if device == "cpu":
         where = "sharing the training workers' CPUs"
     elif cfg.policy.generation.colocated.enabled:

@@ -114,6 +114,7 @@ class VllmGeneration:
         self.device_type = device_type
         self.colocated = device_type == "cuda" and cfg.colocated.enabled
         self.model_path = model_path
+        self.num_engines = num_engines
         self.loaded_version: int | None = None
         self.last_refit_time_s = 0.0
         options = _actor_options(
@@ -152,7 +153,7 @@ class VllmGeneration:
             try:
                 self.engines.wait_until_ready()
             except WorkerError as error:
-                raise RunError(_start_failure(error, self.engines.size)) from error
+                raise RunError(_start_failure(error, self.num_engines)) from error
             self.start_time_s = time.perf_counter() - self._started
         return self.start_time_s
 
@@ -275,7 +276,7 @@ class VllmGeneration:
         """One line: which engine failed while `doing` what, how, and what is left."""
         if error.rank is None:  # a bookkeeping call past its time-out
             return f"{error} while {doing}"
-        what = f"vLLM engine {error.rank} (of {self.engines.size}, serving {self.model_path})"
+        what = f"vLLM engine {error.rank} (of {self.num_engines}, serving {self.model_path})"
         if error.died:
             how = f"died ({_with_memory_hint(error.detail)})"
         else:

@@ -152,7 +152,25 @@ def test_megatron_student_on_cpu_must_train_in_fp32():
     check_megatron_training_precision(dtensor.policy, "cpu")  # DTensor's autocast trains on CPU
 
 
-def test_the_device_and_the_workers_are_said_at_start(assets, tmp_path, capsys):
+SAID_AT_START = {
+    "ray": (
+        "device: cpu (cluster.device is auto and Ray sees no GPU: every worker and vLLM run on "
+        "the CPU; set cluster.device=cuda to require GPUs)",
+        "workers: 1 training worker (each runs a rank of the student and of the teacher) on 1 "
+        "node, 1 vLLM engine (sharing the training workers' CPUs); where Ray placed each is "
+        "printed once they have started",
+    ),
+    "local": (
+        "device: cpu (cluster.device is auto and this process sees no GPU: every worker and "
+        "vLLM run on the CPU; set cluster.device=cuda to require GPUs)",
+        "workers: one process (cluster.executor local, no Ray): the student, the teacher, 1 "
+        "vLLM engine on 2 threads",  # the config's cluster.cpus_per_worker, in lockstep
+    ),
+}
+
+
+@pytest.mark.parametrize("executor", list(SAID_AT_START))
+def test_the_device_and_the_workers_are_said_at_start(assets, tmp_path, capsys, executor):
     # cluster.device auto fell back to CPU without a word. A Megatron student in bf16 on CPU
     # is refused right after the device is known: the lines come before anything starts.
     config = Path(__file__).parents[3] / "examples/configs/distillation_tiny_megatron.yaml"
@@ -161,6 +179,7 @@ def test_the_device_and_the_workers_are_said_at_start(assets, tmp_path, capsys):
             "--config",
             str(config),
             "cluster.device=auto",
+            f"cluster.executor={executor}",
             "policy.precision=bfloat16",
             f"logger.log_dir={tmp_path / 'logs'}",
             f"checkpointing.checkpoint_dir={tmp_path / 'ckpt'}",
@@ -168,15 +187,8 @@ def test_the_device_and_the_workers_are_said_at_start(assets, tmp_path, capsys):
     )
     assert code == 2
     out = capsys.readouterr().out
-    assert (
-        "device: cpu (cluster.device is auto and Ray sees no GPU: every worker and vLLM run on "
-        "the CPU; set cluster.device=cuda to require GPUs)"
-    ) in out
-    assert (
-        "workers: 1 training worker (each runs a rank of the student and of the teacher) on 1 "
-        "node, 1 vLLM engine (sharing the training workers' CPUs); where Ray placed each is "
-        "printed once they have started"
-    ) in out
+    for line in SAID_AT_START[executor]:
+        assert line in out
 
 
 def _data_files(tmp_path, train_lines, val_rows=5):
