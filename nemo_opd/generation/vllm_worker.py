@@ -50,24 +50,28 @@ import torch
 from nemo_opd.generation.interface import FinishReason, GenerationOutput
 from nemo_opd.utils.startup import StartupMarks
 
-# Set in the actor's process before vLLM is imported (VllmGeneration also passes them as the
-# actor's runtime_env, which guarantees a fresh process that has them from the start).
+# Set in the engine's process before vLLM reads them (VllmGeneration also passes them as a Ray
+# actor's runtime_env, which gives the actor a fresh process that has them from the start).
 ENGINE_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # engine core in this process (see module docstring)
 }
 
 
 def set_engine_env() -> None:
-    """Apply ENGINE_ENV; vLLM reads these at import, so it must not be imported yet."""
-    if "vllm" in sys.modules:
-        for key, value in ENGINE_ENV.items():
-            if os.environ.get(key) != value:
-                raise RuntimeError(
-                    f"vllm was imported in this process before {key}={value} was set; start "
-                    "the VllmWorker in a fresh process (VllmGeneration does)"
-                )
+    """Apply ENGINE_ENV. vLLM reads its environment when asked until its first engine in the
+    process keeps what it read (its envs cache); vLLM imported before is fine (unpickling one
+    of its exceptions imports it), an engine built before with other values is not
+    (RuntimeError)."""
     for key, value in ENGINE_ENV.items():
         os.environ[key] = value
+    envs = sys.modules.get("vllm.envs")
+    if envs is not None and envs.VLLM_ENABLE_V1_MULTIPROCESSING:
+        raise RuntimeError(
+            "a vLLM engine built earlier in this process runs its engine core in a process of "
+            "its own (VLLM_ENABLE_V1_MULTIPROCESSING unset), and vLLM keeps what it read then; "
+            "run the generation engines on Ray (cluster.executor=ray), or build them before "
+            "any other vLLM engine of the process"
+        )
 
 
 class _RotaryReloadFilter(logging.Filter):
