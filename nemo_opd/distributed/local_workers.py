@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from nemo_opd.distributed.worker_group import (
+from nemo_opd.distributed.worker_calls import (
     DEFAULT_TIMEOUT_S,
     GROUP_TIMEOUT,
     died,

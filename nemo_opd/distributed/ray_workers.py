@@ -17,7 +17,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from nemo_opd.distributed.cluster import WorkerResources, build_placement_group
 from nemo_opd.distributed.nodes import actor_nodes
-from nemo_opd.distributed.worker_group import (
+from nemo_opd.distributed.worker_calls import (
     DEFAULT_TIMEOUT_S,
     GROUP_TIMEOUT,
     died,
