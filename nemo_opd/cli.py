@@ -73,8 +73,15 @@ def main(argv: Sequence[str] | None = None, description: str | None = None) -> i
 
 
 def _train(cfg: DistillationConfig) -> int:
-    """Start Ray (unless this process is connected to one) and hand the config to the
-    distillation loop; stop Ray again afterwards if this call started it."""
+    """Hand the config to the distillation loop: in this process alone when it runs there (the
+    local executor: Ray is never imported), else inside a Ray session (started here unless this
+    process is connected to one, and stopped again afterwards if this call started it)."""
+    from nemo_opd.config.executor import run_executor
+
+    if run_executor(cfg) == "local":
+        from nemo_opd.algorithms.distillation import run
+
+        return run(cfg)
     # Read by Ray at import time: under `uv run`, Ray would otherwise build a fresh virtual
     # environment for every worker; the workers use this one as it is.
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")

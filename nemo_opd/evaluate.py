@@ -107,9 +107,14 @@ def _decoding(samples: int, temperature: float) -> str:
 
 
 def _evaluate(cfg) -> tuple[dict, list[dict]]:
-    """evaluate_model inside a Ray session (started here unless one is connected)."""
-    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")  # see nemo_opd.cli
+    """evaluate_model in this process alone (the local executor: no Ray), or inside a Ray
+    session (started here unless one is connected)."""
     from nemo_opd.algorithms.evaluation import evaluate_model
+    from nemo_opd.config.executor import run_executor
+
+    if run_executor(cfg) == "local":
+        return evaluate_model(cfg)
+    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")  # see nemo_opd.cli
     from nemo_opd.distributed.ray_runtime import ray_session
 
     with ray_session(cfg.cluster):

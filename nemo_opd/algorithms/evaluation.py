@@ -111,7 +111,8 @@ def evaluation_config(
 def evaluate_model(cfg: DistillationConfig) -> tuple[dict, list[dict]]:
     """Set the run up (setup: its checks, workers and engines), validate once, shut it down;
     returns the metrics and every graded response (nothing is logged as a step: evaluate
-    prints and writes them). Needs a Ray session."""
+    prints and writes them). Under Ray, needs a Ray session (the command line starts one); in
+    one process (the local executor), nothing more."""
     from nemo_opd.algorithms.distillation import validate
     from nemo_opd.algorithms.setup import setup
     from nemo_opd.utils.timers import Timers

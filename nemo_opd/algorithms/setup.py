@@ -4,11 +4,13 @@
 
 In order (docs/benchmarks.md has the start-up profile): claim the checkpoint and log
 directories (one run per checkpoint directory); resolve the tiny assets and check tokenizers
-and model configs against each other; reach a served teacher and check it; start Ray and
-reserve one placement bundle per worker on the chosen nodes (checked to see the run's paths);
-launch vLLM, whose start-up is the longest; load and tokenize the data while it loads; launch
-the student's and the teachers' workers and the environments; wait for them all (each wait with
-a time-out); restore the newest checkpoint that verifies; report start-up times and placement.
+and model configs against each other; reach a served teacher and check it; choose the executor
+(cluster.executor: config.executor.run_executor); under Ray, start it and reserve one placement
+bundle per worker on the chosen nodes (checked to see the run's paths), while a run in one
+process (the local executor) skips all of that; launch vLLM, whose start-up is the longest;
+load and tokenize the data while it loads; launch the student's and the teachers' workers and
+the environments; wait for them all (each wait with a time-out); restore the newest checkpoint
+that verifies; report start-up times and placement.
 When anything fails, what was already started is shut down and the directories released.
 """
 
@@ -18,10 +20,9 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import ray
 import torch
-from ray.util.placement_group import PlacementGroup
 from transformers import PreTrainedTokenizerBase
 
 from nemo_opd.algorithms.data_mix import on_policy_share
@@ -45,6 +46,7 @@ from nemo_opd.algorithms.tokenizers import (
 )
 from nemo_opd.config import DistillationConfig, PolicyConfig
 from nemo_opd.config.checks import overlap_problem
+from nemo_opd.config.executor import run_executor
 from nemo_opd.config.worker_split import WorkerSplit, worker_split
 from nemo_opd.data.chat import ChatFormatter, read_text_file
 from nemo_opd.data.datasets import load_prompt_records
@@ -53,12 +55,11 @@ from nemo_opd.distributed.cluster import (
     WorkerResources,
     build_placement_group,
     describe_device,
+    gpus_seen,
+    release_placement,
     resolve_device_type,
 )
-from nemo_opd.distributed.nodes import choose_nodes, format_placement, placement_record
 from nemo_opd.distributed.placement import bundle_node_slots, generation_bundles
-from nemo_opd.distributed.ray_runtime import init_ray
-from nemo_opd.distributed.shared_paths import check_shared_paths, paths_workers_use
 from nemo_opd.environments.build import build_environments
 from nemo_opd.errors import SetupError
 from nemo_opd.generation import VllmGeneration
@@ -81,6 +82,9 @@ from nemo_opd.utils.logger import Logger
 from nemo_opd.utils.run_dirs import RunLock, check_writable, with_absolute_paths
 from nemo_opd.utils.run_identity import check_run_folders, record_log_owner, run_identity
 from nemo_opd.utils.startup import StartupMarks, format_startup_report
+
+if TYPE_CHECKING:
+    from ray.util.placement_group import PlacementGroup
 
 PLACEMENT_FILE = "placement.json"
 ROLLOUTS_AHEAD_FILE = "rollouts_ahead.pt"
@@ -110,7 +114,8 @@ class DistillationRun:
     val_loss_fn: DistillationLossFn | FullVocabDistillationLossFn | None
     logger: Logger
     checkpoints: CheckpointManager
-    placement: PlacementGroup
+    placement: PlacementGroup | None
+    """The run's Ray placement group (None in one process: the local executor)."""
     lock: RunLock
     teacher_sampler: VllmGeneration | None = None
     """vLLM holding the teacher, sampling the off-policy steps' responses (seq_kd)."""
@@ -133,13 +138,15 @@ class DistillationRun:
 
     def shutdown(self) -> None:
         """Stop every worker (generation first: it holds the most memory), the environments
-        and the placement group, then close the logger and release the run's lock. Each is
-        stopped even when one before it raises; the first error is raised after all of them,
-        the others' noted on it."""
+        and the placement group (under Ray), then close the logger and release the run's lock.
+        Each is stopped even when one before it raises; the first error is raised after all of
+        them, the others' noted on it."""
         parts = [self.generation, self.teacher_sampler, self.student, self.teacher]
         stops = [part.shutdown for part in parts if part is not None]
         stops += [env.shutdown for env in self.environments.values()]
-        stops.append(lambda: ray.util.remove_placement_group(self.placement))
+        if self.placement is not None:
+            placement = self.placement
+            stops.append(lambda: release_placement(placement))
         if self.logger is not None:
             stops.append(self.logger.close)
         stops.append(self.lock.release)
@@ -202,17 +209,24 @@ def _build_run(cfg: DistillationConfig, lock: RunLock, marks: StartupMarks) -> D
     cfg = _resolve_model_paths(cfg)
     tokenizer, renderings = _check_models(cfg)
     served = _served_teacher(cfg, tokenizer) if _is_served(cfg) else None
-    init_ray(cfg.cluster)  # the command line has started it already
-    marks.note("ray")
+    cfg = _with_executor(cfg)  # cluster.executor "ray" or "local" from here on
+    executor = cfg.cluster.executor
+    if executor == "ray":
+        from nemo_opd.distributed.ray_runtime import init_ray
+
+        init_ray(cfg.cluster)  # the command line has started it already
+        marks.note("ray")
     split = worker_split(cfg.cluster, cfg.policy.generation)
-    device = resolve_device_type(cfg.cluster)
-    print(describe_device(cfg.cluster, device, ray.cluster_resources().get("GPU", 0)))
+    device = resolve_device_type(cfg.cluster, executor)
+    if executor == "local":
+        torch.set_num_threads(local_threads(cfg, device))
+    print(describe_device(cfg.cluster, device, gpus_seen(executor), executor))
     print(_describe_workers(cfg, device, split))
     check_megatron_training_precision(cfg.policy, device)
     cannot_overlap = overlap_problem(cfg, device)
     if cannot_overlap:
         raise SetupError(cannot_overlap)
-    placement = _reserve_workers(cfg, device)
+    placement = _reserve_workers(cfg, device) if executor == "ray" else None
     started = []
     try:
         generation = _build_generation(cfg, device, split, placement)
@@ -234,6 +248,7 @@ def _build_run(cfg: DistillationConfig, lock: RunLock, marks: StartupMarks) -> D
             share=SHARE,
             wait=False,
             threads=overlap_threads(cfg, device),
+            executor=executor,
         )
         started.append(student)
         teacher = served
@@ -251,7 +266,8 @@ def _build_run(cfg: DistillationConfig, lock: RunLock, marks: StartupMarks) -> D
     except BaseException:
         for part in started:
             part.shutdown()
-        ray.util.remove_placement_group(placement)
+        if placement is not None:
+            release_placement(placement)
         raise
     _print_temperatures(cfg)
 
@@ -462,7 +478,7 @@ def _start_teachers(
     cfg: DistillationConfig,
     renderings: dict[str, TeacherRendering],
     workers: int,
-    placement: PlacementGroup,
+    placement: PlacementGroup | None,
     threads: int | None,
 ) -> Teacher:
     """The in-process teacher's workers, or with several teachers one Policy each behind
@@ -482,6 +498,7 @@ def _start_teachers(
             share=SHARE / len(named),
             wait=False,
             threads=threads,
+            executor=cfg.cluster.executor,
         )
         section = "teacher" if cfg.teachers is None else f"teachers.{name}"
         teacher = InProcessTeacher(policy, part)
@@ -596,7 +613,7 @@ def _collect_startup(marks: StartupMarks, *parts) -> dict[str, dict[str, float]]
 
 
 def _build_teacher_sampler(
-    cfg: DistillationConfig, device: str, split: WorkerSplit, placement: PlacementGroup
+    cfg: DistillationConfig, device: str, split: WorkerSplit, placement: PlacementGroup | None
 ) -> VllmGeneration | None:
     """With distillation.seq_kd, vLLM holding the teacher (like the student's engines, with its
     generation settings). SetupError on CUDA: colocated generation has no room for a second
@@ -642,7 +659,7 @@ def _build_generation(
     cfg: DistillationConfig,
     device: str,
     split: WorkerSplit,
-    placement: PlacementGroup,
+    placement: PlacementGroup | None,
     model: PolicyConfig | None = None,
 ) -> VllmGeneration:
     """vLLM engines holding the student's initial weights (or `model`'s: the teacher's, for
@@ -670,6 +687,7 @@ def _build_generation(
         placement=placement,
         bundles=bundles,
         wait=False,
+        executor=cfg.cluster.executor,
     )
 
 
@@ -683,10 +701,30 @@ def overlap_threads(cfg: DistillationConfig, device: str, cores: int | None = No
     return max(1, (cores or cfg.cluster.cpus_per_worker) // 2)
 
 
+def local_threads(cfg: DistillationConfig, device: str) -> int:
+    """torch threads of a run in one process (the local executor), set once for the process
+    (torch.set_num_threads is process-wide): what one Ray worker of the same config computes
+    on, cluster.cpus_per_worker, or half of it under overlap (overlap_threads), since there
+    training and the rollout producer's generation and teacher compute at once in two of the
+    process's threads. The same count as the Ray run's every worker and engine, so the two
+    executors' runs compute alike."""
+    return overlap_threads(cfg, device) or cfg.cluster.cpus_per_worker
+
+
+def _with_executor(cfg: DistillationConfig) -> DistillationConfig:
+    """The config with cluster.executor resolved (auto -> ray or local: run_executor), so that
+    every part, and the config the run logs, names the executor that runs it."""
+    cluster = cfg.cluster.model_copy(update={"executor": run_executor(cfg)})
+    return cfg.model_copy(update={"cluster": cluster})
+
+
 def _reserve_workers(cfg: DistillationConfig, device: str) -> PlacementGroup:
     """The placement group of the run: cluster.num_nodes nodes chosen (SetupError when the
     cluster lacks them), checked to see the paths the workers use, and one bundle per worker
     pinned to its node (placement.bundle_node_slots)."""
+    from nemo_opd.distributed.nodes import choose_nodes  # Ray's (a run in one process has none)
+    from nemo_opd.distributed.shared_paths import check_shared_paths, paths_workers_use
+
     resources = WorkerResources(device, cfg.cluster.cpus_per_worker)
     nodes = choose_nodes(cfg.cluster, resources)
     check_shared_paths(paths_workers_use(cfg), nodes)
@@ -700,8 +738,17 @@ def _describe_workers(cfg: DistillationConfig, device: str, split: WorkerSplit) 
     each once they have started."""
     engines = len(generation_bundles(cfg.cluster, split, cfg.policy.generation, device))
     engine = ENGINE_NAMES[resolve_backend(cfg.policy.generation.backend)]
+    teachers = cfg.named_teachers and not _is_served(cfg)
+    if cfg.cluster.executor == "local":
+        teacher = (
+            ("the teacher, " if cfg.teachers is None else "each teacher, ") if teachers else ""
+        )
+        return (
+            f"workers: one process (cluster.executor local, no Ray): the student, {teacher}"
+            f"{_count(engines, engine)} on {_count(torch.get_num_threads(), 'thread')}"
+        )
     models = "the student"
-    if cfg.named_teachers and not _is_served(cfg):
+    if teachers:
         models += " and of the teacher" if cfg.teachers is None else " and of each teacher"
     if device == "cpu":
         where = "sharing the training workers' CPUs"
@@ -723,7 +770,11 @@ def _count(number: int, noun: str) -> str:
 
 def _report_placement(cfg: DistillationConfig, *parts: Policy | VllmGeneration | None) -> None:
     """Print where Ray placed every worker (_named_parts' order) and write it to
-    logger.log_dir/placement.json."""
+    logger.log_dir/placement.json; a run in one process has nothing to report."""
+    if cfg.cluster.executor == "local":
+        return
+    from nemo_opd.distributed.nodes import format_placement, placement_record  # Ray's
+
     record = placement_record({name: part.nodes() for name, part in _named_parts(*parts)})
     print(format_placement(record))
     log_dir = Path(cfg.logger.log_dir)

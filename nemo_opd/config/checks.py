@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from nemo_opd.config.address import address_problem
 from nemo_opd.config.errors import show, suggest
+from nemo_opd.config.executor import check_executor
 from nemo_opd.config.templates import read_template_file, template_problem
 from nemo_opd.config.worker_split import worker_split
 from nemo_opd.tools.base import BUILTIN_TOOLS
@@ -786,6 +787,7 @@ CHECKS: tuple[Callable[["DistillationConfig"], list[str]], ...] = (
     check_parallel_sizes_divide_world,
     check_model_parallel_within_node,
     check_cluster_address,
+    check_executor,
     check_global_batch_divisible,
     check_rollouts_fill_global_batches,
     check_microbatching,

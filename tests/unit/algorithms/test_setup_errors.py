@@ -174,10 +174,30 @@ def test_megatron_student_on_cpu_must_train_in_fp32():
     check_megatron_training_precision(dtensor.policy, "cpu")  # DTensor's autocast trains on CPU
 
 
+SAID_AT_START = {
+    "ray": (
+        "device: cpu (cluster.device is auto and Ray sees no GPU: every worker and vLLM run on "
+        "the CPU; set cluster.device=cuda to require GPUs)",
+        "workers: 1 training worker (each runs a rank of the student and of the teacher) on 1 "
+        "node, 1 {engine} engine (sharing the training workers' CPUs); where Ray placed each is "
+        "printed once they have started",
+    ),
+    "local": (
+        "device: cpu (cluster.device is auto and this process sees no GPU: every worker and "
+        "vLLM run on the CPU; set cluster.device=cuda to require GPUs)",
+        "workers: one process (cluster.executor local, no Ray): the student, the teacher, 1 "
+        "{engine} engine on 2 threads",  # the config's cluster.cpus_per_worker, in lockstep
+    ),
+}
+
+
+@pytest.mark.parametrize("executor", list(SAID_AT_START))
 @pytest.mark.parametrize(
     ("backend", "engine"), [("vllm", "vLLM"), ("transformers", "transformers")]
 )
-def test_the_device_and_the_workers_are_said_at_start(assets, tmp_path, capsys, backend, engine):
+def test_the_device_and_the_workers_are_said_at_start(
+    assets, tmp_path, capsys, executor, backend, engine
+):
     # cluster.device auto fell back to CPU without a word. A Megatron student in bf16 on CPU
     # is refused right after the device is known: the lines come before anything starts.
     if backend == "vllm":
@@ -188,6 +208,7 @@ def test_the_device_and_the_workers_are_said_at_start(assets, tmp_path, capsys, 
             "--config",
             str(config),
             "cluster.device=auto",
+            f"cluster.executor={executor}",
             "policy.precision=bfloat16",
             f"policy.generation.backend={backend}",
             f"logger.log_dir={tmp_path / 'logs'}",
@@ -196,15 +217,8 @@ def test_the_device_and_the_workers_are_said_at_start(assets, tmp_path, capsys, 
     )
     assert code == 2
     out = capsys.readouterr().out
-    assert (
-        "device: cpu (cluster.device is auto and Ray sees no GPU: every worker and vLLM run on "
-        "the CPU; set cluster.device=cuda to require GPUs)"
-    ) in out
-    assert (
-        "workers: 1 training worker (each runs a rank of the student and of the teacher) on 1 "
-        f"node, 1 {engine} engine (sharing the training workers' CPUs); where Ray placed each is "
-        "printed once they have started"
-    ) in out
+    for line in SAID_AT_START[executor]:
+        assert line.format(engine=engine) in out
 
 
 def _data_files(tmp_path, train_lines, val_rows=5):

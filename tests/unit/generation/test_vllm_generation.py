@@ -318,7 +318,7 @@ def test_an_engine_that_raises_or_dies_ends_the_call_with_one_line_naming_it(
         assert message.startswith(f"{engine} raised ") and " while generating; " in message
         assert "\n" not in message
 
-        [actor] = generation.engines
+        [actor] = generation.engines.actors
         pid = ray.get(actor.__ray_call__.remote(lambda worker: os.getpid()))
         os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(psutil.NoSuchProcess):
@@ -332,3 +332,42 @@ def test_an_engine_that_raises_or_dies_ends_the_call_with_one_line_naming_it(
         assert "\n" not in message
     finally:
         generation.shutdown()
+
+
+def test_an_engine_in_this_process_serves_as_the_ray_engines_do(generation, model_dirs):
+    """The engine as an object of the test process (the local executor) samples the Ray
+    engines' tokens with their log-probs at the same seeds and thread count, refits from a dict
+    in place, and names a call it rejects in the same words."""
+    import torch
+
+    from nemo_opd.errors import RunError
+    from nemo_opd.generation import VllmGeneration
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the Ray engines' OMP_NUM_THREADS
+    local = VllmGeneration(
+        generation_config(), model_dirs["a"], None, device_type="cpu", executor="local"
+    )
+    try:
+        prompts = random_prompts(6, seed=12)
+        ours, theirs = local.generate(prompts, seed=7), generation.generate(prompts, seed=7)
+        assert ours.token_ids == theirs.token_ids
+        assert ours.logprobs == theirs.logprobs
+        assert local.score(prompts) == generation.score(prompts)
+        assert local.nodes() == [("local", "this process")]
+        [marks] = local.startup_marks()
+        assert "engine_ready" in marks
+        weights_b = full_state_dict(load_reference(model_dirs["b"]))
+        assert local.refit(weights_b, version=1) is True
+        assert local.refit(weights_b, version=1) is False  # the version it holds
+        assert local.score(prompts) != generation.score(prompts)
+        with pytest.raises(RunError) as raised:
+            local.generate(random_prompts(1, min_len=MAX_LEN + 1, max_len=MAX_LEN + 1))
+        engine = f"vLLM engine 0 (of 1, serving {model_dirs['a']})"
+        message = str(raised.value)
+        assert message.startswith(f"{engine} raised ") and " while generating; " in message
+        assert "\n" not in message
+        assert local.generate(prompts, seed=7).token_ids  # it serves the next call
+    finally:
+        local.shutdown()
+        torch.set_num_threads(threads)
