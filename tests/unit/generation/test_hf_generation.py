@@ -16,6 +16,7 @@ from vllm_testing import (
 
 from nemo_opd.config import ClusterConfig
 from nemo_opd.generation import VllmGeneration, logprob_mismatch
+from nemo_opd.utils.seeds import request_seed
 
 ATOL = 1e-5
 
@@ -41,8 +42,9 @@ def engines(ray_session, model_dirs):
 def test_the_engines_are_transformers_workers(engines):
     import ray
 
-    [engine] = engines[1].engines
+    [engine] = engines[1].engines.actors
     assert ray.get(engine.__ray_call__.remote(lambda worker: type(worker).__name__)) == "HfWorker"
+    assert engines[1].engine_name == "transformers"  # its errors name it so
 
 
 def test_samples_do_not_depend_on_the_number_of_engines(engines):
@@ -53,7 +55,7 @@ def test_samples_do_not_depend_on_the_number_of_engines(engines):
     torch.testing.assert_close(
         torch.tensor(one.logprobs), torch.tensor(two.logprobs), atol=ATOL, rtol=0
     )
-    tail = engines[2].generate(prompts[4:], seed=5 + 4)
+    tail = engines[2].generate(prompts[4:], seed=request_seed(5, 4, 0))
     assert tail.token_ids == one.token_ids[4:]
     assert engines[2].generate(prompts, seed=6).token_ids != one.token_ids
 
