@@ -14,41 +14,38 @@ import importlib.util
 import re
 import string
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
 
 from nemo_opd.config.address import address_problem
 from nemo_opd.config.errors import show, suggest
+from nemo_opd.config.schema import DistillationConfig, PolicyConfig, TeacherConfig
 from nemo_opd.config.templates import read_template_file, template_problem
 from nemo_opd.config.worker_split import worker_split
 from nemo_opd.tools.base import BUILTIN_TOOLS
 
-if TYPE_CHECKING:  # the schema runs these checks when it validates: no import back at run time
-    from nemo_opd.config.schema import DistillationConfig, PolicyConfig, TeacherConfig
 
-
-def _teachers(cfg: "DistillationConfig") -> list[tuple[str, "TeacherConfig"]]:
+def _teachers(cfg: DistillationConfig) -> list[tuple[str, TeacherConfig]]:
     """(key path, section) of every teacher: `teacher`, or each `teachers.<name>`."""
     return list(cfg.teacher_sections.items())
 
 
-def _models(cfg: "DistillationConfig") -> Iterator[tuple[str, "PolicyConfig"]]:
+def _models(cfg: DistillationConfig) -> Iterator[tuple[str, PolicyConfig]]:
     """(key path, section) for the student and every teacher."""
     yield "policy", cfg.policy
     yield from _teachers(cfg)
 
 
-def _training_world(cfg: "DistillationConfig") -> int | None:
+def _training_world(cfg: DistillationConfig) -> int | None:
     """Workers that train, or None when the generation placement is itself invalid."""
     split = worker_split(cfg.cluster, cfg.policy.generation)
     return split.training if split else None
 
 
-def _backend_prefix(name: str, model: "PolicyConfig") -> str:
+def _backend_prefix(name: str, model: PolicyConfig) -> str:
     """Key path of the enabled backend's section, e.g. `policy.dtensor_cfg`."""
     return f"{name}.{model.backend}_cfg"
 
 
-def check_one_backend(cfg: "DistillationConfig") -> list[str]:
+def check_one_backend(cfg: DistillationConfig) -> list[str]:
     """Exactly one of dtensor_cfg.enabled and megatron_cfg.enabled, for policy and for teacher."""
     problems = []
     for name, model in _models(cfg):
@@ -62,7 +59,7 @@ def check_one_backend(cfg: "DistillationConfig") -> list[str]:
     return problems
 
 
-def check_backend_features_available(cfg: "DistillationConfig") -> list[str]:
+def check_backend_features_available(cfg: DistillationConfig) -> list[str]:
     """Backend features not implemented yet are off: sequence_parallel (both backends), and for
     Megatron pipeline and expert parallel and the distributed optimizer."""
     problems = []
@@ -86,7 +83,7 @@ def check_backend_features_available(cfg: "DistillationConfig") -> list[str]:
     return problems
 
 
-def check_policy_trains_teacher_frozen(cfg: "DistillationConfig") -> list[str]:
+def check_policy_trains_teacher_frozen(cfg: DistillationConfig) -> list[str]:
     """The policy has an optimizer and a generation section; the teacher has neither (it is
     frozen and does not sample), nor a scheduler."""
     problems = []
@@ -102,7 +99,7 @@ def check_policy_trains_teacher_frozen(cfg: "DistillationConfig") -> list[str]:
     return problems
 
 
-def check_lora(cfg: "DistillationConfig") -> list[str]:
+def check_lora(cfg: DistillationConfig) -> list[str]:
     """LoRA is for the student on the DTensor backend: megatron_cfg and teachers refuse it, and
     lora.dropout needs tensor_parallel_size 1."""
     problems = []
@@ -130,7 +127,7 @@ def check_lora(cfg: "DistillationConfig") -> list[str]:
     return problems
 
 
-def check_generation_placement(cfg: "DistillationConfig") -> list[str]:
+def check_generation_placement(cfg: DistillationConfig) -> list[str]:
     """Non-colocated generation must leave workers for training; vLLM's tensor_parallel_size is
     1 (each generation worker runs one single-device vLLM engine)."""
     generation = cfg.policy.generation
@@ -158,7 +155,7 @@ def check_generation_placement(cfg: "DistillationConfig") -> list[str]:
     return []
 
 
-def overlap_problem(cfg: "DistillationConfig", device: str) -> str | None:
+def overlap_problem(cfg: DistillationConfig, device: str) -> str | None:
     """Why distillation.max_staleness > 0 cannot overlap on `device` ("cuda" or "cpu"), or None:
     generation colocated with training on the same GPUs sleeps while training runs, so the two
     take turns whatever the schedule. On CPU generation and training share the cores by
@@ -177,7 +174,7 @@ def overlap_problem(cfg: "DistillationConfig", device: str) -> str | None:
     return None
 
 
-def check_overlap(cfg: "DistillationConfig") -> list[str]:
+def check_overlap(cfg: DistillationConfig) -> list[str]:
     """max_staleness > 0 needs generation on GPUs of its own (cluster.device cuda; "auto" is
     checked at setup, when the device is known); stream_chunks splits the step's prompts."""
     problems = []
@@ -194,7 +191,7 @@ def check_overlap(cfg: "DistillationConfig") -> list[str]:
     return problems
 
 
-def check_parallel_sizes_divide_world(cfg: "DistillationConfig") -> list[str]:
+def check_parallel_sizes_divide_world(cfg: DistillationConfig) -> list[str]:
     """tensor x context (x pipeline for Megatron) parallel sizes divide the training workers,
     cluster.num_nodes x cluster.gpus_per_node (less non-colocated generation workers)."""
     world = _training_world(cfg)
@@ -224,7 +221,7 @@ def check_parallel_sizes_divide_world(cfg: "DistillationConfig") -> list[str]:
     return problems
 
 
-def check_model_parallel_within_node(cfg: "DistillationConfig") -> list[str]:
+def check_model_parallel_within_node(cfg: DistillationConfig) -> list[str]:
     """On several nodes, tensor x context parallel groups fit inside a node: their size divides
     cluster.gpus_per_node (ranks fill a node before the next, so data parallel spans nodes)."""
     per_node = cfg.cluster.gpus_per_node
@@ -246,7 +243,7 @@ def check_model_parallel_within_node(cfg: "DistillationConfig") -> list[str]:
     return problems
 
 
-def check_cluster_address(cfg: "DistillationConfig") -> list[str]:
+def check_cluster_address(cfg: DistillationConfig) -> list[str]:
     """cluster.address, when set, is a Ray head's GCS address host:port (or "auto"), not a
     dashboard (http://) or Ray Client (ray://) address."""
     address = cfg.cluster.address
@@ -256,7 +253,7 @@ def check_cluster_address(cfg: "DistillationConfig") -> list[str]:
     return [f"cluster.address: {problem}"] if problem else []
 
 
-def check_global_batch_divisible(cfg: "DistillationConfig") -> list[str]:
+def check_global_batch_divisible(cfg: DistillationConfig) -> list[str]:
     """policy.train_global_batch_size is a multiple of train_micro_batch_size x the
     data-parallel size (training workers / model-parallel size)."""
     world = _training_world(cfg)
@@ -276,7 +273,7 @@ def check_global_batch_divisible(cfg: "DistillationConfig") -> list[str]:
     return []
 
 
-def check_rollouts_fill_global_batches(cfg: "DistillationConfig") -> list[str]:
+def check_rollouts_fill_global_batches(cfg: DistillationConfig) -> list[str]:
     """distillation.num_prompts_per_step x num_generations_per_prompt is a multiple of
     policy.train_global_batch_size.
 
@@ -296,7 +293,7 @@ def check_rollouts_fill_global_batches(cfg: "DistillationConfig") -> list[str]:
     return []
 
 
-def check_microbatching(cfg: "DistillationConfig") -> list[str]:
+def check_microbatching(cfg: DistillationConfig) -> list[str]:
     """sequence_packing and dynamic_batching are not both enabled; when one is, its token
     budgets are set and at least max_total_sequence_length (so that any sequence fits)."""
     problems = []
@@ -321,7 +318,7 @@ def check_microbatching(cfg: "DistillationConfig") -> list[str]:
 
 
 def _token_budget_problems(
-    section_key: str, budget: str, tokens: int | None, model: "PolicyConfig"
+    section_key: str, budget: str, tokens: int | None, model: PolicyConfig
 ) -> list[str]:
     """Problems with one microbatch token budget of an enabled packing/batching scheme."""
     longest = model.max_total_sequence_length
@@ -335,7 +332,7 @@ def _token_budget_problems(
     return []
 
 
-def check_sequence_length_divisibility(cfg: "DistillationConfig") -> list[str]:
+def check_sequence_length_divisibility(cfg: DistillationConfig) -> list[str]:
     """make_sequence_length_divisible_by is a multiple of the tensor-parallel size where
     sequence_parallel is on (which is refused for now, so this only adds to that message). The
     context-parallel size needs no setting: the engines pad to a multiple of
@@ -356,7 +353,7 @@ def check_sequence_length_divisibility(cfg: "DistillationConfig") -> list[str]:
     return problems
 
 
-def check_sequence_lengths(cfg: "DistillationConfig") -> list[str]:
+def check_sequence_lengths(cfg: DistillationConfig) -> list[str]:
     """Generated and prompt lengths fit in policy.max_total_sequence_length, and the teacher
     can score every rollout (its max_total_sequence_length is at least the policy's)."""
     longest = cfg.policy.max_total_sequence_length
@@ -389,7 +386,7 @@ def check_sequence_lengths(cfg: "DistillationConfig") -> list[str]:
     return problems
 
 
-def check_objective(cfg: "DistillationConfig") -> list[str]:
+def check_objective(cfg: DistillationConfig) -> list[str]:
     """A teacher is configured exactly when an objective term uses one; a policy-gradient
     objective has a nonzero advantage term and samples at a temperature above 0; GRPO and RLOO
     have at least 2 generations per prompt; topk_kl and sft use no policy-gradient key."""
@@ -453,7 +450,7 @@ def _policy_gradient_keys_set(objective) -> list[str]:
     ]
 
 
-def check_data_mix(cfg: "DistillationConfig") -> list[str]:
+def check_data_mix(cfg: DistillationConfig) -> list[str]:
     """Off-policy steps (distillation.lmbda < 1, and every step of objective.loss sft) need
     data.response_key, or distillation.seq_kd with a teacher that can sample (in-process, top-k
     objective); sft trains on the responses only (lmbda 0) and
@@ -493,7 +490,7 @@ def template_fields(template: str) -> set[str]:
     return {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
 
 
-def _seq_kd_problems(cfg: "DistillationConfig", off_policy: bool) -> list[str]:
+def _seq_kd_problems(cfg: DistillationConfig, off_policy: bool) -> list[str]:
     """What distillation.seq_kd needs: off-policy steps, a teacher that can sample (one the run
     starts, not a served one) and a top-k objective (colocated CUDA generation, which has no
     room for a second engine yet, is refused at setup, once the device is known)."""
@@ -524,7 +521,7 @@ def _seq_kd_problems(cfg: "DistillationConfig", off_policy: bool) -> list[str]:
     return problems
 
 
-def check_privileged_teacher(cfg: "DistillationConfig") -> list[str]:
+def check_privileged_teacher(cfg: DistillationConfig) -> list[str]:
     """teacher.prompt_template has only plain fields ({prompt}, {answer}, {response}; no
     conversion, format specification, attribute or item), {response} with data.response_key
     set."""
@@ -542,7 +539,7 @@ def check_privileged_teacher(cfg: "DistillationConfig") -> list[str]:
     return []
 
 
-def check_prompt_file(cfg: "DistillationConfig") -> list[str]:
+def check_prompt_file(cfg: DistillationConfig) -> list[str]:
     """data.prompt_file is a UTF-8 file of at most 64k characters with one "{}" for the prompt
     and only plain text besides (literal braces doubled); read when the config loads."""
     if cfg.data.prompt_file is None:
@@ -562,7 +559,7 @@ TEACHER_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 """A name of `teachers` (it becomes part of metric names, teacher/<name>/...)."""
 
 
-def check_routed_teachers(cfg: "DistillationConfig") -> list[str]:
+def check_routed_teachers(cfg: DistillationConfig) -> list[str]:
     """`teachers` (several, by name) replaces `teacher` and needs data.teacher_key; names are
     1-64 letters, digits, `_`, `.` or `-`; every data.teacher_routes value names a teacher;
     a routed teacher is not served and has no prompt_template yet."""
@@ -613,7 +610,7 @@ def check_routed_teachers(cfg: "DistillationConfig") -> list[str]:
     return problems
 
 
-def check_data_source(cfg: "DistillationConfig") -> list[str]:
+def check_data_source(cfg: DistillationConfig) -> list[str]:
     """Exactly one of data.dataset_name and data.train_path is set, and at most one of
     data.val_path and data.val_dataset_name."""
     data = cfg.data
@@ -629,7 +626,7 @@ def check_data_source(cfg: "DistillationConfig") -> list[str]:
     return problems
 
 
-def check_checkpointing(cfg: "DistillationConfig") -> list[str]:
+def check_checkpointing(cfg: DistillationConfig) -> list[str]:
     """checkpointing.keep_top_k is at least 1 when enabled; ranking by a validation/ metric
     needs validation at every save (save_period a multiple of distillation.val_period)."""
     ckpt = cfg.checkpointing
@@ -663,7 +660,7 @@ NEMO_RL_PREFIXES = {"val:": "validation/", "train:": "train/"}
 """NeMo-RL's metric prefixes (checkpointing.metric_name: val:accuracy) and ours."""
 
 
-def checkpoint_metrics(cfg: "DistillationConfig") -> list[str]:
+def checkpoint_metrics(cfg: DistillationConfig) -> list[str]:
     """The metrics checkpointing.metric_name may rank checkpoints by: what a step that validates
     logs (algorithms/distillation.py's validate: accuracy and length; the divergence with a
     teacher, per routed teacher too; avg@k and pass@k with val_samples_per_prompt k), then
@@ -681,7 +678,7 @@ def checkpoint_metrics(cfg: "DistillationConfig") -> list[str]:
     return names + ["train/loss", "train/reward"]
 
 
-def check_checkpoint_metric(cfg: "DistillationConfig") -> list[str]:
+def check_checkpoint_metric(cfg: DistillationConfig) -> list[str]:
     """checkpointing.metric_name names a metric the run logs (checkpoint_metrics), or is null;
     NeMo-RL's spelling (val:accuracy) is refused with ours (validation/accuracy)."""
     name = cfg.checkpointing.metric_name
@@ -701,7 +698,7 @@ def check_checkpoint_metric(cfg: "DistillationConfig") -> list[str]:
     ]
 
 
-def check_wandb_installed(cfg: "DistillationConfig") -> list[str]:
+def check_wandb_installed(cfg: DistillationConfig) -> list[str]:
     """logger.wandb_enabled needs the wandb package (the `wandb` extra), checked when the config
     loads instead of after the whole setup."""
     if not cfg.logger.wandb_enabled or importlib.util.find_spec("wandb") is not None:
@@ -713,7 +710,7 @@ def check_wandb_installed(cfg: "DistillationConfig") -> list[str]:
     ]
 
 
-def check_served_teacher(cfg: "DistillationConfig") -> list[str]:
+def check_served_teacher(cfg: DistillationConfig) -> list[str]:
     """A served teacher (teacher.server) scores at temperature 1 only."""
     if cfg.teacher is None or not cfg.teacher.server.enabled:
         return []
@@ -727,7 +724,7 @@ def check_served_teacher(cfg: "DistillationConfig") -> list[str]:
     return []
 
 
-def check_loss_support(cfg: "DistillationConfig") -> list[str]:
+def check_loss_support(cfg: DistillationConfig) -> list[str]:
     """loss_fn.support full and student_topk need one teacher run by the run's workers (not
     served, not routed) and a divergence term: the topk_kl objective, or policy_gradient with
     topk_kl_coef > 0."""
@@ -753,7 +750,7 @@ def check_loss_support(cfg: "DistillationConfig") -> list[str]:
     return problems
 
 
-def check_tools(cfg: "DistillationConfig") -> list[str]:
+def check_tools(cfg: DistillationConfig) -> list[str]:
     """env.tools.names: each a built-in tool or "package.module:attribute", named once; a
     tool's result is read in a later turn, so distillation.max_rollout_turns is at least 2."""
     names = cfg.env.tools.names
@@ -777,7 +774,7 @@ def check_tools(cfg: "DistillationConfig") -> list[str]:
     return problems
 
 
-CHECKS: tuple[Callable[["DistillationConfig"], list[str]], ...] = (
+CHECKS: tuple[Callable[[DistillationConfig], list[str]], ...] = (
     check_one_backend,
     check_backend_features_available,
     check_policy_trains_teacher_frozen,
@@ -807,6 +804,6 @@ CHECKS: tuple[Callable[["DistillationConfig"], list[str]], ...] = (
 )
 
 
-def find_problems(cfg: "DistillationConfig") -> list[str]:
+def find_problems(cfg: DistillationConfig) -> list[str]:
     """Run every check; return all problems found (empty when the config is consistent)."""
     return [problem for check in CHECKS for problem in check(cfg)]

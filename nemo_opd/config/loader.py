@@ -62,6 +62,7 @@ from nemo_opd.config.bounds import (
     check_integers,
     check_size,
 )
+from nemo_opd.config.checks import find_problems
 from nemo_opd.config.errors import (
     ConfigError,
     closest,
@@ -474,10 +475,14 @@ def validate_config(
             "between (each starts workers of its own)"
         )
     try:
-        return DistillationConfig.model_validate(dict(data))
+        cfg = DistillationConfig.model_validate(dict(data))
     except ValidationError as error:
         problems = describe_validation_error(error, interpolations or {})
-        raise ConfigError(format_problems(problems) + _converter_note(problems)) from None
+    else:
+        problems = find_problems(cfg)  # the cross-field rules, once every field is valid
+    if problems:
+        raise ConfigError(format_problems(problems) + _converter_note(problems))
+    return cfg
 
 
 def format_problems(problems: list[str]) -> str:
@@ -494,18 +499,14 @@ def format_problems(problems: list[str]) -> str:
 def describe_validation_error(
     error: ValidationError, interpolations: Mapping[str, str]
 ) -> list[str]:
-    """One human line per pydantic error (several for a failed cross-field check)."""
+    """One human line per pydantic error."""
     problems: list[str] = []
     for item in error.errors(include_url=False):
         loc = tuple(item["loc"])
-        if not loc:  # a cross-field check: its message already names the keys
-            message = item["msg"].removeprefix("Value error, ")
-            problems += message.splitlines()
-        else:
-            path = join_path(loc)
-            origin = interpolations.get(path)
-            source = f" (from {show_path(origin, limit=120)})" if origin else ""
-            problems.append(f"{show_path(path)}: {_explain(item, loc)}{source}")
+        path = join_path(loc)
+        origin = interpolations.get(path)
+        source = f" (from {show_path(origin, limit=120)})" if origin else ""
+        problems.append(f"{show_path(path)}: {_explain(item, loc)}{source}")
     return problems
 
 

@@ -4,10 +4,9 @@ Pure arithmetic on the config: the config's checks use it to validate a placemen
 time, and setup uses it to place the workers (nemo_opd.distributed.placement).
 """
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
-if TYPE_CHECKING:  # the schema imports the checks, which import this module
-    from nemo_opd.config.schema import ClusterConfig, GenerationConfig
+from nemo_opd.config.schema import ClusterConfig, GenerationConfig
 
 
 class WorkerSplit(NamedTuple):
@@ -17,9 +16,7 @@ class WorkerSplit(NamedTuple):
     generation: int
 
 
-def worker_split(
-    cluster: "ClusterConfig", generation: "GenerationConfig | None"
-) -> WorkerSplit | None:
+def worker_split(cluster: ClusterConfig, generation: GenerationConfig | None) -> WorkerSplit | None:
     """Split the cluster's workers; None when the non-colocated resources do not fit the cluster.
 
     Colocated generation shares every worker with training. Non-colocated generation takes
