@@ -11,8 +11,8 @@ key_paths.py (the schema by key path), loader.py (reading, inheritance, validati
 interpolation.py (`${...}`, bounded), overrides.py (the command line's overrides, in Hydra's
 grammar), bounds.py (loading's limits), checks.py (the cross-field rules), worker_split.py and
 address.py (the arithmetic and syntax those rules use), errors.py (ConfigError and its
-messages), nemo_rl_keys.py (what NeMo-RL's keys became here, for messages and the converter),
-reference.py (docs/config.md, generated from the schema).
+messages), reference.py (docs/config.md's key tables, generated from the schema). What
+NeMo-RL's keys became here, for the messages, is the converter's key map nemo_opd.nemo_rl_keys.
 
 Every problem is raised as ConfigError with a message naming the full key path.
 """

@@ -74,10 +74,10 @@ from nemo_opd.config.errors import (
 )
 from nemo_opd.config.interpolation import MISSING, interpolated_keys, resolve_interpolations
 from nemo_opd.config.key_paths import keys_at
-from nemo_opd.config.nemo_rl_keys import CONVERTER, unknown_key_hint
 from nemo_opd.config.overrides import apply_overrides
 from nemo_opd.config.schema import DistillationConfig
 from nemo_opd.config.secrets import redact_user_info
+from nemo_opd.nemo_rl_keys import CONVERTER, unknown_key_hint
 
 # -------- the steps -------------------------------------------------------------------------------
 

@@ -32,8 +32,8 @@ from pydantic import BaseModel
 from nemo_opd.config.bounds import MAX_DEPTH, MAX_KEY_CHARS, MAX_OVERRIDE_CHARS, check_size
 from nemo_opd.config.errors import ConfigError, show, suggest
 from nemo_opd.config.key_paths import has_path, keys_at
-from nemo_opd.config.nemo_rl_keys import unknown_key_hint
 from nemo_opd.config.schema import DistillationConfig
+from nemo_opd.nemo_rl_keys import unknown_key_hint
 
 Operation = Literal["set", "add", "force", "delete"]
 
