@@ -71,10 +71,7 @@ def _render_teacher(field: FieldInfo) -> list[str]:
         "teacher too (TeacherConfig extends PolicyConfig): `teacher.model_name`, "
         "`teacher.dtensor_cfg.*`, and so on; the training-only keys (`train_*`, "
         "`max_grad_norm`) are unused. The keys only a teacher has:\n",
-        "| key | type | default | constraint | description |\n"
-        "| --- | --- | --- | --- | --- |\n"
-        + "\n".join(_row(f"teacher.{name}", fields[name]) for name in leaves)
-        + "\n",
+        _table([_row(f"teacher.{name}", fields[name]) for name in leaves]),
     ]
     for name in TEACHER_ONLY:
         if _is_section(fields[name]):
@@ -103,11 +100,7 @@ def _render_section(path: str, field: FieldInfo, level: int) -> list[str]:
     leaves = [(name, sub) for name, sub in model.model_fields.items() if not _is_section(sub)]
     parts = [header + "\n"]
     if leaves:
-        rows = [_row(f"{path}.{name}", sub) for name, sub in leaves]
-        parts.append(
-            "| key | type | default | constraint | description |\n"
-            "| --- | --- | --- | --- | --- |\n" + "\n".join(rows) + "\n"
-        )
+        parts.append(_table([_row(f"{path}.{name}", sub) for name, sub in leaves]))
     for name, sub in model.model_fields.items():
         if _is_section(sub):
             parts += _render_section(f"{path}.{name}", sub, level=min(level + 1, 4))
@@ -130,6 +123,12 @@ def _render_checks() -> str:
         "that `distillation.topk_logits_k` is at most the vocabulary size.\n"
     )
     return "\n".join(lines)
+
+
+def _table(rows: list[str]) -> str:
+    """A Markdown table of key rows (_row), with its header."""
+    header = "| key | type | default | constraint | description |\n| --- | --- | --- | --- | --- |"
+    return "\n".join([header, *rows]) + "\n"
 
 
 def _row(path: str, field: FieldInfo) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from nemo_opd.config.bounds import MAX_DEFAULTS_LOADS
-from nemo_opd.config.interpolation import RESOLVERS
+from nemo_opd.config.interpolation import RESOLVERS, reference_path
 from nemo_opd.config.key_paths import model_at
 from nemo_opd.config.loader import read_yaml_file
 from nemo_opd.config.schema import DistillationConfig
@@ -179,7 +179,7 @@ class Builder:
         if any(name not in RESOLVERS for name in _RESOLVER_NAME.findall(raw)):
             return resolved
         for reference in _REFERENCE.findall(raw):
-            named = _absolute(path, reference)
+            named = reference_path(path, reference)
             if named is None:
                 return resolved
             fate = fate_of(named)
@@ -205,16 +205,6 @@ def _in_schema_order(node: Any, model: type[BaseModel] | None) -> Any:
     order = {name: index for index, name in enumerate(model.model_fields)}
     keys = sorted(node, key=lambda key: order.get(key, len(order)))
     return {key: _in_schema_order(node[key], model_at(model, [key])) for key in keys}
-
-
-def _absolute(path: tuple[str, ...], reference: str) -> tuple[str, ...] | None:
-    """The key path `${reference}` names from the key at `path` (OmegaConf's reading: `.x` is a
-    sibling, each further dot one section up)."""
-    dots = len(reference) - len(reference.lstrip("."))
-    if dots > len(path):
-        return None
-    base = path[: len(path) - dots] if dots else ()
-    return (*base, *reference[dots:].split("."))
 
 
 def _parts(path: str | tuple[str, ...]) -> tuple[str, ...]:
