@@ -16,7 +16,7 @@ from nemo_opd.algorithms.data_mix import on_policy_share
 from nemo_opd.algorithms.local_paths import is_local_model, missing_folder, nearest
 from nemo_opd.algorithms.model_checks import check_sequence_length, check_weights
 from nemo_opd.config import DistillationConfig, PolicyConfig
-from nemo_opd.config.checks import template_fields
+from nemo_opd.config.templates import template_fields
 from nemo_opd.data.datasets import Split, load_prompt_records
 from nemo_opd.errors import SetupError
 

@@ -5,14 +5,13 @@ command-line overrides, and a strict pydantic schema with one model per section.
     policy = Policy(cfg.policy)          # each component receives only its own section
     print(to_yaml(cfg))                  # the fully resolved, validated config
 
-Modules: schema.py (the run's sections and DistillationConfig), model_schema.py (a model's
-sections: PolicyConfig, TeacherConfig), section.py (their base and the size bounds),
-key_paths.py (the schema by key path), loader.py (reading, inheritance, validation, dumping),
-interpolation.py (`${...}`, bounded), overrides.py (the command line's overrides, in Hydra's
-grammar), bounds.py (loading's limits), checks.py (the cross-field rules), worker_split.py and
-address.py (the arithmetic and syntax those rules use), errors.py (ConfigError and its
-messages), nemo_rl_keys.py (what NeMo-RL's keys became here, for messages and the converter),
-reference.py (docs/config.md, generated from the schema).
+Modules: schema.py and model_schema.py (the sections; section.py their base and size bounds),
+loader.py (reading, inheritance, validation, dumping), overrides.py (Hydra's grammar),
+interpolation.py (`${...}`), bounds.py (loading's limits), checks.py (the cross-field rules,
+a few beside what they use: address.py, templates.py, worker_split.py), key_paths.py (the
+schema by key path), errors.py (ConfigError and its messages), secrets.py (redaction),
+reference.py (docs/config.md's key tables). The hints on NeMo-RL's keys come from the
+converter's key map, nemo_opd.nemo_rl_keys.
 
 Every problem is raised as ConfigError with a message naming the full key path.
 """

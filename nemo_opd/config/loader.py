@@ -1,45 +1,23 @@
 """load_config: a YAML file (with `defaults:`) + command-line overrides -> a validated config.
 
-The steps, in order, each a part of this module:
+The steps, in order (docs/config.md tells users the same):
 1. read the file strictly (duplicate keys are errors, syntax errors carry file:line) and
-   everything it inherits through `defaults:`, deep-merged;
+   everything it inherits through `defaults:` (paths relative to the including file; later
+   files win, mappings merge key by key, lists are replaced whole), with each file's relative
+   paths made absolute against its own folder;
 2. apply the command-line overrides (overrides.py, Hydra's grammar) to that merged dict;
-3. resolve `${...}` interpolations (so an override changes every value that refers to it);
-4. validate against the schema, fields first, then the cross-field checks.
+3. resolve `${...}` interpolations (interpolation.py), so an override changes every value
+   that refers to it;
+4. validate against the schema, then run the cross-field checks (checks.py).
 Every failure along the way is a ConfigError with one message naming the key path. to_yaml
 turns a validated config back into YAML that load_config reads to an equal config.
 
-Loading is bounded whatever the input (bounds.py): a config file must be a regular file of at
-most MAX_FILE_BYTES; a parsed file, an override and the merged config may hold at most
-MAX_VALUES values once every YAML alias is expanded, nested at most MAX_DEPTH deep; the merge
-keys of one file may copy at most MAX_VALUES pairs, counted before they are copied;
-`defaults:` loads at most MAX_DEFAULTS_LOADS files in all; and interpolation counts its work as
-it resolves (interpolation.py). Each check costs at most its bound, so an alias bomb, a
-merge-key bomb, a diamond of includes or an interpolation that doubles at every step is refused
-at once.
-
-YAML, two departures from PyYAML's YAML 1.1 defaults, both to match what users expect: `1e-5`
-is a float (YAML 1.1 reads it as a string because it has no dot), and dates such as
-`2024-01-01` stay strings (a run name is not a datetime). Anchors, aliases and merge keys
-(`teacher: {<<: *policy, model_name: ...}`, as NeMo-RL's configs are written) work in a
-config and in every file it inherits; each use of an alias is a copy of its own, so an
-override of `policy.x` never changes a `teacher.x` that was merged from it.
-
-`defaults:` inheritance: a file may start with `defaults: base.yaml` or `defaults: [a.yaml,
-b.yaml]`, paths relative to the including file. The listed files are loaded (recursively) and
-deep-merged in order, then the including file is merged on top: later wins, mappings merge key
-by key, anything else (lists included) is replaced whole. A file that includes itself,
-directly or not, is an error.
-
-Overrides (overrides.py, Hydra's grammar read by hydra-core's parser):
-    a.b=v      set a key; it must be set in the YAML or be a key of the schema
-    +a.b=v     add a key that is not set yet
-    ++a.b=v    set or add, whichever applies
-    ~a.b       delete a key;  ~a.b=v deletes it only if its value is v
-
-Interpolation (interpolation.py): references `${a.b}`, `${..sibling}` and the arithmetic
-resolvers mul, add, max and div, in OmegaConf's syntax; no other resolver (`oc.env` included)
-is ever called, and the work is bounded.
+Reading is bounded whatever the input (bounds.py): the file's size, the values once aliases
+and merge keys are expanded (counted before they are copied), their depth, and the files
+`defaults:` loads. YAML departs from PyYAML's YAML 1.1 twice, as users expect: `1e-5` is a
+float, and `2024-01-01` stays a string. Anchors, aliases and merge keys (`<<: *policy`, as
+NeMo-RL's configs are written) work, and each use of an alias is a copy of its own, so an
+override of `policy.x` never changes a `teacher.x` merged from it.
 """
 
 import os
@@ -62,6 +40,7 @@ from nemo_opd.config.bounds import (
     check_integers,
     check_size,
 )
+from nemo_opd.config.checks import find_problems
 from nemo_opd.config.errors import (
     ConfigError,
     closest,
@@ -73,10 +52,10 @@ from nemo_opd.config.errors import (
 )
 from nemo_opd.config.interpolation import MISSING, interpolated_keys, resolve_interpolations
 from nemo_opd.config.key_paths import keys_at
-from nemo_opd.config.nemo_rl_keys import CONVERTER, unknown_key_hint
 from nemo_opd.config.overrides import apply_overrides
 from nemo_opd.config.schema import DistillationConfig
 from nemo_opd.config.secrets import redact_user_info
+from nemo_opd.nemo_rl_keys import CONVERTER, unknown_key_hint
 
 # -------- the steps -------------------------------------------------------------------------------
 
@@ -474,10 +453,14 @@ def validate_config(
             "between (each starts workers of its own)"
         )
     try:
-        return DistillationConfig.model_validate(dict(data))
+        cfg = DistillationConfig.model_validate(dict(data))
     except ValidationError as error:
         problems = describe_validation_error(error, interpolations or {})
-        raise ConfigError(format_problems(problems) + _converter_note(problems)) from None
+    else:
+        problems = find_problems(cfg)  # the cross-field rules, once every field is valid
+    if problems:
+        raise ConfigError(format_problems(problems) + _converter_note(problems))
+    return cfg
 
 
 def format_problems(problems: list[str]) -> str:
@@ -494,18 +477,14 @@ def format_problems(problems: list[str]) -> str:
 def describe_validation_error(
     error: ValidationError, interpolations: Mapping[str, str]
 ) -> list[str]:
-    """One human line per pydantic error (several for a failed cross-field check)."""
+    """One human line per pydantic error."""
     problems: list[str] = []
     for item in error.errors(include_url=False):
         loc = tuple(item["loc"])
-        if not loc:  # a cross-field check: its message already names the keys
-            message = item["msg"].removeprefix("Value error, ")
-            problems += message.splitlines()
-        else:
-            path = join_path(loc)
-            origin = interpolations.get(path)
-            source = f" (from {show_path(origin, limit=120)})" if origin else ""
-            problems.append(f"{show_path(path)}: {_explain(item, loc)}{source}")
+        path = join_path(loc)
+        origin = interpolations.get(path)
+        source = f" (from {show_path(origin, limit=120)})" if origin else ""
+        problems.append(f"{show_path(path)}: {_explain(item, loc)}{source}")
     return problems
 
 

@@ -15,16 +15,15 @@ A component receives only its own section: `Policy(cfg.policy)`,
       data, env         DataConfig, EnvConfig: prompts and the environments that grade them
       logger, cluster, checkpointing
 
-Validating a DistillationConfig checks every field, then the cross-field rules of checks.py.
-section.py holds the base class and the size bounds; key_paths.py looks the schema up by key
-path.
+The schema checks each field; the cross-field rules (checks.py) read a validated config, and
+the loader runs them. section.py holds the base class and the size bounds; key_paths.py looks
+the schema up by key path.
 """
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
-from nemo_opd.config.checks import find_problems
 from nemo_opd.config.model_schema import (
     LORA_TARGETS,
     ColocatedConfig,
@@ -586,7 +585,8 @@ class CheckpointingConfig(Section):
 class DistillationConfig(Section):
     """An on-policy distillation run.
 
-    Validation checks every field, then the cross-field rules in nemo_opd.config.checks.
+    Validation checks every field; load_config then runs the cross-field rules of
+    nemo_opd.config.checks.
     Whether teacher and student share a tokenizer and chat template is found at setup, when
     the tokenizers are loaded: where they differ, the teacher reads the student's text in its
     own tokens (docs/cross_tokenizer.md).
@@ -645,10 +645,3 @@ class DistillationConfig(Section):
         if self.teachers is not None:
             return {f"teachers.{name}": teacher for name, teacher in self.teachers.items()}
         return dict(self.named_teachers)
-
-    @model_validator(mode="after")
-    def _check_consistency(self) -> "DistillationConfig":
-        problems = find_problems(self)
-        if problems:
-            raise ValueError("\n".join(problems))
-        return self

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from nemo_opd.config.checks import PRIVILEGED_FIELDS as FIELDS
+from nemo_opd.config.templates import PRIVILEGED_FIELDS as FIELDS
 from nemo_opd.config.templates import template_problem
 from nemo_opd.data.batching import TensorBatch
 from nemo_opd.data.chat import ChatFormatter
