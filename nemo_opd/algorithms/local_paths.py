@@ -2,7 +2,8 @@
 path to no folder is refused as such ("no such folder") instead of being asked of the hub,
 which answers it with retries and an unrelated message.
 
-A name is a local path when it starts with `/`, `./`, `../` or `~`; when it has more than one
+A name with a URL scheme (`https://...`) is neither: it is left to what reads it. Otherwise a
+name is a local path when it starts with `/`, `./`, `../` or `~`; when it has more than one
 `/`; when it holds a character no hub name has (hub names are `name` or `org/name`, of
 letters, digits, `-`, `_` and `.`); when it is a folder of the working directory; or when its
 part before the `/` is one (`models/student` where `./models` exists). Any other name is a hub
@@ -21,12 +22,15 @@ TINY_PREFIX = "tiny:"
 HUB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
 """A name the hub can hold: `name` or `org/name`."""
 LOCAL_STARTS = ("/", "./", "../", "~")
+URL = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://")
 MAX_SIBLINGS = 1000
 """Entries beside a missing path compared with its name, at most."""
 
 
 def looks_local(name: str) -> bool:
-    """Whether `name` is a local path, not a hub name (see the module docstring)."""
+    """Whether `name` is a local path, not a hub name or a URL (see the module docstring)."""
+    if URL.match(name):
+        return False
     if name.startswith(LOCAL_STARTS) or name in (".", "..") or (os.sep != "/" and os.sep in name):
         return True
     if HUB_NAME.fullmatch(name) is None:

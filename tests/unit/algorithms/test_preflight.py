@@ -68,6 +68,7 @@ def problems(*overrides):
         ("Qwen/Qwen3-4B", False),
         ("gpt2", False),
         ("tiny_math", False),
+        ("http://alice:s3cr3t@127.0.0.1:9/tokenizer", False),  # a URL: left to its reader
     ],
 )
 def test_which_names_are_local_paths(user_dir, name, local):

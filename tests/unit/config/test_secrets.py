@@ -22,6 +22,8 @@ from nemo_opd.config.secrets import redact, redact_text, redact_user_info, regis
         ("http://alice:p@ss-s3cr3t@host/v1", "http://***@host/v1"),
         ("at https://a:b@c@d@host:8000 and", "at https://***@host:8000 and"),
         ("'http://alice:pa?ss@host/v1'", "'http://***@host/v1'"),  # a ? or # in it too
+        # a path library's reading of a URL: the // after the scheme folded into one /
+        ("no such folder: http:/alice:s3cr3t@host/tok", "no such folder: http:/***@host/tok"),
     ],
 )
 def test_url_user_info(text, redacted):
