@@ -77,7 +77,14 @@ def _train(cfg: DistillationConfig) -> int:
     local executor: Ray is never imported), else inside a Ray session (started here unless this
     process is connected to one, and stopped again afterwards if this call started it)."""
     from nemo_opd.config.executor import run_executor
+    from nemo_opd.utils.run_dirs import with_absolute_paths
+    from nemo_opd.utils.run_identity import check_run_folders
 
+    # Another run's checkpoints or metrics are refused in seconds, before any worker starts.
+    finished = check_run_folders(with_absolute_paths(cfg))
+    if finished:
+        print(finished)
+        return 0
     if run_executor(cfg) == "local":
         from nemo_opd.algorithms.distillation import run
 
@@ -86,14 +93,6 @@ def _train(cfg: DistillationConfig) -> int:
     # environment for every worker; the workers use this one as it is.
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     from nemo_opd.distributed.ray_runtime import ray_session
-    from nemo_opd.utils.run_dirs import with_absolute_paths
-    from nemo_opd.utils.run_identity import check_run_folders
-
-    # Another run's checkpoints or metrics are refused in seconds, before Ray starts.
-    finished = check_run_folders(with_absolute_paths(cfg))
-    if finished:
-        print(finished)
-        return 0
 
     # Ray's processes start while a thread imports torch and transformers (the loop's heaviest
     # imports), instead of after them. Imported here, not at the top: --print-config and
