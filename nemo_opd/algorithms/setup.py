@@ -68,8 +68,9 @@ from nemo_opd.losses import DistillationLossFn, NLLLossFn, PolicyGradientLossFn
 from nemo_opd.losses.full_vocab_loss import FullVocabDistillationLossFn
 from nemo_opd.policy.policy import Policy
 from nemo_opd.rollouts import RolloutResult, rollout_from_state
+from nemo_opd.scoring.rendering import TeacherRendering
 from nemo_opd.teachers.base import Teacher
-from nemo_opd.teachers.cross_tokenizer import CrossTokenizerTeacher, TeacherRendering
+from nemo_opd.teachers.cross_tokenizer import CrossTokenizerTeacher
 from nemo_opd.teachers.in_process import InProcessTeacher
 from nemo_opd.teachers.privileged import PrivilegedContext, PrivilegedTeacher
 from nemo_opd.teachers.routed import RoutedTeachers

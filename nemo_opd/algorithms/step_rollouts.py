@@ -35,7 +35,7 @@ from nemo_opd.data.message_log import flatten_message_logs
 from nemo_opd.generation import VllmGeneration
 from nemo_opd.rollouts import RolloutResult, concat_rollouts, run_multi_turn_rollout
 from nemo_opd.rollouts.off_policy import reference_rollout
-from nemo_opd.teachers.base import Rollouts, TeacherNeed
+from nemo_opd.scoring.base import Rollouts, TeacherNeed
 from nemo_opd.utils.seeds import call_seed, request_seed
 from nemo_opd.utils.timers import Timers
 

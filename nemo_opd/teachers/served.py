@@ -36,7 +36,8 @@ import torch
 
 from nemo_opd.config.secrets import redact_text
 from nemo_opd.errors import ServiceError
-from nemo_opd.teachers.base import Rollouts, TeacherNeed, TeacherScores, score_with
+from nemo_opd.scoring.base import Rollouts, TeacherNeed, TeacherScores
+from nemo_opd.teachers.base import score_with
 
 MAX_BACKOFF_S = 60.0
 """The longest wait between two retries (the waits double from retry_backoff_s up to it)."""

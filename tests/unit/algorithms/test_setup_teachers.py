@@ -10,9 +10,9 @@ from nemo_opd.algorithms import setup
 from nemo_opd.config import load_config
 from nemo_opd.data.chat import ChatFormatter
 from nemo_opd.data.message_log import flatten_message_logs
-from nemo_opd.teachers.base import Rollouts, TeacherNeed
-from nemo_opd.teachers.cross_tokenizer import XTOK_COUNTS, TeacherRendering
-from nemo_opd.teachers.xtok_rows import COUNTS
+from nemo_opd.scoring.base import Rollouts, TeacherNeed
+from nemo_opd.scoring.rendering import XTOK_COUNTS, TeacherRendering
+from nemo_opd.scoring.xtok_rows import COUNTS
 
 K = 4
 
