@@ -8,7 +8,7 @@ Exit codes: 0 success; 2 a configuration error (the config file or an override) 
 error (data, tokenizers, models); 1 a fault that ended the run (a worker died, a checkpoint
 could not be written); 143 a run stopped by SIGTERM at a clean point. Errors are printed to
 stderr as `error: ...` without a traceback. Nothing printed holds a secret: URL user-info and
-registered secrets are redacted (nemo_opd.config.secrets).
+registered secrets are redacted (nemo_opd.secrets).
 """
 
 import argparse
@@ -18,16 +18,16 @@ from collections.abc import Sequence
 
 from nemo_opd.algorithms.preflight import check_inputs
 from nemo_opd.config import ConfigError, DistillationConfig, load_config, to_yaml
-from nemo_opd.config.secrets import redact_text
 from nemo_opd.errors import RunError, SetupError
+from nemo_opd.secrets import redact_text
 from nemo_opd.utils.import_ahead import ImportAhead
 from nemo_opd.utils.wheel_tags import repair_installed_tags
 
 EXIT_CONFIG_ERROR = 2
 EXIT_RUN_FAILED = 1
 LOOP_HEAVY_IMPORTS = ("nemo_opd.algorithms.tokenizers", "nemo_opd.algorithms.model_checks")
-"""Modules of the loop that import torch and transformers (~11 s of its ~13 s of imports on a
-2-core CPU) and not Ray."""
+"""Modules of the loop that import torch and transformers (most of its import time:
+docs/benchmarks.md, "Where the embedded default's time goes") and not Ray."""
 
 
 def build_parser(description: str | None = None) -> argparse.ArgumentParser:
