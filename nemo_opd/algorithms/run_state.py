@@ -3,6 +3,7 @@ distillation_train() drives it, and how it stops."""
 
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -79,6 +80,8 @@ class DistillationRun:
         if self.logger is not None:
             stops.append(self.logger.close)
         stops.append(self.lock.release)
+        if self.cfg.cluster.executor == "local":  # the workers' objects, freed at once
+            stops.append(gc.collect)
         errors = []
         for stop in stops:
             try:
