@@ -63,7 +63,7 @@ from nemo_opd.distributed.placement import bundle_node_slots, generation_bundles
 from nemo_opd.environments.build import build_environments
 from nemo_opd.errors import SetupError
 from nemo_opd.generation import VllmGeneration
-from nemo_opd.generation.backends import ENGINE_NAMES, resolve_backend
+from nemo_opd.generation.backends import ENGINE_NAMES, resolve_backend, shares_student_module
 from nemo_opd.losses import DistillationLossFn, NLLLossFn, PolicyGradientLossFn
 from nemo_opd.losses.full_vocab_loss import FullVocabDistillationLossFn
 from nemo_opd.policy.policy import Policy
@@ -261,6 +261,8 @@ def _build_run(cfg: DistillationConfig, lock: RunLock, marks: StartupMarks) -> D
         environments = build_environments(cfg.env)
         started.extend(environments.values())
         _wait_for_workers(marks, student, teacher, generation, teacher_sampler)
+        if generation.shares_student:  # generates from the student's module: refit copies nothing
+            generation.share_module(student.local_module())
         if cfg.loss_fn.support != "teacher_topk":  # the student applies the teacher's head
             student.load_teacher_head(cfg.teacher.model_name, cfg.teacher.precision)
     except BaseException:
@@ -668,10 +670,13 @@ def _build_generation(
     bundle when colocated (next to student and teacher), a whole bundle of its own otherwise.
     On CPU: one per node that generates, with no reservation, on as many threads as the
     training workers of a node hold CPUs (it time-shares the cores with training, which waits
-    while it generates), half of them with max_staleness > 0 (overlap_threads)."""
+    while it generates), half of them with max_staleness > 0 (overlap_threads). The student's
+    engine in its own process loads no copy where it can generate from the student's module
+    (shares_student_module; _build_run hands it over once the student has started)."""
     gen_cfg = cfg.policy.generation
     colocated = device == "cuda" and gen_cfg.colocated.enabled
     cores = cfg.cluster.cpus_per_worker * cfg.cluster.gpus_per_node
+    share_student = model is None and shares_student_module(cfg)
     model = model or cfg.policy
     bundles = generation_bundles(cfg.cluster, split, gen_cfg, device)
     return VllmGeneration(
@@ -688,6 +693,7 @@ def _build_generation(
         bundles=bundles,
         wait=False,
         executor=cfg.cluster.executor,
+        share_student=share_student,
     )
 
 

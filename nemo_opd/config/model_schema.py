@@ -235,6 +235,12 @@ class TransformersConfig(Section):
     largest token budget): bounds the KV cache and the prefill's activations (the prompts of a
     call are sorted by length and cut into batches of at most this size)."""
 
+    share_student: bool = True
+    """Generate from the student's own module where the run allows it, so that a refit copies
+    nothing: one process (cluster.executor local), lockstep (distillation.max_staleness 0), the
+    DTensor engine, and precision equal to the student's. Otherwise, or with false, the engine
+    loads a copy of the student and each refit copies the weights into it."""
+
 
 class ResourcesConfig(Section):
     """Devices reserved for generation when it is not colocated with training: on one node,

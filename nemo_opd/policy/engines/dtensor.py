@@ -4,7 +4,8 @@ Build steps: register the segment-causal attention -> load the model with from_p
 (with policy.lora: peft's adapters injected, lora.py) -> pad the vocabulary rows of the
 embedding and lm_head (vocab_padding.py) -> apply tensor parallel over "tp" -> activation
 checkpointing -> FSDP2 over "dp_cp" -> optimizer and scheduler (with LoRA: over the adapters
-only, the rest frozen). One process training in float32 (world size 1, no CPU offload) skips
+only, the rest frozen). A model that trains holds float32 master weights; a frozen one (a
+teacher) holds its weights in its precision, which FSDP's mixed precision computes in anyway. One process training in float32 (world size 1, no CPU offload) skips
 FSDP: there is nothing to shard, gather or reduce, and its mixed-precision cast would be the
 identity, so the plain module computes the same step without FSDP's and DTensor's per-layer
 hooks and dispatch (docs/benchmarks.md). Every other layout, and a lone process in bf16 (whose
@@ -127,7 +128,7 @@ class DTensorEngine(Engine):
         attention = register_attention()
         model = AutoModelForCausalLM.from_pretrained(
             self.model_dir,
-            dtype=torch.float32,
+            dtype=self._storage_dtype(),
             attn_implementation=attention,
         )
         if self.lora:
@@ -151,6 +152,13 @@ class DTensorEngine(Engine):
         elif self.lora:
             train_only_adapters(model)
         return model
+
+    def _storage_dtype(self) -> torch.dtype:
+        """The dtype the weights are held in: float32 master weights for a model that trains;
+        a frozen one (a teacher) in its precision, since FSDP's mixed precision would cast its
+        float32 weights to that dtype at every forward with the same rounding: the same scores
+        from half the memory in bf16."""
+        return torch.float32 if self.with_optimizer else DTYPES[self.cfg.precision]
 
     # ---------------------------------------------------------------- compute primitives
 
