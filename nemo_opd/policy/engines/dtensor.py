@@ -5,12 +5,14 @@ Build steps: register the segment-causal attention -> load the model with from_p
 embedding and lm_head (vocab_padding.py) -> apply tensor parallel over "tp" -> activation
 checkpointing -> FSDP2 over "dp_cp" -> optimizer and scheduler (with LoRA: over the adapters
 only, the rest frozen). A model that trains holds float32 master weights; a frozen one (a
-teacher) holds its weights in its precision, which FSDP's mixed precision computes in anyway. One process training in float32 (world size 1, no CPU offload) skips
-FSDP: there is nothing to shard, gather or reduce, and its mixed-precision cast would be the
-identity, so the plain module computes the same step without FSDP's and DTensor's per-layer
-hooks and dispatch (docs/benchmarks.md). Every other layout, and a lone process in bf16 (whose
-fp32 master weights FSDP keeps), is wrapped; the rest of the engine serves both. Weights,
-checkpoints and optimizer state leave the engine with the real vocabulary's rows and are padded
+teacher) holds its weights in its precision, which FSDP's mixed precision computes in anyway.
+One process training in float32 (world size 1, no CPU offload) skips FSDP: there is nothing to
+shard, gather or reduce, and its mixed-precision cast would be the identity, so the plain
+module computes the same step without FSDP's and DTensor's per-layer hooks and dispatch
+(docs/benchmarks.md); so does a frozen model of one process held in its precision. Every other
+layout, and a lone process training in bf16 (whose fp32 master weights FSDP keeps), is
+wrapped; the rest of the engine serves both. Weights, checkpoints and optimizer state leave
+the engine with the real vocabulary's rows and are padded
 again when loaded.
 
 A LoRA student's refit weights and export are merged (W + s B A, computed per weight without
@@ -140,7 +142,7 @@ class DTensorEngine(Engine):
         if self.cfg.dtensor_cfg.activation_checkpointing:
             apply_activation_checkpointing(model)
         cpu_offload = self.cfg.dtensor_cfg.cpu_offload and self.device.type == "cuda"
-        if needs_fsdp(self.dims, DTYPES[self.cfg.precision], cpu_offload):
+        if needs_fsdp(self.dims, DTYPES[self.cfg.precision], cpu_offload, self._storage_dtype()):
             apply_fsdp(
                 model,
                 self.dims.submesh("dp_cp"),
@@ -364,10 +366,17 @@ def last_position(input_ids: torch.Tensor) -> torch.Tensor:
     return torch.tensor([input_ids.shape[1] - 1], device=input_ids.device)
 
 
-def needs_fsdp(dims: ParallelDims, param_dtype: torch.dtype, cpu_offload: bool) -> bool:
-    """Whether the model is wrapped with FSDP2: always, except in one float32 process without
-    CPU offload, where FSDP would shard over one rank and cast float32 to float32."""
-    return dims.world_size > 1 or param_dtype != torch.float32 or cpu_offload
+def needs_fsdp(
+    dims: ParallelDims,
+    param_dtype: torch.dtype,
+    cpu_offload: bool,
+    storage_dtype: torch.dtype = torch.float32,
+) -> bool:
+    """Whether the model is wrapped with FSDP2: always, except in one process without CPU
+    offload that computes in the dtype its weights are held in (float32; or a frozen model held
+    in its precision), where FSDP would shard over one rank and cast each weight to its own
+    dtype (and, at every forward, copy the gathered weights)."""
+    return dims.world_size > 1 or param_dtype != storage_dtype or cpu_offload
 
 
 def _full(param: torch.Tensor) -> torch.Tensor:
