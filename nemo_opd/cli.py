@@ -8,7 +8,7 @@ Exit codes: 0 success; 2 a configuration error (the config file or an override) 
 error (data, tokenizers, models); 1 a fault that ended the run (a worker died, a checkpoint
 could not be written); 143 a run stopped by SIGTERM at a clean point. Errors are printed to
 stderr as `error: ...` without a traceback. Nothing printed holds a secret: URL user-info and
-registered secrets are redacted (nemo_opd.config.secrets).
+registered secrets are redacted (nemo_opd.secrets).
 """
 
 import argparse
@@ -18,16 +18,16 @@ from collections.abc import Sequence
 
 from nemo_opd.algorithms.preflight import check_inputs
 from nemo_opd.config import ConfigError, DistillationConfig, load_config, to_yaml
-from nemo_opd.config.secrets import redact_text
 from nemo_opd.errors import RunError, SetupError
+from nemo_opd.secrets import redact_text
 from nemo_opd.utils.import_ahead import ImportAhead
 from nemo_opd.utils.wheel_tags import repair_installed_tags
 
 EXIT_CONFIG_ERROR = 2
 EXIT_RUN_FAILED = 1
 LOOP_HEAVY_IMPORTS = ("nemo_opd.algorithms.tokenizers", "nemo_opd.algorithms.model_checks")
-"""Modules of the loop that import torch and transformers (~11 s of its ~13 s of imports on a
-2-core CPU) and not Ray."""
+"""Modules of the loop that import torch and transformers (most of its import time:
+docs/benchmarks.md, "Where the embedded default's time goes") and not Ray."""
 
 
 def build_parser(description: str | None = None) -> argparse.ArgumentParser:
@@ -77,7 +77,14 @@ def _train(cfg: DistillationConfig) -> int:
     local executor: Ray is never imported), else inside a Ray session (started here unless this
     process is connected to one, and stopped again afterwards if this call started it)."""
     from nemo_opd.config.executor import run_executor
+    from nemo_opd.utils.run_dirs import with_absolute_paths
+    from nemo_opd.utils.run_identity import check_run_folders
 
+    # Another run's checkpoints or metrics are refused in seconds, before any worker starts.
+    finished = check_run_folders(with_absolute_paths(cfg))
+    if finished:
+        print(finished)
+        return 0
     if run_executor(cfg) == "local":
         from nemo_opd.algorithms.distillation import run
 
@@ -86,14 +93,6 @@ def _train(cfg: DistillationConfig) -> int:
     # environment for every worker; the workers use this one as it is.
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     from nemo_opd.distributed.ray_runtime import ray_session
-    from nemo_opd.utils.run_dirs import with_absolute_paths
-    from nemo_opd.utils.run_identity import check_run_folders
-
-    # Another run's checkpoints or metrics are refused in seconds, before Ray starts.
-    finished = check_run_folders(with_absolute_paths(cfg))
-    if finished:
-        print(finished)
-        return 0
 
     # Ray's processes start while a thread imports torch and transformers (the loop's heaviest
     # imports), instead of after them. Imported here, not at the top: --print-config and

@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from nemo_opd.config import ConfigError, load_config
-from nemo_opd.config.secrets import redact_text
 from nemo_opd.errors import RunError, SetupError
+from nemo_opd.secrets import redact_text
 
 EXIT_BAD_INPUT = 2
 EXIT_RUN_FAILED = 1

@@ -1,6 +1,6 @@
 """python -m nemo_opd.export --config FILE --checkpoint DIR -o OUT [overrides...]
 
-Exports a checkpoint's student as the run exports its final model (nemo_opd.utils.hf_export):
+Exports a checkpoint's student as the run exports its final model (nemo_opd.policy.hf_export):
 Hugging Face weights in policy.precision, config, tokenizer, chat template and
 generation_config.json, and none of the training state. DIR is a checkpoint (step_N) or its
 policy folder; the config is the run's (its tokenizer, chat template and precision). Runs on
@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from nemo_opd.config import ConfigError, load_config
-from nemo_opd.config.secrets import redact_text
 from nemo_opd.errors import SetupError
+from nemo_opd.secrets import redact_text
 
 EXIT_BAD_INPUT = 2
 
@@ -43,8 +43,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = load_config(args.config, args.overrides)
         # Heavy imports (torch, transformers) after the config is known to be good.
         from nemo_opd.algorithms.tokenizers import load_tokenizer
+        from nemo_opd.policy.hf_export import export_checkpoint
         from nemo_opd.tiny.assets import resolve_pretrained
-        from nemo_opd.utils.hf_export import export_checkpoint
 
         policy = cfg.policy.with_names(resolve_pretrained)  # "tiny:*" to their local folders
         tokenizer = load_tokenizer(policy.tokenizer, "policy")

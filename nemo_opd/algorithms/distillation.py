@@ -50,16 +50,12 @@ import torch
 
 from nemo_opd.algorithms.advantages import compute_advantages, group_ids_for
 from nemo_opd.algorithms.data_mix import is_on_policy_step
+from nemo_opd.algorithms.objective import sampling_temperature
 from nemo_opd.algorithms.prompts import repeat_samples
+from nemo_opd.algorithms.resume import ROLLOUTS_AHEAD_FILE, ROLLOUTS_AHEAD_KEY
 from nemo_opd.algorithms.rollout_pipeline import PlannedStep, ProducedStep, StepPipeline
-from nemo_opd.algorithms.setup import (
-    ROLLOUTS_AHEAD_FILE,
-    ROLLOUTS_AHEAD_KEY,
-    DistillationRun,
-    rollouts_per_step,
-    sampling_temperature,
-    setup,
-)
+from nemo_opd.algorithms.run_state import DistillationRun
+from nemo_opd.algorithms.setup import rollouts_per_step, setup
 from nemo_opd.algorithms.step_rollouts import (
     VERSION_KEY,
     is_checked_step,
@@ -80,10 +76,10 @@ from nemo_opd.generation import logprob_mismatch
 from nemo_opd.generation.interface import IN_PLACE
 from nemo_opd.losses import build_loss_mask
 from nemo_opd.losses.reduction import metric_reduction
+from nemo_opd.policy.hf_export import write_model_files
 from nemo_opd.rollouts import RolloutResult, rollout_state
 from nemo_opd.tiny.assets import recorded_heldout_accuracy
 from nemo_opd.utils.export_folder import FINAL_MODEL_DIR, export_directory
-from nemo_opd.utils.hf_export import write_model_files
 from nemo_opd.utils.plot import ROLLOUTS_KEY, plot_metrics
 from nemo_opd.utils.run_summary import RunOutcome, format_run_summary
 from nemo_opd.utils.seeds import call_seed, request_seed
@@ -579,7 +575,7 @@ def _recorded_teacher_accuracy(cfg: DistillationConfig) -> float | None:
 
 
 def export_final_model(state: DistillationRun) -> Path:
-    """The trained student as a Hugging Face model (nemo_opd.utils.hf_export: weights in the
+    """The trained student as a Hugging Face model (nemo_opd.policy.hf_export: weights in the
     policy's precision, config, tokenizer, chat template, generation_config.json; a LoRA
     student merged, with its peft adapter in final_model/adapter; no training state) under
     checkpointing.checkpoint_dir/final_model, written whole over the previous export (never

@@ -19,7 +19,7 @@ from pathlib import Path
 from nemo_opd.algorithms.model_checks import WEIGHT_FILES
 from nemo_opd.config import DistillationConfig
 from nemo_opd.errors import SetupError
-from nemo_opd.utils.hf_export import checkpoint_weights_dir
+from nemo_opd.policy.hf_export import checkpoint_weights_dir
 
 STEP_PREFIX = "step_"
 

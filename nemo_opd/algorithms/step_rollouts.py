@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from nemo_opd.algorithms.data_mix import is_on_policy_step
+from nemo_opd.algorithms.objective import sampling_temperature, teacher_temperature
 from nemo_opd.algorithms.prompts import repeat_samples
 from nemo_opd.algorithms.rollout_pipeline import (
     PlannedStep,
@@ -28,14 +29,14 @@ from nemo_opd.algorithms.rollout_pipeline import (
     StepPipeline,
     version_for,
 )
-from nemo_opd.algorithms.setup import DistillationRun, sampling_temperature, teacher_temperature
+from nemo_opd.algorithms.run_state import DistillationRun
 from nemo_opd.config import DistillationConfig
 from nemo_opd.data.batching import TensorBatch
 from nemo_opd.data.message_log import flatten_message_logs
 from nemo_opd.generation import VllmGeneration
 from nemo_opd.rollouts import RolloutResult, concat_rollouts, run_multi_turn_rollout
 from nemo_opd.rollouts.off_policy import reference_rollout
-from nemo_opd.teachers.base import Rollouts, TeacherNeed
+from nemo_opd.scoring.base import Rollouts, TeacherNeed
 from nemo_opd.utils.seeds import call_seed, request_seed
 from nemo_opd.utils.timers import Timers
 

@@ -9,9 +9,10 @@ Modules: schema.py and model_schema.py (the sections; section.py their base and 
 loader.py (reading, inheritance, validation, dumping), overrides.py (Hydra's grammar),
 interpolation.py (`${...}`), bounds.py (loading's limits), checks.py (the cross-field rules,
 a few beside what they use: address.py, templates.py, worker_split.py), key_paths.py (the
-schema by key path), errors.py (ConfigError and its messages), secrets.py (redaction),
-reference.py (docs/config.md's key tables). The hints on NeMo-RL's keys come from the
-converter's key map, nemo_opd.nemo_rl_keys.
+schema by key path), errors.py (ConfigError and its messages). Below config/: the redaction
+of secrets (nemo_opd.secrets) and the converter's NeMo-RL key map, which the hints on NeMo-RL's
+keys read (nemo_opd.nemo_rl_keys); above it, the generator of docs/config.md's key tables
+(nemo_opd.config_reference).
 
 Every problem is raised as ConfigError with a message naming the full key path.
 """
@@ -25,22 +26,12 @@ from nemo_opd.config.loader import (
     to_yaml,
     validate_config,
 )
-from nemo_opd.config.overrides import apply_overrides, parse_override
-from nemo_opd.config.schema import (
-    CheckpointingConfig,
-    ClusterConfig,
+from nemo_opd.config.model_schema import (
     ColocatedConfig,
-    DataConfig,
-    DistillationConfig,
-    DistillationLoopConfig,
     DTensorConfig,
     DynamicBatchingConfig,
-    EnvConfig,
     GenerationConfig,
-    LoggerConfig,
     LoraConfig,
-    LossConfig,
-    MathEnvConfig,
     MegatronConfig,
     OptimizerConfig,
     PolicyConfig,
@@ -50,9 +41,21 @@ from nemo_opd.config.schema import (
     TeacherConfig,
     TeacherServerConfig,
     TokenizerConfig,
-    ToolsConfig,
     TransformersConfig,
     VllmConfig,
+)
+from nemo_opd.config.overrides import apply_overrides, parse_override
+from nemo_opd.config.schema import (
+    CheckpointingConfig,
+    ClusterConfig,
+    DataConfig,
+    DistillationConfig,
+    DistillationLoopConfig,
+    EnvConfig,
+    LoggerConfig,
+    LossConfig,
+    MathEnvConfig,
+    ToolsConfig,
     WandbConfig,
 )
 

@@ -4,12 +4,8 @@ Each check takes the whole config and returns a list of problems, one message pe
 naming the full key paths involved and their values. The first paragraph of each check's
 docstring is the rule as listed in docs/config.md. CHECKS lists them all, in the order they
 run; a few live beside the syntax or arithmetic they use (address.py, templates.py,
-worker_split.py).
-
-Not checked here, because the information only exists at setup: whether teacher and student
-share a tokenizer and chat template (where they do not, the teacher reads the student's text in
-its own tokens: nemo_opd.teachers.cross_tokenizer), and that distillation.topk_logits_k is at
-most the vocabulary size.
+worker_split.py). What only setup can check (the tokenizers) nemo_opd.config_reference
+lists after them.
 """
 
 import importlib.util
@@ -19,7 +15,8 @@ from collections.abc import Callable, Iterator
 from nemo_opd.config.address import check_cluster_address
 from nemo_opd.config.errors import show, suggest
 from nemo_opd.config.executor import check_executor
-from nemo_opd.config.schema import DistillationConfig, PolicyConfig
+from nemo_opd.config.model_schema import PolicyConfig
+from nemo_opd.config.schema import DistillationConfig
 from nemo_opd.config.templates import check_privileged_teacher, check_prompt_file
 from nemo_opd.config.worker_split import check_generation_placement, worker_split
 from nemo_opd.tools.base import BUILTIN_TOOLS

@@ -13,15 +13,14 @@ pick Ray too; an explicit "local" ignores it.
 
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
-if TYPE_CHECKING:  # the schema runs the check below: no import back at run time
-    from nemo_opd.config.schema import DistillationConfig
+from nemo_opd.config.schema import DistillationConfig
 
 RAY_ADDRESS_ENV = "RAY_ADDRESS"
 
 
-def ray_reasons(cfg: "DistillationConfig") -> list[str]:
+def ray_reasons(cfg: DistillationConfig) -> list[str]:
     """What in the config needs Ray, one phrase each (empty when nothing does)."""
     cluster = cfg.cluster
     reasons = []
@@ -38,7 +37,7 @@ def ray_reasons(cfg: "DistillationConfig") -> list[str]:
 
 
 def run_executor(
-    cfg: "DistillationConfig", environ: Mapping[str, str] = os.environ
+    cfg: DistillationConfig, environ: Mapping[str, str] = os.environ
 ) -> Literal["ray", "local"]:
     """cluster.executor, with auto resolved: "local" when nothing needs Ray (ray_reasons) and
     RAY_ADDRESS is unset in `environ`, else "ray"."""
@@ -49,7 +48,7 @@ def run_executor(
     return "ray" if needs_ray else "local"
 
 
-def check_executor(cfg: "DistillationConfig") -> list[str]:
+def check_executor(cfg: DistillationConfig) -> list[str]:
     """cluster.executor local runs one worker in the driver's process: no more than one worker,
     no cluster.address, no served teacher."""
     reasons = ray_reasons(cfg) if cfg.cluster.executor == "local" else []

@@ -10,9 +10,8 @@ secret) into a config that is printed and logged, `oc.create` parse YAML no boun
 
 Each value is read by OmegaConf's own grammar (its parser and visitor: the same syntax,
 escapes and argument types), and the keys it refers to are looked up here, in the plain
-config, each resolved once (OmegaConf resolves a key again at every reference: 2**n for a
-chain of keys that each refer to the previous one twice; docs/design.md). The work is counted
-as it is done, stopping at the first excess of a bound of bounds.py: the `${` and characters
+config, each resolved once (docs/design.md says why not by OmegaConf). The work is counted as
+it is done, stopping at the first excess of a bound of bounds.py: the `${` and characters
 parsed (MAX_RESOLUTIONS, MAX_PARSED_CHARS), what references and resolvers yield
 (MAX_INTERPOLATED_CHARS, MAX_VALUES: a section counted at every reference to it), the chain
 of references (MAX_REFERENCE_CHAIN) and the nesting of `${` in one value
@@ -257,10 +256,9 @@ class _Resolution:
 
 
 class _Work:
-    """What resolving one config has done, against the bounds of the module docstring: each
-    value is parsed and evaluated once, so the `${` in the values parsed bound the
-    interpolations evaluated; what the references and resolver calls yield is counted as they
-    yield it."""
+    """What resolving one config has done, against the bounds of the module docstring: each value is
+    parsed and evaluated once, so the `${` in the values parsed bound the interpolations evaluated;
+    what the references and resolver calls yield is counted as they yield it."""
 
     def __init__(self) -> None:
         self.interpolations = self.parsed = self.chars = self.values = 0

@@ -54,8 +54,8 @@ from nemo_opd.config.interpolation import MISSING, interpolated_keys, resolve_in
 from nemo_opd.config.key_paths import keys_at
 from nemo_opd.config.overrides import apply_overrides
 from nemo_opd.config.schema import DistillationConfig
-from nemo_opd.config.secrets import redact_user_info
 from nemo_opd.nemo_rl_keys import CONVERTER, unknown_key_hint
+from nemo_opd.secrets import redact_user_info
 
 # -------- the steps -------------------------------------------------------------------------------
 
@@ -116,13 +116,9 @@ class StrictLoader(yaml.SafeLoader):
         if id(node) in self.expanded:
             return
         if id(node) in chain:
-            raise yaml.constructor.ConstructorError(
-                None, None, "a merge key (<<) includes the mapping it is in", node.start_mark
-            )
+            raise _refused("a merge key (<<) includes the mapping it is in", node.start_mark)
         if len(chain) >= MAX_DEPTH:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"merge keys (<<) nested more than {MAX_DEPTH} deep", node.start_mark
-            )
+            raise _refused(f"merge keys (<<) nested more than {MAX_DEPTH} deep", node.start_mark)
         own, sources = [], []
         for key_node, value_node in node.value:
             if key_node.tag == _MERGE_TAG:
@@ -155,11 +151,8 @@ class StrictLoader(yaml.SafeLoader):
                 continue  # unhashable keys are left for the schema to reject
             if key in seen:
                 first = seen[key].line + 1
-                raise yaml.constructor.ConstructorError(
-                    None,
-                    None,
-                    f"duplicate key {key!r} (first defined on line {first})",
-                    key_node.start_mark,
+                raise _refused(
+                    f"duplicate key {key!r} (first defined on line {first})", key_node.start_mark
                 )
             seen[key] = key_node.start_mark
         return set(seen)
@@ -168,13 +161,16 @@ class StrictLoader(yaml.SafeLoader):
         """Add a merge's pairs to the document's count; refuse the document past MAX_VALUES."""
         self.merged_pairs += pairs
         if self.merged_pairs > MAX_VALUES:
-            raise yaml.constructor.ConstructorError(
-                None,
-                None,
+            raise _refused(
                 f"more than {MAX_VALUES:,} values once YAML merge keys (<<) are expanded; a "
                 "config this large is a mistake (a mapping merged too often, for one)",
                 node.start_mark,
             )
+
+
+def _refused(problem: str, mark: yaml.Mark) -> yaml.constructor.ConstructorError:
+    """A YAML error at `mark` (parse_yaml reports it as file:line:column: problem)."""
+    return yaml.constructor.ConstructorError(None, None, problem, mark)
 
 
 def _merge_sources(value: yaml.Node) -> list[yaml.MappingNode]:
@@ -182,9 +178,7 @@ def _merge_sources(value: yaml.Node) -> list[yaml.MappingNode]:
     items = value.value if isinstance(value, yaml.SequenceNode) else [value]
     for item in items:
         if not isinstance(item, yaml.MappingNode):
-            raise yaml.constructor.ConstructorError(
-                None,
-                None,
+            raise _refused(
                 "a merge key (<<) takes a mapping or a list of mappings (`<<: *anchor`), "
                 f"not a {item.id}",
                 item.start_mark,

@@ -94,9 +94,8 @@ def read_template_file(path: str) -> str:
 
 
 def check_privileged_teacher(cfg: DistillationConfig) -> list[str]:
-    """teacher.prompt_template has only plain fields ({prompt}, {answer}, {response}; no
-    conversion, format specification, attribute or item), {response} with data.response_key
-    set."""
+    """teacher.prompt_template has only plain fields ({prompt}, {answer}, {response}; no conversion,
+    format specification, attribute or item), {response} with data.response_key set."""
     template = cfg.teacher.prompt_template if cfg.teacher is not None else None
     if template is None:
         return []

@@ -7,7 +7,8 @@ workers (nemo_opd.distributed.placement).
 
 from typing import NamedTuple
 
-from nemo_opd.config.schema import ClusterConfig, DistillationConfig, GenerationConfig
+from nemo_opd.config.model_schema import GenerationConfig
+from nemo_opd.config.schema import ClusterConfig, DistillationConfig
 
 
 class WorkerSplit(NamedTuple):

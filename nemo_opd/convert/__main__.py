@@ -18,9 +18,9 @@ import yaml
 
 from nemo_opd.config import ConfigError, load_config
 from nemo_opd.config.loader import StrictDumper
-from nemo_opd.config.secrets import redact_text
 from nemo_opd.convert.nemo_rl import Conversion, convert_nemo_rl
 from nemo_opd.convert.report import format_report, markdown_key_map
+from nemo_opd.secrets import redact_text
 
 EXIT_BAD_INPUT = 2
 

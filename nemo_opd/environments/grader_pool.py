@@ -6,7 +6,7 @@ of being sent counts as wrong: its worker is killed (SIGKILL stops it even insid
 holds the GIL, as sympy's big-integer arithmetic does) and a new one started, while the other
 workers go on. A worker that dies (a crash, the kernel's out-of-memory killer) is replaced the
 same way and its answer counts as wrong. Each worker is one Python process with math-verify
-loaded (~60 MB resident, its address space capped at memory_mb).
+loaded (its address space capped at memory_mb; its size: docs/generation.md).
 
 Before an answer is sent, the response and the reference are cut to their last
 math_verify.RESPONSE_WINDOW_CHARS characters (from the response's last \\boxed{} when that lies
@@ -34,7 +34,8 @@ from nemo_opd.environments.math_verify import Grader, response_window
 from nemo_opd.utils.worker_processes import WorkerStarter, worker_environment
 
 READY_TIMEOUT_S = 60.0
-"""How long a new grader worker may take to load its engine (~0.5 s on an idle 2-core CPU)."""
+"""How long a new grader worker may take to load its engine (docs/generation.md has the time
+it takes)."""
 
 _STOP_TIMEOUT_S = 5.0
 """How long close() waits for a worker to exit after its stdin is closed, before killing it."""

@@ -34,7 +34,7 @@ from nemo_opd.policy.worker import PolicyWorker, answers_for_its_replica
 if TYPE_CHECKING:
     from ray.util.placement_group import PlacementGroup
 
-    from nemo_opd.teachers.cross_tokenizer import TeacherRendering
+    from nemo_opd.scoring.rendering import TeacherRendering
 
 
 class Policy:
@@ -176,7 +176,7 @@ class Policy:
         """score() of the student's rows by a teacher with another tokenizer (set_rendering
         first): each replica renders its shard's conversations in its own tokens, scores them
         and moves the answers onto the student's positions and vocabulary
-        (nemo_opd.teachers.cross_tokenizer.score_rendered), so that the driver only ships
+        (nemo_opd.scoring.rendering.score_rendered), so that the driver only ships
         conversations and collects answers.
 
         Returns:

@@ -15,8 +15,8 @@ from nemo_opd.distributed.process_group import (
     init_local_process_group,
     node_address,
 )
-from nemo_opd.teachers.base import TeacherNeed, TeacherScores
-from nemo_opd.teachers.cross_tokenizer import TeacherRendering, score_rendered
+from nemo_opd.scoring.base import TeacherNeed, TeacherScores
+from nemo_opd.scoring.rendering import TeacherRendering, score_rendered
 from nemo_opd.utils.startup import StartupMarks
 
 

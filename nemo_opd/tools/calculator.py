@@ -80,7 +80,7 @@ class Calculator:
     }
 
     def warm_up(self) -> None:
-        calculate("1 + 1")  # imports sympy (~1 s) before the first call's clock starts
+        calculate("1 + 1")  # imports sympy before the first call's clock starts
 
     def __call__(self, arguments: dict) -> str:
         return calculate(arguments["expression"])

@@ -47,7 +47,7 @@ from nemo_opd.tools.base import ERROR_KINDS, ToolCall, ToolResult
 from nemo_opd.utils.worker_processes import WorkerStarter, worker_environment
 
 READY_TIMEOUT_S = 60.0
-"""How long a new worker may take to load its tools (the calculator: ~1 s, importing sympy)."""
+"""How long a new worker may take to load its tools (the calculator imports sympy)."""
 
 _STOP_TIMEOUT_S = 5.0
 _STDERR_TAIL = 2000

@@ -9,7 +9,7 @@ Layout under LoggerConfig.log_dir:
 Resuming at step N (resume_step=N) first drops everything logged after step N, from
 metrics.jsonl and from TensorBoard, so the repeated steps are not recorded twice.
 
-No secret reaches any of them (nemo_opd.config.secrets): the run config is redacted before it is
+No secret reaches any of them (nemo_opd.secrets): the run config is redacted before it is
 written, and W&B records nothing of the process on its own (WANDB_SETTINGS: W&B saves the
 command line by default, and an override can hold a password).
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from nemo_opd.config import LoggerConfig, WandbConfig
-from nemo_opd.config.secrets import redact, redact_text
+from nemo_opd.secrets import redact, redact_text
 from nemo_opd.utils.checkpoint import atomic_file
 from nemo_opd.utils.console import StepConsole
 
@@ -205,7 +205,7 @@ class Logger:
         console: StepConsole | None = None,
     ) -> None:
         """run_config: the resolved config, recorded with the run, redacted first
-        (nemo_opd.config.secrets: no secret reaches the file, TensorBoard or W&B); resume_step:
+        (nemo_opd.secrets: no secret reaches the file, TensorBoard or W&B); resume_step:
         last step of the checkpoint being resumed (later records are dropped), None for a new
         run that appends; total_steps: for the progress bar; console: replaces the default
         one."""

@@ -2,7 +2,7 @@
 
 The shipped config has one worker, so auto runs it in the driver's process (the student, the
 teacher and vLLM as objects there, no Ray started); cluster.executor=ray runs the same config as
-Ray actors. At the same seeds and thread counts (setup.local_threads gives the process the
+Ray actors. At the same seeds and thread counts (setup_workers.local_threads gives the process the
 threads each Ray worker and engine computes on) both log the same metrics, exactly, at every
 step: overlap (each step's rollouts sampled while the step before trains), the refit check,
 validation and checkpoints included. Then the run in one process stopped by SIGTERM after a

@@ -6,7 +6,7 @@ import pytest
 import ray
 from ray.util.placement_group import placement_group, placement_group_table
 
-from nemo_opd.algorithms.setup import DistillationRun
+from nemo_opd.algorithms.run_state import DistillationRun
 from nemo_opd.config import LoggerConfig
 from nemo_opd.utils.logger import Logger
 from nemo_opd.utils.run_dirs import RunLock

@@ -317,7 +317,7 @@ def test_tensor_parallel_needs_whole_heads_not_a_divisible_vocabulary():
 def test_seq_kd_on_gpus_is_refused_before_anything_waits(colocated):
     """The teacher's vLLM engine has no device of its own on CUDA: refused at once, where it
     used to wait for a GPU forever (non-colocated) with no time-out."""
-    from nemo_opd.algorithms.setup import _build_teacher_sampler
+    from nemo_opd.algorithms.setup_generation import build_teacher_sampler
     from nemo_opd.config import load_config
     from nemo_opd.config.worker_split import worker_split
     from nemo_opd.errors import SetupError
@@ -336,4 +336,4 @@ def test_seq_kd_on_gpus_is_refused_before_anything_waits(colocated):
     cfg = load_config(CONFIG, overrides)
     split = worker_split(cfg.cluster, cfg.policy.generation)
     with pytest.raises(SetupError, match="no devices to place it on"):
-        _build_teacher_sampler(cfg, "cuda", split, placement=None)
+        build_teacher_sampler(cfg, "cuda", split, placement=None)

@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from nemo_opd.algorithms.model_checks import check_tokenizer_fits, load_model_config
-from nemo_opd.algorithms.setup import _check_models, _resolve_model_paths
+from nemo_opd.algorithms.setup_models import check_models, resolve_model_paths
 from nemo_opd.algorithms.tokenizers import load_tokenizer, own_tokenizer_note
 from nemo_opd.config import TokenizerConfig, load_config
 from nemo_opd.errors import SetupError
@@ -32,7 +32,7 @@ def micro():
 
 def configured(*overrides):
     cfg = load_config(SFT, list(overrides))
-    return _resolve_model_paths(with_absolute_paths(cfg))
+    return resolve_model_paths(with_absolute_paths(cfg))
 
 
 def test_a_tokenizer_with_more_ids_than_the_embedding_is_refused(assets, micro):
@@ -55,7 +55,7 @@ def test_a_tokenizer_with_more_ids_than_the_embedding_is_refused(assets, micro):
 def test_setup_refuses_it_before_any_worker_starts(micro):
     # Without a teacher nothing compared the student's embedding with its tokenizer.
     with pytest.raises(SetupError, match=r"^policy\.tokenizer\.name: the tokenizer writes ids"):
-        _check_models(configured(f"policy.model_name={micro.student}"))
+        check_models(configured(f"policy.model_name={micro.student}"))
 
 
 def test_a_tokenizer_that_is_not_the_models_own_is_said(assets, micro, tmp_path):
@@ -84,13 +84,13 @@ def test_a_student_that_can_write_ids_past_the_teachers_rows_is_refused():
     # both reading the inherited tiny:tokenizer: every check passed, and the teacher's worker
     # met the student's ids past its embedding as an IndexError.
     student = resolve_pretrained("tiny:tools_student")
-    cfg = _resolve_model_paths(
+    cfg = resolve_model_paths(
         with_absolute_paths(
             load_config("examples/configs/distillation_tiny.yaml", [f"policy.model_name={student}"])
         )
     )
     with pytest.raises(SetupError) as error:
-        _check_models(cfg)
+        check_models(cfg)
     assert str(error.value).startswith(
         "teacher: the student's vocabulary (528 ids) is larger than the teacher's (481), and the "
         "teacher reads the student's ids as they are"

@@ -22,8 +22,9 @@ from nemo_opd.data.chat import ChatFormatter
 from nemo_opd.data.message_log import flatten_message_logs
 from nemo_opd.errors import RunError, SetupError
 from nemo_opd.losses import EMPTY_INDEX
-from nemo_opd.teachers.base import Rollouts, TeacherNeed, TeacherScores
-from nemo_opd.teachers.cross_tokenizer import CrossTokenizerTeacher, TeacherRendering
+from nemo_opd.scoring.base import Rollouts, TeacherNeed, TeacherScores
+from nemo_opd.scoring.rendering import TeacherRendering
+from nemo_opd.teachers.cross_tokenizer import CrossTokenizerTeacher
 from nemo_opd.tiny import resolve_pretrained
 
 PROMPTS = ["What is 12 + 7?", "Mia has 36 pens and gives away 5. How many pens are left?"]
@@ -327,13 +328,13 @@ def test_conversations_the_template_refuses_are_counted_and_too_many_end_the_run
 def test_a_bug_in_the_alignment_is_raised_not_counted(student, monkeypatch):
     """An exception that real text does not raise (here an IndexError put into the alignment)
     ends the scoring where it happens, instead of leaving the rows ungraded."""
-    import nemo_opd.teachers.cross_tokenizer as cross_tokenizer
+    import nemo_opd.scoring.rendering as rendering
 
     crossed, logs = _refusing_teacher(student, share=1.0)
 
     def broken(*args):
         raise IndexError("index 7 is out of bounds for axis 0 with size 7")
 
-    monkeypatch.setattr(cross_tokenizer, "sources", broken)
+    monkeypatch.setattr(rendering, "sources", broken)
     with pytest.raises(IndexError, match="out of bounds"):
         _score_logs(crossed, logs, student[0].pad_token_id)

@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 
 from nemo_opd.config import LoggerConfig
-from nemo_opd.config.secrets import register_secret
+from nemo_opd.secrets import register_secret
 from nemo_opd.utils.console import StepConsole
 from nemo_opd.utils.logger import WANDB_SETTINGS, Logger
 

@@ -7,10 +7,10 @@ from pydantic import BaseModel
 
 from nemo_opd.config import DistillationConfig
 from nemo_opd.config.key_paths import section_model
-from nemo_opd.config.reference import GENERATED, generated_part, main, render_reference
-from nemo_opd.config.schema import PolicyConfig, TeacherConfig
+from nemo_opd.config.model_schema import PolicyConfig, TeacherConfig
+from nemo_opd.config_reference import GENERATED, generated_part, main, render_reference
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "config.md"
 
 
@@ -24,7 +24,7 @@ def _models(model: type[BaseModel]):
 
 def test_docs_config_md_is_up_to_date():
     assert generated_part(DOC.read_text(encoding="utf-8")) == render_reference(), (
-        "docs/config.md is stale; run: python -m nemo_opd.config.reference --output docs/config.md"
+        "docs/config.md is stale; run: python -m nemo_opd.config_reference --output docs/config.md"
     )
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from nemo_opd.config.secrets import redact, redact_text, redact_user_info, register_secret
+from nemo_opd.secrets import redact, redact_text, redact_user_info, register_secret
 
 
 @pytest.mark.parametrize(
@@ -70,7 +70,7 @@ def test_registered_secrets_are_redacted_wherever_they_appear():
     assert redact(data) == {"a": ["x ***", 3, None], "b": {"url": "http://***@h/"}}
 
 
-TINY = Path(__file__).resolve().parents[3] / "examples" / "configs" / "distillation_tiny.yaml"
+TINY = Path(__file__).resolve().parents[2] / "examples" / "configs" / "distillation_tiny.yaml"
 URL = "http://alice:s3cr3t@127.0.0.1:9"
 
 

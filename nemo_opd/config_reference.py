@@ -1,8 +1,8 @@
 """Generate the key tables of the configuration reference (docs/config.md) from the schema.
 
-    python -m nemo_opd.config.reference                          # print them
-    python -m nemo_opd.config.reference --output docs/config.md  # write them into the page
-    python -m nemo_opd.config.reference --check docs/config.md   # exit 1 if they are stale
+    python -m nemo_opd.config_reference                          # print them
+    python -m nemo_opd.config_reference --output docs/config.md  # write them into the page
+    python -m nemo_opd.config_reference --check docs/config.md   # exit 1 if they are stale
 
 The page is a hand-written guide (how a config is loaded), then the line GENERATED, then what
 this module writes: a table row per field of the pydantic schema (its docstring is the
@@ -24,10 +24,11 @@ from pydantic.fields import FieldInfo
 
 from nemo_opd.config.checks import CHECKS
 from nemo_opd.config.key_paths import section_model
-from nemo_opd.config.schema import DistillationConfig, PolicyConfig, TeacherConfig
+from nemo_opd.config.model_schema import PolicyConfig, TeacherConfig
+from nemo_opd.config.schema import DistillationConfig
 
 GENERATED = (
-    "<!-- Below this line generated from the schema by `python -m nemo_opd.config.reference "
+    "<!-- Below this line generated from the schema by `python -m nemo_opd.config_reference "
     "--output docs/config.md`; edit the schema's docstrings, not the tables. -->"
 )
 """The line that ends the page's hand-written guide (loading, inheritance, interpolation,
@@ -237,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         current = args.check.read_text(encoding="utf-8") if args.check.exists() else ""
         if generated_part(current) != text:
             print(
-                f"{args.check} is stale; run: python -m nemo_opd.config.reference "
+                f"{args.check} is stale; run: python -m nemo_opd.config_reference "
                 f"--output {args.check}",
                 file=sys.stderr,
             )
