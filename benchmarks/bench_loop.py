@@ -126,8 +126,12 @@ def tiny(args) -> int:
     status = _run_until(command, args.deadline_s, run_dir / "command.log")
     seconds = time.perf_counter() - started
     metrics = _read_metrics(run_dir / "logs" / "metrics.jsonl")
+    output = (run_dir / "command.log").read_text()
     record = _tiny_record(args, status, seconds, metrics)
-    print((run_dir / "command.log").read_text()[-3000:] if status != 0 else "", flush=True)
+    record["workers"] = next(
+        (line for line in output.splitlines() if line.startswith("workers: ")), None
+    )  # what the run said it started: the executor, the engine, whether it reads the student
+    print(output[-3000:] if status != 0 else "", flush=True)
     print(_tiny_table(record))
     _write_json(args.json, record)
     return 0 if record["passed"] else 1
@@ -199,6 +203,7 @@ def _tiny_table(record: dict) -> str:
     lines = [
         f"tiny default on {record['device']}: one process (local executor), transformers "
         "engine reading the student's module, lockstep",
+        f"the run said: {record.get('workers') or 'no workers line'}",
         "| steps | command s | start-up s | step s | generation | refit | teacher | training |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
         f"| {record['steps']} | {record['command_s']} | {record['startup_s']} | "

@@ -116,9 +116,9 @@ if [[ $DRY == 1 ]]; then
         --chunk 32 --repeats 1)
     FULL_ARGS=(--device cpu --vocab 4096 --tokens 64 --k 16 --chunk 32 --repeats 1)
     FULL_HIDDEN=(64)
-    LOOP_ARGS=(--device cpu --steps 3 --val-samples 16 --deadline-s 220)
+    LOOP_ARGS=(--device cpu --steps 2 --val-samples 8 --deadline-s 220)
     SHAPES_ARGS=(--device cpu --student tiny --teacher tiny --rows 8 --prompt-len 16
-        --new-tokens 16 --steps 1 --threads 2 --copy-refit)
+        --new-tokens 16 --warmup 0 --steps 1 --threads 2 --copy-refit)
     XDIST=()
 else
     DEVICE=cuda
