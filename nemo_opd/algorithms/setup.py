@@ -152,6 +152,8 @@ def _build_run(cfg: DistillationConfig, lock: RunLock, marks: StartupMarks) -> D
         environments = build_environments(cfg.env)
         started.extend(environments.values())
         wait_for_workers(marks, student, teacher, generation, teacher_sampler)
+        if generation.shares_student:  # generates from the student's module: refit copies nothing
+            generation.share_module(student.local_module())
         if cfg.loss_fn.support != "teacher_topk":  # the student applies the teacher's head
             student.load_teacher_head(cfg.teacher.model_name, cfg.teacher.precision)
     except BaseException:

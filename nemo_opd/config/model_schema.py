@@ -195,6 +195,9 @@ class TransformersConfig(Section):
     """Most tokens one batch decodes at once, counted as rows x (its longest prompt + its
     largest token budget): bounds the KV cache and the prefill's activations (the prompts of a
     call are sorted by length and cut into batches of at most this size)."""
+    share_student: bool = True
+    """Generate from the student's own module (a refit copies nothing) in one process, in
+    lockstep, with the DTensor engine and the student's precision; else hold a copy to refit."""
 
 
 class ResourcesConfig(Section):
