@@ -283,6 +283,11 @@ class TeacherServerConfig(Section):
     """The first retry's wait; each further retry waits twice as long, at most 60 s."""
     rows_per_request: int = Field(8, ge=1, le=MAX_ROWS)
     """Rows sent in one request."""
+    render_workers: int = Field(2, ge=0, le=64)
+    """For a teacher with another tokenizer or chat template: worker processes that render
+    the step's rows in its tokens, send its requests and map its answers onto the student's,
+    off the driver's thread, each with a share of max_concurrency (docs/cross_tokenizer.md);
+    each holds both tokenizers. 0: on the driver's thread."""
     api_key_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
     """The name of an environment variable holding the server's API key (e.g. VLLM_API_KEY),
     sent as `Authorization: Bearer` as OpenAI-compatible clients do; null: none. The key
