@@ -10,7 +10,7 @@ worker renders its rows, has its teacher score them, maps the answers and writes
 files the pool shares with it (in /dev/shm where it has room, else the temporary folder),
 which the pool maps as the answer's tensors: the driver ships the conversations and reads a
 short reply per worker, and the answers cross no pipe. They are score_rendered's on the driver,
-bit for bit (tests/unit/scoring/test_render_pool.py).
+bit for bit (tests/unit/teachers/test_xtok_pool.py).
 
 Every wait has a time-out: a worker that does not report ready within READY_TIMEOUT_S of the
 pool's start, or does not answer a job within its time-out (its teacher's own longest wait,
