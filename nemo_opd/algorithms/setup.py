@@ -118,7 +118,7 @@ def _build_run(cfg: DistillationConfig, lock: RunLock, marks: StartupMarks) -> D
     cfg, device, split = _choose_executor(cfg, marks)
     placement = reserve_workers(cfg, device) if cfg.cluster.executor == "ray" else None
     # 4. workers: vLLM first, the data while it loads, then student, teachers, environments
-    started = []
+    started = [] if served is None else [served]  # a served teacher's render workers
     try:
         generation = build_generation(cfg, device, split, placement)
         started.append(generation)

@@ -286,6 +286,9 @@ class TeacherServerConfig(Section):
     """The first retry's wait; each further retry waits twice as long, at most 60 s."""
     rows_per_request: int = Field(8, ge=1, le=MAX_ROWS)
     """Rows sent in one request."""
+    render_workers: int = Field(2, ge=0, le=64)
+    """Processes that render, send and map a teacher's rows of another tokenizer off the
+    driver's thread, sharing max_concurrency (docs/cross_tokenizer.md); 0: on the driver."""
     api_key_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
     """The name of an environment variable holding the server's API key (e.g. VLLM_API_KEY),
     sent as `Authorization: Bearer` as OpenAI-compatible clients do; null: none. The key
