@@ -1,7 +1,6 @@
 """The configuration schema of a run: one pydantic model per section.
 
-A component receives only its own section: `Policy(cfg.policy)`,
-`DistillationLossFn.from_config(cfg.loss_fn)`.
+A component receives only its own section (`Policy(cfg.policy)`).
 
     DistillationConfig
       policy, teacher   PolicyConfig, TeacherConfig (model_schema.py): model, tokenizer, batch
