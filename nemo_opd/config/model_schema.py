@@ -196,8 +196,7 @@ class TransformersConfig(Section):
     largest token budget): bounds the KV cache and the prefill's activations (the prompts of a
     call are sorted by length and cut into batches of at most this size)."""
     share_student: bool = True
-    """Generate from the student's own module (a refit copies nothing) in one process, in
-    lockstep, with the DTensor engine and the student's precision; else hold a copy to refit."""
+    """In one process, lockstep, DTensor: generate from the student's module (no refit copy)."""
 
 
 class ResourcesConfig(Section):
