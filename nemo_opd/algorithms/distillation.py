@@ -550,7 +550,8 @@ def export_final_model(state: DistillationRun) -> Path:
     if metrics_file.exists():
         references = {}
         teacher = state.cfg.teacher
-        accuracy = recorded_heldout_accuracy(teacher.model_name) if teacher else None
+        has_model = teacher is not None and teacher.model_name is not None
+        accuracy = recorded_heldout_accuracy(teacher.model_name) if has_model else None
         if accuracy is not None:
             references["validation/accuracy"] = ("teacher, at its build", accuracy)
         plot_metrics(

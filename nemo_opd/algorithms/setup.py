@@ -62,6 +62,7 @@ from nemo_opd.teachers.cross_tokenizer import CrossTokenizerTeacher, TeacherRend
 from nemo_opd.teachers.in_process import InProcessTeacher
 from nemo_opd.teachers.privileged import PrivilegedContext, PrivilegedTeacher
 from nemo_opd.teachers.routed import RoutedTeachers
+from nemo_opd.teachers.self_teacher import SelfTeacher
 from nemo_opd.teachers.served import ServedTeacher
 from nemo_opd.teachers.served_checks import check_served_teacher, server_api_key
 from nemo_opd.tiny.assets import resolve_pretrained
@@ -214,12 +215,15 @@ def _build_run(cfg: DistillationConfig, lock: RunLock, marks: StartupMarks) -> D
             threads = overlap_threads(cfg, device)
             teacher = _start_teachers(cfg, renderings, split.training, placement, threads)
             started.append(teacher)
-        teacher = _with_privileged_context(teacher, context, formatter)
+        self_teacher = SelfTeacher(student) if cfg.self_teacher is not None else None
+        teacher = _with_privileged_context(self_teacher or teacher, context, formatter)
         marks.note("workers_launched")
         environments = build_environments(cfg.env)
         started.extend(environments.values())
         _wait_for_workers(marks, student, teacher, generation, teacher_sampler)
-        if cfg.loss_fn.support != "teacher_topk":  # the student applies the teacher's head
+        if self_teacher is not None:  # the student's workers hold the teacher's weights
+            self_teacher.start(cfg.self_teacher)
+        elif cfg.loss_fn.support != "teacher_topk":  # the student applies the teacher's head
             student.load_teacher_head(cfg.teacher.model_name, cfg.teacher.precision)
     except BaseException:
         for part in started:
@@ -294,9 +298,10 @@ def _check_models(
                     "teacher needs its own model's tokenizer"
                 )
         check_tensor_parallel(teacher, teacher_config, section)
-    if cfg.loss_fn.support != "teacher_topk":
+    if cfg.loss_fn.support != "teacher_topk" and cfg.named_teachers:  # self: the same model
         _check_full_vocabulary(cfg, student_config, renderings)
-    if cfg.named_teachers and cfg.distillation.topk_logits_k > student_config.vocab_size:
+    has_teacher = cfg.named_teachers or cfg.self_teacher
+    if has_teacher and cfg.distillation.topk_logits_k > student_config.vocab_size:
         raise SetupError(
             f"distillation.topk_logits_k ({cfg.distillation.topk_logits_k}) exceeds the "
             f"vocabulary size ({student_config.vocab_size})"

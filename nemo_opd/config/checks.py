@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from nemo_opd.config.address import address_problem
 from nemo_opd.config.errors import show, suggest
+from nemo_opd.config.self_teacher_checks import check_self_teacher
 from nemo_opd.config.templates import read_template_file, template_problem
 from nemo_opd.config.worker_split import worker_split
 from nemo_opd.tools.base import BUILTIN_TOOLS
@@ -393,7 +394,7 @@ def check_objective(cfg: "DistillationConfig") -> list[str]:
     """A teacher is configured exactly when an objective term uses one; a policy-gradient
     objective has a nonzero advantage term and samples at a temperature above 0; GRPO and RLOO
     have at least 2 generations per prompt; topk_kl and sft use no policy-gradient key."""
-    objective, teachers = cfg.objective, _teachers(cfg)
+    objective, teachers = cfg.objective, _teachers(cfg) or bool(cfg.self_teacher)
     problems = []
     if objective.uses_teacher and not teachers:
         problems.append(
@@ -672,7 +673,7 @@ def checkpoint_metrics(cfg: "DistillationConfig") -> list[str]:
     k = cfg.distillation.val_samples_per_prompt
     if k:
         names += [f"validation/accuracy_avg@{k}", f"validation/pass@{k}"]
-    if cfg.named_teachers:
+    if cfg.named_teachers or cfg.self_teacher:
         names += [f"validation/{name}" for name in VALIDATION_DIVERGENCE]
     for teacher in cfg.teachers or {}:
         names += [
@@ -804,6 +805,7 @@ CHECKS: tuple[Callable[["DistillationConfig"], list[str]], ...] = (
     check_loss_support,
     check_overlap,
     check_tools,
+    check_self_teacher,
 )
 
 

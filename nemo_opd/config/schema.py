@@ -593,10 +593,17 @@ class DistillationConfig(Section):
 
     @property
     def named_teachers(self) -> dict[str, TeacherConfig]:
-        """Every teacher by name: `teachers`, or {"teacher": teacher}, or {} without one."""
+        """Every teacher with a model of its own by name: `teachers`, or {"teacher": teacher},
+        or {} without one (a teacher that is the student itself is `self_teacher`)."""
         if self.teachers is not None:
-            return dict(self.teachers)
-        return {"teacher": self.teacher} if self.teacher is not None else {}
+            return {name: t for name, t in self.teachers.items() if not t.is_self}
+        has_model = self.teacher is not None and not self.teacher.is_self
+        return {"teacher": self.teacher} if has_model else {}
+
+    @property
+    def self_teacher(self) -> TeacherConfig | None:
+        """`teacher` when it is the student itself (source student, ema or lagged), else None."""
+        return self.teacher if self.teacher is not None and self.teacher.is_self else None
 
     @property
     def teacher_sections(self) -> dict[str, TeacherConfig]:
