@@ -1,0 +1,120 @@
+"""Self-distillation in the loop: examples/configs/distillation_tiny_self.yaml, short runs with
+each teacher source (the student's live weights, an EMA of them, a lagged snapshot).
+
+- Straight through, all three sources in one driver process: no teacher worker is started or
+  placed (the student's one worker scores as the teacher), every source grades step 1 with the
+  initial weights (the same loss), the EMA and the snapshot are saved in the checkpoints with
+  the number of steps they hold, the live student saves none.
+- A training worker SIGKILLed mid-run (ema, lagged): the run ends with one message, and the same
+  command resumes from the newest checkpoint and logs the uninterrupted run's metrics.
+"""
+
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from run_metrics import assert_resumed_like, read_metrics
+from run_process import Run, run_to_end
+from short_runs import short_run_args
+
+pytest.importorskip("vllm")
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "examples" / "configs" / "distillation_tiny_self.yaml"
+STEPS = 4
+SOURCES = ("student", "ema", "lagged")
+CHECKPOINTS = ("checkpointing.enabled=true", "checkpointing.metric_name=null")
+TEACHER = ("teacher.ema_decay=0.5", "teacher.refresh_steps=2")
+"""An average that moves visibly in a few steps; a snapshot taken after step 2 and step 4."""
+
+
+def args(source: str, run_dir: Path, *extra: str) -> list[str]:
+    return short_run_args(
+        CONFIG, run_dir, STEPS, f"teacher.source={source}", *TEACHER, *CHECKPOINTS, *extra
+    )
+
+
+def command(source: str, run_dir: Path, *extra: str) -> list[str]:
+    script = ROOT / "examples" / "run_distillation_math.py"
+    return [sys.executable, str(script), *args(source, run_dir, *extra)]
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """The three sources' uninterrupted runs in one driver process: {source: (run dir, its
+    stdout)}."""
+    root = tmp_path_factory.mktemp("self_straight")
+    dirs = {source: root / source for source in SOURCES}
+    spec = [
+        {"args": args(source, dirs[source], "checkpointing.save_period=2")} for source in SOURCES
+    ]
+    (root / "runs.json").write_text(json.dumps(spec))
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "functional" / "run_configs.py"), "runs.json"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    output = result.stdout.split("=== run ")[1:]
+    assert result.returncode == 0 and len(output) == len(SOURCES), (
+        result.stdout[-4000:] + result.stderr[-4000:]
+    )
+    for part in output:
+        assert part.rstrip().endswith(" 0"), part[-3000:]
+    return {source: (dirs[source], part) for source, part in zip(SOURCES, output, strict=True)}
+
+
+def test_each_source_runs_with_the_student_as_its_only_model(straight):
+    for source, (run_dir, out) in straight.items():
+        assert "workers: 1 training worker (each runs a rank of the student)" in out, source
+        placed = json.loads((run_dir / "logs" / "placement.json").read_text())["workers"]
+        assert sorted(placed) == ["policy", "vllm"], (source, placed)  # no teacher worker
+        metrics = read_metrics(run_dir)
+        assert sorted(metrics) == list(range(1, STEPS + 1)), source
+        assert all(math.isfinite(metrics[s]["train/loss"]) for s in metrics), source
+        assert metrics[1]["train/forward_kl"] > 1e-3, source  # the answer in view changes it
+
+    # Step 1 is graded by the initial weights whatever the source: the same rollouts, scores
+    # and loss; from step 2 the live student, its average and its snapshot differ.
+    first = {source: read_metrics(d)[1]["train/loss"] for source, (d, _) in straight.items()}
+    assert first["ema"] == first["student"] == first["lagged"], first
+    second = {source: read_metrics(d)[2]["train/loss"] for source, (d, _) in straight.items()}
+    assert len(set(second.values())) == 3, second
+
+
+def test_the_ema_and_the_snapshot_are_checkpointed(straight):
+    for source, (run_dir, _) in straight.items():
+        for step in (2, 4):
+            folder = run_dir / "checkpoints" / f"step_{step}" / "policy" / "teacher"
+            if source == "student":
+                assert not folder.exists()
+                continue
+            assert (folder / "model.safetensors").is_file(), (source, step)
+            state = json.loads((folder / "teacher_state.json").read_text())
+            assert state == {"source": source, "updates": step}
+
+
+@pytest.mark.slow  # two more runs per source: `pytest -m slow`
+@pytest.mark.parametrize("source", ["ema", "lagged"])
+def test_sigkill_of_the_student_resumes_like_the_straight_run(source, straight, tmp_path):
+    faulty = command(source, tmp_path, "checkpointing.save_period=1")
+    run = Run(faulty, tmp_path)
+    run.wait_for_checkpoint(2)
+    victim = run.policy_workers()[0]
+    os.kill(victim, signal.SIGKILL)
+    code, out, err = run.finish()
+    assert code == 1, err[-3000:]
+    assert re.search(rf"worker rank \d died \(pid {victim}", err), err[-3000:]
+
+    out = run_to_end(faulty, tmp_path).stdout
+    resumed = re.search(r"resumed from \S+step_(\d+) \(step \d+\)", out)
+    assert resumed and 2 <= int(resumed.group(1)) < STEPS, out[-3000:]
+    straight_metrics = read_metrics(straight[source][0])
+    assert_resumed_like(read_metrics(tmp_path), straight_metrics, range(1, STEPS + 1))
