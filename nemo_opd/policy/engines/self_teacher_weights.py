@@ -73,9 +73,15 @@ class SelfTeacherWeights:
         self.refresh_steps = refresh_steps
         self.updates = 0
         """Training calls averaged in (ema) or counted toward the next snapshot (lagged)."""
-        self.live = [_local(p) for p in parameters] if source != "student" else []
-        self.copies = [tensor.detach().clone() for tensor in self.live]
+        self.parameters = list(parameters) if source != "student" else []
+        self.copies = [tensor.clone() for tensor in self.live]
         """ema / lagged: this rank's shard of each trainable parameter, in its order."""
+
+    @property
+    def live(self) -> list[torch.Tensor]:
+        """This rank's storage of each parameter, looked up at each use: FSDP2 may move a
+        parameter's shard into a buffer of its own at its first forward."""
+        return [_local(param) for param in self.parameters]
 
     @torch.no_grad()
     def after_training(self) -> None:
@@ -147,7 +153,15 @@ def gather_self_teacher(engine: Engine) -> dict[str, torch.Tensor] | None:
     if teacher is None or not teacher.copies:
         return None
     with teacher.swapped_in():
-        return engine.gather_weights()
+        weights = engine.gather_weights()
+        # A shard that is the whole tensor may come back as the parameter itself (FSDP over
+        # one rank on the CPU: nothing to gather or to move), which the swap back would
+        # overwrite: keep a copy of those.
+        held = {tensor.untyped_storage().data_ptr() for tensor in teacher.live}
+        return {
+            name: tensor.clone() if tensor.untyped_storage().data_ptr() in held else tensor
+            for name, tensor in weights.items()
+        }
 
 
 def write_self_teacher(engine: Engine, root: Path, weights: dict[str, torch.Tensor]) -> None:

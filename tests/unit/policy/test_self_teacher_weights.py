@@ -118,6 +118,9 @@ def test_scores_equal_an_engine_loaded_with_the_teachers_weights(
     for name, value in want.items():
         assert torch.equal(scores[name], value), name
     torch.testing.assert_close(engine.teacher_head.weight, frozen.output_weight(), rtol=0, atol=0)
+    if source == "student":  # the live weights: no copy of them held, none saved
+        assert engine.self_teacher.copies == []
+        assert not (tmp_path / "policy" / TEACHER_DIR).exists()
     if source != "student":  # and it is not the live student
         live = engine.score(batch, **NEED)
         assert not torch.equal(scores["topk_logprobs"], live["topk_logprobs"])
