@@ -556,9 +556,11 @@ class DistillationConfig(Section):
 
     teacher: TeacherConfig | None = None
     """The frozen teacher that grades every token of the rollouts (the policy's schema plus
-    `server` and `prompt_template`; optimizer, scheduler and generation are null, lora off).
-    Null when no objective term uses a teacher (a reward-only baseline such as GRPO): then no
-    teacher is started."""
+    `server`, `prompt_template` and `source`; optimizer, scheduler and generation are null,
+    lora off). Its model_name, tokenizer and max_total_sequence_length are required with
+    `source` model; with student, ema or lagged the teacher is the student itself, they are
+    null and no teacher model is loaded (docs/self_distillation.md). Null when no objective
+    term uses a teacher (a reward-only baseline such as GRPO): then no teacher is started."""
 
     teachers: dict[str, TeacherConfig] | None = None
     """Several frozen teachers by name, instead of `teacher`: each prompt is scored by the one
@@ -609,7 +611,7 @@ class DistillationConfig(Section):
     def teacher_sections(self) -> dict[str, TeacherConfig]:
         """Every teacher by its key path: {"teacher": ...}, {"teachers.<name>": ...}, or {}."""
         if self.teachers is not None:
-            return {f"teachers.{name}": teacher for name, teacher in self.teachers.items()}
+            return {f"teachers.{name}": teacher for name, teacher in self.named_teachers.items()}
         return dict(self.named_teachers)
 
     @model_validator(mode="after")
