@@ -1,10 +1,12 @@
 """Self-distillation in the loop: examples/configs/distillation_tiny_self.yaml, short runs with
 each teacher source (the student's live weights, an EMA of them, a lagged snapshot).
 
-- Straight through, all three sources in one driver process: no teacher worker is started or
-  placed (the student's one worker scores as the teacher), every source grades step 1 with the
-  initial weights (the same loss), the EMA and the snapshot are saved in the checkpoints with
-  the number of steps they hold, the live student saves none.
+- Straight through, all three sources in one driver process, and the other objectives (the
+  full-vocabulary divergence from the EMA's hidden states, the sampled-token reverse KL to the
+  live student): no teacher worker is started or placed (the student's one worker scores as
+  the teacher), every source grades step 1 with the initial weights (the same loss), the EMA
+  and the snapshot are saved in the checkpoints with the number of steps they hold, the live
+  student saves none.
 - A training worker SIGKILLed mid-run (ema, lagged): the run ends with one message, and the same
   command resumes from the newest checkpoint and logs the uninterrupted run's metrics.
 """
@@ -26,7 +28,8 @@ from short_runs import short_run_args
 pytest.importorskip("vllm")
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIG = ROOT / "examples" / "configs" / "distillation_tiny_self.yaml"
+CONFIGS = ROOT / "examples" / "configs"
+CONFIG = CONFIGS / "distillation_tiny_self.yaml"
 STEPS = 4
 SOURCES = ("student", "ema", "lagged")
 CHECKPOINTS = ("checkpointing.enabled=true", "checkpointing.metric_name=null")
@@ -34,9 +37,17 @@ TEACHER = ("teacher.ema_decay=0.5", "teacher.refresh_steps=2")
 """An average that moves visibly in a few steps; a snapshot taken after step 2 and step 4."""
 
 
-def args(source: str, run_dir: Path, *extra: str) -> list[str]:
+SELF_OVERRIDES = [
+    "teacher.model_name=null",
+    "~teacher.tokenizer",
+    "teacher.prompt_template='{prompt} {answer}'",
+]
+"""opd_rl_tiny.yaml's teacher model turned into the student itself."""
+
+
+def args(source: str, run_dir: Path, *extra: str, config: Path = CONFIG) -> list[str]:
     return short_run_args(
-        CONFIG, run_dir, STEPS, f"teacher.source={source}", *TEACHER, *CHECKPOINTS, *extra
+        config, run_dir, STEPS, f"teacher.source={source}", *TEACHER, *CHECKPOINTS, *extra
     )
 
 
@@ -47,12 +58,17 @@ def command(source: str, run_dir: Path, *extra: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
-    """The three sources' uninterrupted runs in one driver process: {source: (run dir, its
-    stdout)}."""
+    """The three sources' uninterrupted runs, the full-vocabulary divergence with the EMA and
+    the sampled-token reverse KL with the live student, in one driver process: {name: (run
+    dir, its stdout)}."""
     root = tmp_path_factory.mktemp("self_straight")
-    dirs = {source: root / source for source in SOURCES}
+    plan = {source: (source, CONFIG, []) for source in SOURCES}
+    plan["ema_full_vocab"] = ("ema", CONFIG, ["loss_fn.support=full"])
+    plan["student_sampled"] = ("student", CONFIGS / "opd_rl_tiny.yaml", SELF_OVERRIDES)
+    dirs = {name: root / name for name in plan}
     spec = [
-        {"args": args(source, dirs[source], "checkpointing.save_period=2")} for source in SOURCES
+        {"args": args(source, dirs[name], "checkpointing.save_period=2", *extra, config=config)}
+        for name, (source, config, extra) in plan.items()
     ]
     (root / "runs.json").write_text(json.dumps(spec))
     result = subprocess.run(
@@ -63,15 +79,15 @@ def straight(tmp_path_factory):
         timeout=1800,
     )
     output = result.stdout.split("=== run ")[1:]
-    assert result.returncode == 0 and len(output) == len(SOURCES), (
+    assert result.returncode == 0 and len(output) == len(plan), (
         result.stdout[-4000:] + result.stderr[-4000:]
     )
     for part in output:
         assert part.rstrip().endswith(" 0"), part[-3000:]
-    return {source: (dirs[source], part) for source, part in zip(SOURCES, output, strict=True)}
+    return {name: (dirs[name], part) for name, part in zip(plan, output, strict=True)}
 
 
-def test_each_source_runs_with_the_student_as_its_only_model(straight):
+def test_each_source_and_objective_runs_with_the_student_as_its_only_model(straight):
     for source, (run_dir, out) in straight.items():
         assert "workers: 1 training worker (each runs a rank of the student)" in out, source
         placed = json.loads((run_dir / "logs" / "placement.json").read_text())["workers"]
@@ -79,18 +95,20 @@ def test_each_source_runs_with_the_student_as_its_only_model(straight):
         metrics = read_metrics(run_dir)
         assert sorted(metrics) == list(range(1, STEPS + 1)), source
         assert all(math.isfinite(metrics[s]["train/loss"]) for s in metrics), source
-        assert metrics[1]["train/forward_kl"] > 1e-3, source  # the answer in view changes it
+        kl = "train/forward_kl" if source != "student_sampled" else "train/sampled_reverse_kl"
+        assert abs(metrics[1][kl]) > 1e-3, (source, metrics[1])  # the answer in view changes it
 
     # Step 1 is graded by the initial weights whatever the source: the same rollouts, scores
     # and loss; from step 2 the live student, its average and its snapshot differ.
-    first = {source: read_metrics(d)[1]["train/loss"] for source, (d, _) in straight.items()}
+    first = {source: read_metrics(straight[source][0])[1]["train/loss"] for source in SOURCES}
     assert first["ema"] == first["student"] == first["lagged"], first
-    second = {source: read_metrics(d)[2]["train/loss"] for source, (d, _) in straight.items()}
+    second = {source: read_metrics(straight[source][0])[2]["train/loss"] for source in SOURCES}
     assert len(set(second.values())) == 3, second
 
 
 def test_the_ema_and_the_snapshot_are_checkpointed(straight):
-    for source, (run_dir, _) in straight.items():
+    for source in SOURCES:
+        run_dir = straight[source][0]
         for step in (2, 4):
             folder = run_dir / "checkpoints" / f"step_{step}" / "policy" / "teacher"
             if source == "student":

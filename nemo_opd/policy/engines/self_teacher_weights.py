@@ -33,16 +33,14 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from torch.distributed.tensor import DTensor
 
 from nemo_opd.policy.engines.teacher_head import TeacherHead
 
-if TYPE_CHECKING:
-    from nemo_opd.policy.engines.base import Engine
-
+# The functions below take the student's Engine (nemo_opd.policy.engines.base), which holds a
+# SelfTeacherWeights as engine.self_teacher; the type is not imported, base imports this.
 TEACHER_DIR = "teacher"
 """The self-teacher's weights inside a policy checkpoint."""
 TEACHER_STATE_FILE = "teacher_state.json"
@@ -117,14 +115,14 @@ class SelfTeacherWeights:
         return {"source": self.source, "updates": self.updates}
 
 
-def hold_self_teacher(engine: Engine, source: str, decay: float, refresh_steps: int) -> None:
+def hold_self_teacher(engine, source: str, decay: float, refresh_steps: int) -> None:
     """Give `engine` the self-teacher's weights, starting from its current ones (before a
     checkpoint is loaded: load() then restores them)."""
     parameters = [p for p in _model_parameters(engine) if p.requires_grad]
     engine.self_teacher = SelfTeacherWeights(source, parameters, decay, refresh_steps)
 
 
-def score_as_teacher(engine: Engine, data, **need) -> dict[str, torch.Tensor]:
+def score_as_teacher(engine, data, **need) -> dict[str, torch.Tensor]:
     """engine.score(data, **need) with the self-teacher's weights; with need["hidden"] the
     engine then holds the head rows of that pass as the teacher's LM head (own_head)."""
     teacher = engine.self_teacher
@@ -138,14 +136,14 @@ def score_as_teacher(engine: Engine, data, **need) -> dict[str, torch.Tensor]:
     return out
 
 
-def own_head(engine: Engine) -> TeacherHead:
+def own_head(engine) -> TeacherHead:
     """A detached copy of the LM head rows the engine's last forward used (this rank's
     [V_pad / tp, H] in the compute precision) and the model's logit soft-cap."""
     weight = engine.output_weight().detach().clone()
     return TeacherHead(weight, getattr(engine.hf_config, "final_logit_softcapping", None))
 
 
-def gather_self_teacher(engine: Engine) -> dict[str, torch.Tensor] | None:
+def gather_self_teacher(engine) -> dict[str, torch.Tensor] | None:
     """The average or snapshot in gather_weights' format (a collective: every rank calls it;
     rank 0's result is written); None when there is nothing to save (no self-teacher, or the
     live student)."""
@@ -164,7 +162,7 @@ def gather_self_teacher(engine: Engine) -> dict[str, torch.Tensor] | None:
         }
 
 
-def write_self_teacher(engine: Engine, root: Path, weights: dict[str, torch.Tensor]) -> None:
+def write_self_teacher(engine, root: Path, weights: dict[str, torch.Tensor]) -> None:
     """Rank 0: gather_self_teacher's weights and state into root/TEACHER_DIR."""
     folder = root / TEACHER_DIR
     folder.mkdir()
@@ -172,7 +170,7 @@ def write_self_teacher(engine: Engine, root: Path, weights: dict[str, torch.Tens
     (folder / TEACHER_STATE_FILE).write_text(json.dumps(engine.self_teacher.state()))
 
 
-def load_self_teacher(engine: Engine, root: Path) -> None:
+def load_self_teacher(engine, root: Path) -> None:
     """Restore the average or snapshot and its count from a checkpoint (every rank; nothing for
     the live student). ValueError when the checkpoint holds another source's or none."""
     teacher = engine.self_teacher
@@ -191,7 +189,7 @@ def load_self_teacher(engine: Engine, root: Path) -> None:
     teacher.updates = int(saved["updates"])
 
 
-def _model_parameters(engine: Engine) -> list[torch.nn.Parameter]:
+def _model_parameters(engine) -> list[torch.nn.Parameter]:
     return list(engine.model.parameters())
 
 

@@ -174,3 +174,28 @@ def test_a_checkpoint_restores_the_teacher_bit_for_bit(source, world1, model_dir
     wrong = student(world1, model_dirs["untied"], other)
     with pytest.raises(ValueError, match=f"holds a teacher of source {source}.*source is {other}"):
         wrong.load(str(tmp_path / "ckpt"))
+
+
+def test_a_lora_students_average_is_its_adapters(world1, model_dirs, tmp_path):
+    """With LoRA only the adapters train: the average holds them alone (the frozen base is
+    shared), the checkpoint's teacher folder is a peft adapter, and an engine with those
+    adapters scores as the self-teacher does."""
+    lora = {"lora__enabled": True, "lora__rank": 2, "lora__target_modules": ["q_proj", "v_proj"]}
+    cfg = policy_config(model_dirs["untied"], optimizer={"lr": 3e-2, "weight_decay": 0.0}, **lora)
+    engine = DTensorEngine(cfg, world1, torch.device("cpu"), total_steps=10)
+    hold_self_teacher(engine, "ema", 0.5, 1)
+    adapters = [name for name, p in engine.model.named_parameters() if p.requires_grad]
+    assert adapters and all("lora" in name for name in adapters)
+    assert len(engine.self_teacher.copies) == len(adapters)
+    for seed in range(2):
+        train(engine, seed)
+    batch = TensorBatch(make_batch(5, teacher=False, seed=9))
+    scores = score_as_teacher(engine, batch, **NEED)
+    engine.save(str(tmp_path / "policy"))
+    assert (tmp_path / "policy" / TEACHER_DIR / "adapter_model.safetensors").is_file()
+
+    frozen = DTensorEngine(cfg, world1, torch.device("cpu"), with_optimizer=False)
+    frozen.load_weights(tmp_path / "policy" / TEACHER_DIR)
+    want = frozen.score(batch, **NEED)
+    for name, value in want.items():
+        assert torch.equal(scores[name], value), name
