@@ -51,9 +51,10 @@ from nemo_opd.data.chat import ChatFormatter  # noqa: E402
 from nemo_opd.data.message_log import flatten_message_logs  # noqa: E402
 from nemo_opd.distributed.parallel_dims import ParallelDims  # noqa: E402
 from nemo_opd.policy.policy import Policy, joined  # noqa: E402
-from nemo_opd.teachers.base import Rollouts, TeacherNeed  # noqa: E402
-from nemo_opd.teachers.cross_tokenizer import CrossTokenizerTeacher, TeacherRendering  # noqa: E402
-from nemo_opd.teachers.xtok_rows import COUNTS  # noqa: E402
+from nemo_opd.scoring.base import Rollouts, TeacherNeed  # noqa: E402
+from nemo_opd.scoring.rendering import TeacherRendering  # noqa: E402
+from nemo_opd.scoring.xtok_rows import COUNTS  # noqa: E402
+from nemo_opd.teachers.cross_tokenizer import CrossTokenizerTeacher  # noqa: E402
 
 PAIRS = [("qwen3", "llama3"), ("qwen3", "tekken"), ("llama3", "qwen3"), ("mistral_sp", "qwen3")]
 PROSE = (

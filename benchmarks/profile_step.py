@@ -50,7 +50,8 @@ ACTIVITIES = (
     ("PolicyWorker.train", "train"),
     ("PolicyWorker.get_topk_logits", "teacher top-k"),
     ("PolicyWorker.get_logprobs", "log-probs (refit check)"),
-    ("PolicyWorker.full_weights_ref", "refit: gather and put weights"),
+    ("_put_answer", "refit: gather and put weights"),  # the Ray worker group's put
+    ("PolicyWorker.full_weights", "refit: gather weights"),
     ("VllmWorker.update_weights", "refit: load weights"),
     ("VllmWorker.generate", "generate"),
     ("PolicyWorker.save", "checkpoint"),

@@ -1,10 +1,14 @@
 """Command line of the example scripts: `--config FILE [overrides...] [--print-config]`.
 
+Before anything starts (and with --print-config, after printing) the inputs the config names
+are checked (algorithms/preflight.py): data files and their columns, prompt files, local model
+and tokenizer folders.
+
 Exit codes: 0 success; 2 a configuration error (the config file or an override) or a setup
 error (data, tokenizers, models); 1 a fault that ended the run (a worker died, a checkpoint
 could not be written); 143 a run stopped by SIGTERM at a clean point. Errors are printed to
 stderr as `error: ...` without a traceback. Nothing printed holds a secret: URL user-info and
-registered secrets are redacted (nemo_opd.config.secrets).
+registered secrets are redacted (nemo_opd.secrets).
 """
 
 import argparse
@@ -12,17 +16,18 @@ import os
 import sys
 from collections.abc import Sequence
 
+from nemo_opd.algorithms.preflight import check_inputs
 from nemo_opd.config import ConfigError, DistillationConfig, load_config, to_yaml
-from nemo_opd.config.secrets import redact_text
 from nemo_opd.errors import RunError, SetupError
+from nemo_opd.secrets import redact_text
 from nemo_opd.utils.import_ahead import ImportAhead
 from nemo_opd.utils.wheel_tags import repair_installed_tags
 
 EXIT_CONFIG_ERROR = 2
 EXIT_RUN_FAILED = 1
 LOOP_HEAVY_IMPORTS = ("nemo_opd.algorithms.tokenizers", "nemo_opd.algorithms.model_checks")
-"""Modules of the loop that import torch and transformers (~11 s of its ~13 s of imports on a
-2-core CPU) and not Ray."""
+"""Modules of the loop that import torch and transformers (most of its import time:
+docs/benchmarks.md, "Where the embedded default's time goes") and not Ray."""
 
 
 def build_parser(description: str | None = None) -> argparse.ArgumentParser:
@@ -35,7 +40,8 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument(
         "--print-config",
         action="store_true",
-        help="print the resolved, validated config as YAML and exit",
+        help="print the resolved, validated config as YAML, check the data files and model "
+        "folders it names, and exit",
     )
     parser.add_argument(
         "overrides", nargs="*", help="overrides in Hydra's grammar, e.g. loss_fn.kl_type=jsd"
@@ -55,8 +61,9 @@ def main(argv: Sequence[str] | None = None, description: str | None = None) -> i
         cfg = load_config(args.config, args.overrides)
         if args.print_config:
             sys.stdout.write(redact_text(to_yaml(cfg)))
-            return 0
-        return _train(cfg)
+            sys.stdout.flush()
+        check_inputs(cfg)  # files, columns, model folders: before any process starts
+        return 0 if args.print_config else _train(cfg)
     except (ConfigError, SetupError) as error:
         print(f"error: {redact_text(str(error))}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
@@ -66,8 +73,22 @@ def main(argv: Sequence[str] | None = None, description: str | None = None) -> i
 
 
 def _train(cfg: DistillationConfig) -> int:
-    """Start Ray (unless this process is connected to one) and hand the config to the
-    distillation loop; stop Ray again afterwards if this call started it."""
+    """Hand the config to the distillation loop: in this process alone when it runs there (the
+    local executor: Ray is never imported), else inside a Ray session (started here unless this
+    process is connected to one, and stopped again afterwards if this call started it)."""
+    from nemo_opd.config.executor import run_executor
+    from nemo_opd.utils.run_dirs import with_absolute_paths
+    from nemo_opd.utils.run_identity import check_run_folders
+
+    # Another run's checkpoints or metrics are refused in seconds, before any worker starts.
+    finished = check_run_folders(with_absolute_paths(cfg))
+    if finished:
+        print(finished)
+        return 0
+    if run_executor(cfg) == "local":
+        from nemo_opd.algorithms.distillation import run
+
+        return run(cfg)
     # Read by Ray at import time: under `uv run`, Ray would otherwise build a fresh virtual
     # environment for every worker; the workers use this one as it is.
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")

@@ -1,16 +1,19 @@
-"""python -m nemo_opd.evaluate --config FILE --checkpoint DIR [--samples K] [--temperature T]
+"""python -m nemo_opd.evaluate --config FILE --checkpoint MODEL [--samples K] [--temperature T]
 [--output-dir OUT] [overrides...]
 
-Evaluates a checkpoint (step_N, its policy folder, or a checkpoint directory: its newest step)
-or an exported model (final_model, python -m nemo_opd.export's output) on the run's validation
-set, without training (nemo_opd.algorithms.evaluation): greedy accuracy, avg@k and pass@k of
-K sampled responses per prompt at temperature T (default: the config's
-distillation.val_samples_per_prompt, or 1, and distillation.val_temperature), the average
-length, and the teacher's top-k divergences when a teacher is configured. Writes into OUT
-(default <logger.log_dir>/evaluation/<checkpoint name>):
+Evaluates a model on the run's validation set, without training
+(nemo_opd.algorithms.evaluation): MODEL is a checkpoint (step_N, its policy folder, or a
+checkpoint directory: its newest step), an exported model (final_model, python -m
+nemo_opd.export's output), any Hugging Face model folder (one model.safetensors, or shards
+behind their index), or a hub name whose model is in the local Hugging Face cache. As the run
+validates: the greedy accuracy and average length of one greedy response per prompt, and the
+teacher's top-k divergences when a teacher is configured; with K sampled responses per prompt
+at temperature T (--samples, default the config's distillation.val_samples_per_prompt, 0:
+none; --temperature, default distillation.val_temperature) also avg@K and pass@K. Writes into
+OUT (default <logger.log_dir>/evaluation/<model folder's name>):
     graded.jsonl    every graded response: prompt, response, answer, reward, mode (greedy or
                     sampled), sample (0..K-1), truncated, messages
-    metrics.json    the metrics (also printed, and logged to metrics.jsonl)
+    metrics.json    the metrics (also printed)
 
 Exit status: 0 when the evaluation ran; 2 for a bad config, override, folder or setup input; 1
 for a fault that stopped it (a worker that died).
@@ -24,8 +27,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from nemo_opd.config import ConfigError, load_config
-from nemo_opd.config.secrets import redact_text
 from nemo_opd.errors import RunError, SetupError
+from nemo_opd.secrets import redact_text
 
 EXIT_BAD_INPUT = 2
 EXIT_RUN_FAILED = 1
@@ -42,11 +45,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--checkpoint",
         required=True,
-        metavar="DIR",
-        help="a checkpoint (step_N), a checkpoint directory (its newest), or an exported model",
+        metavar="MODEL",
+        help="a checkpoint (step_N), a checkpoint directory (its newest), an exported or any "
+        "Hugging Face model folder, or a hub name in the local cache",
     )
     parser.add_argument(
-        "--samples", type=int, metavar="K", help="sampled responses per prompt (avg@K, pass@K)"
+        "--samples",
+        type=int,
+        metavar="K",
+        help="sampled responses per prompt beside the greedy one (avg@K, pass@K)",
     )
     parser.add_argument("--temperature", type=float, metavar="T", help="their temperature")
     parser.add_argument("--output-dir", metavar="OUT", help="where graded.jsonl goes")
@@ -68,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {redact_text(str(error))}", file=sys.stderr)
         return EXIT_RUN_FAILED
     _write(out_dir, metrics, graded)
-    _print(metrics, out_dir, len(graded))
+    _print(metrics, out_dir, graded)
     return 0
 
 
@@ -77,23 +84,37 @@ def _evaluation_config(args: argparse.Namespace):
     from nemo_opd.algorithms.evaluation import evaluation_config, model_folder
 
     cfg = load_config(args.config, args.overrides)
-    if args.samples is not None and not 1 <= args.samples <= 1024:
-        raise ConfigError(f"--samples {args.samples}: must be from 1 to 1024")
+    if args.samples is not None and not 0 <= args.samples <= 1024:
+        raise ConfigError(f"--samples {args.samples}: must be from 0 to 1024")
     if args.temperature is not None and not 0 < args.temperature <= 100:
         raise ConfigError(f"--temperature {args.temperature}: must be above 0 and at most 100")
-    weights = model_folder(Path(args.checkpoint))
-    name = Path(args.checkpoint).resolve().name
+    weights = model_folder(args.checkpoint)
+    given = Path(args.checkpoint).expanduser()
+    name = given.resolve().name if given.exists() else given.name  # a hub name: its last part
     out_dir = Path(args.output_dir or Path(cfg.logger.log_dir) / "evaluation" / name)
-    samples = args.samples or cfg.distillation.val_samples_per_prompt or 1
+    samples = cfg.distillation.val_samples_per_prompt if args.samples is None else args.samples
     temperature = args.temperature or cfg.distillation.val_temperature
-    print(f"evaluating {weights}: greedy and {samples} sample(s) per prompt at T={temperature}")
+    print(f"evaluating {weights}: {_decoding(samples, temperature)}")
     return evaluation_config(cfg, weights, out_dir, samples, temperature), out_dir
 
 
+def _decoding(samples: int, temperature: float) -> str:
+    """How each prompt is answered, in words."""
+    if samples == 0:
+        return "one greedy response per prompt, as the run validates (--samples K adds K sampled)"
+    noun = "sample" if samples == 1 else "samples"
+    return f"one greedy response and {samples} {noun} at T={temperature} per prompt"
+
+
 def _evaluate(cfg) -> tuple[dict, list[dict]]:
-    """evaluate_model inside a Ray session (started here unless one is connected)."""
-    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")  # see nemo_opd.cli
+    """evaluate_model in this process alone (the local executor: no Ray), or inside a Ray
+    session (started here unless one is connected)."""
     from nemo_opd.algorithms.evaluation import evaluate_model
+    from nemo_opd.config.executor import run_executor
+
+    if run_executor(cfg) == "local":
+        return evaluate_model(cfg)
+    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")  # see nemo_opd.cli
     from nemo_opd.distributed.ray_runtime import ray_session
 
     with ray_session(cfg.cluster):
@@ -108,12 +129,16 @@ def _write(out_dir: Path, metrics: dict, graded: list[dict]) -> None:
     (out_dir / METRICS_FILE).write_text(json.dumps(metrics, indent=2, sort_keys=True))
 
 
-def _print(metrics: dict, out_dir: Path, graded: int) -> None:
+def _print(metrics: dict, out_dir: Path, graded: list[dict]) -> None:
+    """The validation metrics, then what was graded: prompts, and responses of each mode."""
     shown = {k: v for k, v in metrics.items() if k.startswith("validation/")}
     width = max(map(len, shown), default=0)
     for name in sorted(shown):
         print(f"  {name:<{width}}  {shown[name]:.4f}")
-    print(f"{graded} graded responses: {out_dir / GRADED_FILE}")
+    prompts = sum(1 for record in graded if record.get("mode") == "greedy")
+    sampled = (len(graded) - prompts) // max(prompts, 1)
+    each = f"each one greedy and {sampled} sampled" if sampled else "one greedy response each"
+    print(f"{prompts} prompts, {each}: {len(graded)} graded responses in {out_dir / GRADED_FILE}")
 
 
 if __name__ == "__main__":

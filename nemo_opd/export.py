@@ -1,12 +1,14 @@
 """python -m nemo_opd.export --config FILE --checkpoint DIR -o OUT [overrides...]
 
-Exports a checkpoint's student as the run exports its final model (nemo_opd.utils.hf_export):
+Exports a checkpoint's student as the run exports its final model (nemo_opd.policy.hf_export):
 Hugging Face weights in policy.precision, config, tokenizer, chat template and
 generation_config.json, and none of the training state. DIR is a checkpoint (step_N) or its
 policy folder; the config is the run's (its tokenizer, chat template and precision). Runs on
-the driver alone (no Ray, no GPU): the checkpoint's weights are read from disk. Exit status 0,
-or 2 with one `error:` line for a bad config, a folder that holds no model, or a LoRA
-checkpoint (its adapters only: the run's final_model is the merged one).
+the driver alone (no Ray, no GPU): the checkpoint's weights are read from disk. OUT is written
+whole, and only when it is new, empty or an earlier export (nemo_opd.utils.export_folder).
+Exit status 0, or 2 with one `error:` line for a bad config, a folder that holds no model, a
+LoRA checkpoint (its adapters only: the run's final_model is the merged one), or an OUT that
+holds anything else (nothing in it is touched).
 """
 
 import argparse
@@ -16,6 +18,7 @@ from pathlib import Path
 
 from nemo_opd.config import ConfigError, load_config
 from nemo_opd.errors import SetupError
+from nemo_opd.secrets import redact_text
 
 EXIT_BAD_INPUT = 2
 
@@ -40,14 +43,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = load_config(args.config, args.overrides)
         # Heavy imports (torch, transformers) after the config is known to be good.
         from nemo_opd.algorithms.tokenizers import load_tokenizer
+        from nemo_opd.policy.hf_export import export_checkpoint
         from nemo_opd.tiny.assets import resolve_pretrained
-        from nemo_opd.utils.hf_export import export_checkpoint
 
         policy = cfg.policy.with_names(resolve_pretrained)  # "tiny:*" to their local folders
         tokenizer = load_tokenizer(policy.tokenizer, "policy")
         target = export_checkpoint(Path(args.checkpoint), Path(args.output), tokenizer, policy)
     except (ConfigError, SetupError) as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {redact_text(str(error))}", file=sys.stderr)
         return EXIT_BAD_INPUT
     print(f"exported {args.checkpoint} as a Hugging Face model ({policy.precision}): {target}")
     return 0

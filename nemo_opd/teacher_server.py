@@ -30,8 +30,8 @@ from dataclasses import dataclass
 import httpx
 
 from nemo_opd.config import ConfigError, DistillationConfig, load_config
-from nemo_opd.config.secrets import redact_text
 from nemo_opd.errors import SetupError
+from nemo_opd.secrets import redact_text
 from nemo_opd.teachers.served_checks import server_api_key
 
 EXIT_CONFIG_ERROR = 2

@@ -49,16 +49,12 @@ import torch
 
 from nemo_opd.algorithms.advantages import compute_advantages, group_ids_for
 from nemo_opd.algorithms.data_mix import is_on_policy_step
+from nemo_opd.algorithms.objective import sampling_temperature
 from nemo_opd.algorithms.prompts import repeat_samples
+from nemo_opd.algorithms.resume import ROLLOUTS_AHEAD_FILE, ROLLOUTS_AHEAD_KEY
 from nemo_opd.algorithms.rollout_pipeline import PlannedStep, ProducedStep, StepPipeline
-from nemo_opd.algorithms.setup import (
-    ROLLOUTS_AHEAD_FILE,
-    ROLLOUTS_AHEAD_KEY,
-    DistillationRun,
-    rollouts_per_step,
-    sampling_temperature,
-    setup,
-)
+from nemo_opd.algorithms.run_state import DistillationRun
+from nemo_opd.algorithms.setup import rollouts_per_step, setup
 from nemo_opd.algorithms.step_rollouts import (
     VERSION_KEY,
     is_checked_step,
@@ -78,15 +74,17 @@ from nemo_opd.errors import RunError, ServiceError
 from nemo_opd.generation import logprob_mismatch
 from nemo_opd.losses import build_loss_mask
 from nemo_opd.losses.reduction import metric_reduction
+from nemo_opd.policy.hf_export import write_model_files
 from nemo_opd.rollouts import RolloutResult, rollout_state
 from nemo_opd.tiny.assets import recorded_heldout_accuracy
-from nemo_opd.utils.hf_export import write_model_files
+from nemo_opd.utils.export_folder import FINAL_MODEL_DIR, export_directory
 from nemo_opd.utils.plot import ROLLOUTS_KEY, plot_metrics
+from nemo_opd.utils.run_summary import RunOutcome, format_run_summary
+from nemo_opd.utils.seeds import call_seed, request_seed
 from nemo_opd.utils.startup import startup_metrics
 from nemo_opd.utils.stop_signal import StopSignal
 from nemo_opd.utils.timers import Timers
 
-FINAL_MODEL_DIR = "final_model"
 ELAPSED_KEY = "progress/elapsed_s"
 STOPPED_EXIT_STATUS = 128 + signal.SIGTERM
 """Exit status of a run that SIGTERM stopped at a clean point (the shell's convention)."""
@@ -97,13 +95,29 @@ def run(cfg: DistillationConfig) -> int:
     stopped the run early (with a checkpoint to resume from, and no final export). Bad input
     found at setup raises SetupError before any training."""
     state = setup(cfg)
+    final_model = None
     try:
-        if not distillation_train(state):
-            return STOPPED_EXIT_STATUS
-        export_final_model(state)
+        finished = distillation_train(state)
+        if finished:
+            final_model = export_final_model(state)
     finally:
         state.shutdown()
-    return 0
+    print(format_run_summary(_outcome(state, final_model)))
+    return 0 if finished else STOPPED_EXIT_STATUS
+
+
+def _outcome(state: DistillationRun, final_model: Path | None) -> RunOutcome:
+    """What the end-of-run summary reports (utils/run_summary.py)."""
+    accuracy = _recorded_teacher_accuracy(state.cfg)
+    return RunOutcome(
+        step=state.step,
+        total_steps=state.cfg.distillation.max_num_steps,
+        resumed_step=state.resumed_step,
+        seconds=time.time() - state.started_at,
+        log_dir=Path(state.cfg.logger.log_dir),
+        final_model=final_model,
+        teacher_accuracy=None if accuracy is None else (accuracy, "measured at its build"),
+    )
 
 
 # --------------------------------------------------------------------------------------- training
@@ -490,7 +504,7 @@ def _validate_sampled(
     rewards = []
     for start in range(0, len(samples), chunk_prompts):
         logs, metadata = repeat_samples(samples[start : start + chunk_prompts], k)
-        seed = loop.seed * 1_000_003 + 7 + start * k * 1_000
+        seed = request_seed(call_seed(loop.seed, "validation", 0), start * k, 0)
         with timers.time("generation"):
             rollout = rollout_with(
                 state, logs, metadata, greedy=False, seed=seed, temperature=loop.val_temperature
@@ -538,14 +552,28 @@ def _save_checkpoint(state: DistillationRun, pipeline: StepPipeline) -> None:
             ) from error
 
 
+def _recorded_teacher_accuracy(cfg: DistillationConfig) -> float | None:
+    """The teacher's held-out accuracy when the run validates where its build measured it
+    (a tiny teacher on tiny_math's held-out split); None otherwise."""
+    data = cfg.data
+    on_heldout = data.dataset_name == "tiny_math" and data.val_split in (None, "validation")
+    has_model = "teacher" in cfg.named_teachers  # one teacher, a model of its own
+    if not has_model or not on_heldout or data.val_path or data.val_dataset_name:
+        return None
+    return recorded_heldout_accuracy(cfg.teacher.model_name)
+
+
 def export_final_model(state: DistillationRun) -> Path:
-    """The trained student as a Hugging Face model (nemo_opd.utils.hf_export: weights in the
+    """The trained student as a Hugging Face model (nemo_opd.policy.hf_export: weights in the
     policy's precision, config, tokenizer, chat template, generation_config.json; a LoRA
     student merged, with its peft adapter in final_model/adapter; no training state) under
-    checkpointing.checkpoint_dir/final_model, and the PNG of the training curves."""
+    checkpointing.checkpoint_dir/final_model, written whole over the previous export (never
+    over anything else: nemo_opd.utils.export_folder), and the PNG of the training curves."""
     target = Path(state.cfg.checkpointing.checkpoint_dir) / FINAL_MODEL_DIR
-    state.student.export(str(target), state.cfg.policy.precision)
-    write_model_files(target, state.formatter.tokenizer, state.cfg.policy)
+    source = {"checkpoint_dir": state.cfg.checkpointing.checkpoint_dir, "step": state.step}
+    with export_directory(target, source, earlier_unmarked=True) as folder:
+        state.student.export(str(folder), state.cfg.policy.precision)
+        write_model_files(folder, state.formatter.tokenizer, state.cfg.policy)
     metrics_file = Path(state.cfg.logger.log_dir) / "metrics.jsonl"
     if metrics_file.exists():
         references = {}

@@ -3,9 +3,15 @@ prompts that are too long skipped and counted."""
 
 from dataclasses import dataclass
 
-from nemo_opd.data.chat import ChatFormatter
+from transformers import PreTrainedTokenizerBase
+
+from nemo_opd.algorithms.preflight import record_options
+from nemo_opd.config import DistillationConfig
+from nemo_opd.data.chat import ChatFormatter, read_text_file
+from nemo_opd.data.datasets import load_prompt_records
 from nemo_opd.data.message_log import log_length
 from nemo_opd.errors import SetupError
+from nemo_opd.tools.base import tool_schemas
 
 
 @dataclass
@@ -66,3 +72,43 @@ def repeat_samples(samples: list[dict], times: int) -> tuple[list, list]:
     logs = [s["message_log"] for s in samples for _ in range(times)]
     metadata = [dict(s["metadata"]) for s in samples for _ in range(times)]
     return logs, metadata
+
+
+def load_prompts(
+    cfg: DistillationConfig, tokenizer: PreTrainedTokenizerBase
+) -> tuple[ChatFormatter, PromptSet, PromptSet]:
+    """The chat formatter and the train and validation prompts, rendered with the chat template
+    and tokenized (too-long prompts skipped and counted; no validation prompts when the run
+    never validates); SetupError on bad data."""
+    formatter = ChatFormatter(
+        tokenizer,
+        read_text_file(cfg.data.prompt_file, "data.prompt_file"),
+        read_text_file(cfg.data.system_prompt_file, "data.system_prompt_file"),
+        cfg.policy.tokenizer.chat_template_kwargs,
+        tools=offered_tools(cfg),
+    )
+    max_prompt = cfg.data.max_input_seq_length or cfg.policy.max_total_sequence_length - 1
+    records = load_prompt_records(cfg.data, "train", **record_options(cfg, "train"))
+    train = encode_prompts(records, formatter, max_prompt, "train")
+    val = PromptSet([], 0)  # a run that never validates needs no validation data
+    if cfg.distillation.validates:
+        options = record_options(cfg, "validation")
+        val_records = load_prompt_records(cfg.data, "validation", **options)
+        val = encode_prompts(val_records, formatter, max_prompt, "validation")
+    if cfg.distillation.max_val_samples is not None:
+        val.samples = val.samples[: cfg.distillation.max_val_samples]
+    print(
+        f"data: {len(train.samples)} train prompts ({train.skipped} skipped as longer than "
+        f"{max_prompt} tokens), {len(val.samples)} validation prompts ({val.skipped} skipped)"
+    )
+    check_fills_one_batch(train, cfg.distillation.num_prompts_per_step, max_prompt)
+    return formatter, train, val
+
+
+def offered_tools(cfg: DistillationConfig) -> list[dict] | None:
+    """The tools env.tools offers, as the chat template takes them (None for none);
+    SetupError for a tool that cannot be loaded."""
+    try:
+        return tool_schemas(cfg.env.tools.names)
+    except ValueError as error:
+        raise SetupError(f"env.tools.names: {error}") from None

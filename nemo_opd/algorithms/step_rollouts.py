@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from nemo_opd.algorithms.data_mix import is_on_policy_step
+from nemo_opd.algorithms.objective import sampling_temperature, teacher_temperature
 from nemo_opd.algorithms.prompts import repeat_samples
 from nemo_opd.algorithms.rollout_pipeline import (
     PlannedStep,
@@ -28,14 +29,15 @@ from nemo_opd.algorithms.rollout_pipeline import (
     StepPipeline,
     version_for,
 )
-from nemo_opd.algorithms.setup import DistillationRun, sampling_temperature, teacher_temperature
+from nemo_opd.algorithms.run_state import DistillationRun
 from nemo_opd.config import DistillationConfig
 from nemo_opd.data.batching import TensorBatch
 from nemo_opd.data.message_log import flatten_message_logs
 from nemo_opd.generation import VllmGeneration
 from nemo_opd.rollouts import RolloutResult, concat_rollouts, run_multi_turn_rollout
 from nemo_opd.rollouts.off_policy import reference_rollout
-from nemo_opd.teachers.base import Rollouts, TeacherNeed
+from nemo_opd.scoring.base import Rollouts, TeacherNeed
+from nemo_opd.utils.seeds import call_seed, request_seed
 from nemo_opd.utils.timers import Timers
 
 VERSION_KEY = "weights_version"
@@ -269,7 +271,7 @@ def _step_rollout(
     rollout/teacher_sampled say which."""
     cfg = state.cfg
     sampler = state.teacher_sampler
-    seed = step_seed(cfg, plan.step) + first_row
+    seed = request_seed(step_seed(cfg, plan.step), first_row, 0)  # the part's first row
     if plan.on_policy:
         rollout = rollout_with(state, logs, metadata, greedy=False, seed=seed)
         for meta in rollout.metadata:
@@ -321,11 +323,12 @@ def rollout_with(
 
 
 def step_seed(cfg: DistillationConfig, step: int) -> int:
-    """Sampling seed of a step: a function of (seed, step) only, so resumed runs sample the
-    same rollouts as uninterrupted ones. Row r of the step (prompt p's sample j: r = p x copies
-    + j) at turn t samples with request_seed(step_seed, r, t) (nemo_opd.rollouts), whatever
+    """Sampling seed of a step: a hash of (seed, step) only, so resumed runs sample the same
+    rollouts as uninterrupted ones, and no request of one step shares a seed with another's
+    at any batch size. Row r of the step (prompt p's sample j: r = p x copies + j) at turn t
+    samples with request_seed(step_seed, r, t) (nemo_opd.utils.seeds), whatever
     stream_chunks is."""
-    return cfg.distillation.seed * 1_000_003 + step * 1_000
+    return call_seed(cfg.distillation.seed, "step", step)
 
 
 def staleness_metrics(plan: PlannedStep) -> dict[str, float]:

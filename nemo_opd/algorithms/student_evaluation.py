@@ -11,8 +11,8 @@ chunk generates.
 With `background`, the student's evaluate() of each chunk runs in one worker thread of the
 driver while the driver generates (and the teacher scores) the next: vLLM, the teacher's workers
 and the student's workers are separate processes, so on a 2-core CPU (one thread each under
-overlap) the student takes the core that generation leaves idle: a validation of the tiny
-default took 2.6 s instead of 2.7-3.0 s (2026-11-27). Only where generation has devices of its
+overlap) the student takes the core that generation leaves idle (the tiny default's
+validation, measured in docs/benchmarks.md). Only where generation has devices of its
 own: a colocated engine shares the GPU with the training workers and sleeps while they compute,
 so there each chunk is evaluated at once, in the caller's thread. Chunks are evaluated one at
 a time in the order submitted, so the sums, and the metrics, are the same either way.
@@ -29,7 +29,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from nemo_opd.algorithms.setup import DistillationRun
+from nemo_opd.algorithms.run_state import DistillationRun
 from nemo_opd.config.checks import VALIDATION_DIVERGENCE
 from nemo_opd.data.batching import TensorBatch
 

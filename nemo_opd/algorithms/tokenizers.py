@@ -7,12 +7,18 @@ from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from nemo_opd.config import TokenizerConfig
+from nemo_opd.algorithms.local_paths import is_local_model, missing_folder
+from nemo_opd.algorithms.preflight import TOKENIZER_FILES
+from nemo_opd.config import DistillationConfig, PolicyConfig, TokenizerConfig
 from nemo_opd.errors import SetupError
 
 
 def load_tokenizer(cfg: TokenizerConfig, section: str) -> PreTrainedTokenizerBase:
-    """The tokenizer of a model section, with the configured chat template if any."""
+    """The tokenizer of a model section, with the configured chat template if any; a local
+    path to no folder is refused here, without asking the hub (algorithms.local_paths)."""
+    problem = missing_folder(cfg.name, f"{section}.tokenizer.name")
+    if problem is not None:
+        raise SetupError(problem)
     try:
         tokenizer = AutoTokenizer.from_pretrained(cfg.name)
     except Exception as error:  # noqa: BLE001 - missing files, bad name, no network
@@ -113,3 +119,53 @@ def _vocabulary_differences(
 
 def _id_order(vocab: dict[str, int]):
     return lambda token: (vocab.get(token, 1 << 62), token)
+
+
+def own_tokenizer_notes(cfg: DistillationConfig, tokenizer: PreTrainedTokenizerBase) -> list[str]:
+    """own_tokenizer_note of the student (whose tokenizer is `tokenizer`) and of each teacher
+    (that tokenizer too when its tokenizer section is the student's)."""
+    notes = []
+    for section, model in {"policy": cfg.policy, **cfg.teacher_sections}.items():
+        shared = model.tokenizer == cfg.policy.tokenizer
+        notes.append(own_tokenizer_note(model, section, tokenizer if shared else None))
+    return [note for note in notes if note]
+
+
+def own_tokenizer_note(
+    cfg: PolicyConfig, section: str, tokenizer: PreTrainedTokenizerBase | None = None
+) -> str | None:
+    """A warning for the start of a run when `section`.tokenizer.name is not the model's own
+    tokenizer: the model is a local folder holding a tokenizer whose vocabulary differs from
+    the configured one (`tokenizer`, loaded when not given). A model reads ids as the tokenizer
+    it was trained with wrote them; a recipe's tokenizer inherited with another model is the
+    usual cause. None when the names agree, the folder holds no tokenizer, or the two
+    vocabularies are the same."""
+    model, name = cfg.model_name, cfg.tokenizer.name
+    if name == model or not is_local_model(model):
+        return None
+    if not any((Path(model) / file).is_file() for file in TOKENIZER_FILES):
+        return None
+    configured = tokenizer or load_tokenizer(cfg.tokenizer, section)
+    own = load_tokenizer(TokenizerConfig(name=model), f"{section}.model_name")
+    first = _first_difference(configured.get_vocab(), own.get_vocab())
+    if first is None:
+        return None
+    return (
+        f"warning: {section}.tokenizer.name is {name}, not the tokenizer of "
+        f"{section}.model_name ({model}), and their vocabularies differ ({len(configured):,} "
+        f"tokens against {len(own):,}; first difference: {first}); the model reads ids as its "
+        f"own tokenizer wrote them. Unless that is meant, set {section}.tokenizer.name to the "
+        "model's folder (${..model_name})"
+    )
+
+
+def _first_difference(configured: dict[str, int], own: dict[str, int]) -> str | None:
+    """The first token, in id order, whose id differs between the configured tokenizer's
+    vocabulary and the model's own; None when they are the same."""
+    if configured == own:
+        return None
+    for token in sorted(set(configured) | set(own), key=_id_order(configured)):
+        ids = configured.get(token), own.get(token)
+        if ids[0] != ids[1]:
+            return f"{token!r}: id {ids[0]} in the configured one, {ids[1]} in the model's own"
+    return None

@@ -5,14 +5,14 @@ command-line overrides, and a strict pydantic schema with one model per section.
     policy = Policy(cfg.policy)          # each component receives only its own section
     print(to_yaml(cfg))                  # the fully resolved, validated config
 
-Modules: schema.py (the run's sections and DistillationConfig), model_schema.py (a model's
-sections: PolicyConfig, TeacherConfig), section.py (their base and the size bounds),
-key_paths.py (the schema by key path), loader.py (reading, inheritance, validation, dumping),
-interpolation.py (`${...}`, bounded), overrides.py (the command line's overrides, in Hydra's
-grammar), bounds.py (loading's limits), checks.py (the cross-field rules), worker_split.py and
-address.py (the arithmetic and syntax those rules use), errors.py (ConfigError and its
-messages), nemo_rl_keys.py (what NeMo-RL's keys became here, for messages and the converter),
-reference.py (docs/config.md, generated from the schema).
+Modules: schema.py and model_schema.py (the sections; section.py their base and size bounds),
+loader.py (reading, inheritance, validation, dumping), overrides.py (Hydra's grammar),
+interpolation.py (`${...}`), bounds.py (loading's limits), checks.py (the cross-field rules,
+a few beside what they use: address.py, templates.py, worker_split.py), key_paths.py (the
+schema by key path), errors.py (ConfigError and its messages). Below config/: the redaction
+of secrets (nemo_opd.secrets) and the converter's NeMo-RL key map, which the hints on NeMo-RL's
+keys read (nemo_opd.nemo_rl_keys); above it, the generator of docs/config.md's key tables
+(nemo_opd.config_reference).
 
 Every problem is raised as ConfigError with a message naming the full key path.
 """
@@ -26,22 +26,12 @@ from nemo_opd.config.loader import (
     to_yaml,
     validate_config,
 )
-from nemo_opd.config.overrides import apply_overrides, parse_override
-from nemo_opd.config.schema import (
-    CheckpointingConfig,
-    ClusterConfig,
+from nemo_opd.config.model_schema import (
     ColocatedConfig,
-    DataConfig,
-    DistillationConfig,
-    DistillationLoopConfig,
     DTensorConfig,
     DynamicBatchingConfig,
-    EnvConfig,
     GenerationConfig,
-    LoggerConfig,
     LoraConfig,
-    LossConfig,
-    MathEnvConfig,
     MegatronConfig,
     OptimizerConfig,
     PolicyConfig,
@@ -51,8 +41,21 @@ from nemo_opd.config.schema import (
     TeacherConfig,
     TeacherServerConfig,
     TokenizerConfig,
-    ToolsConfig,
+    TransformersConfig,
     VllmConfig,
+)
+from nemo_opd.config.overrides import apply_overrides, parse_override
+from nemo_opd.config.schema import (
+    CheckpointingConfig,
+    ClusterConfig,
+    DataConfig,
+    DistillationConfig,
+    DistillationLoopConfig,
+    EnvConfig,
+    LoggerConfig,
+    LossConfig,
+    MathEnvConfig,
+    ToolsConfig,
     WandbConfig,
 )
 
@@ -82,6 +85,7 @@ __all__ = [
     "SequencePackingConfig",
     "TokenizerConfig",
     "ToolsConfig",
+    "TransformersConfig",
     "VllmConfig",
     "WandbConfig",
     "apply_overrides",

@@ -10,6 +10,8 @@ and the object store traffic of refit want a driver inside the cluster). Whether
 there is nemo_opd.distributed.address.probe_head's question.
 """
 
+from nemo_opd.config.schema import DistillationConfig
+
 DEFAULT_PORT = 6379
 """The GCS port `ray start --head` uses unless given --port."""
 
@@ -41,3 +43,11 @@ def split_address(address: str) -> tuple[str, int]:
     """(host, port) of a valid address (see address_problem); IPv6 brackets removed."""
     host, _, port = address.rpartition(":")
     return host.strip("[]"), int(port)
+
+
+def check_cluster_address(cfg: DistillationConfig) -> list[str]:
+    """cluster.address, when set, is a Ray head's GCS address host:port (or "auto"), not a
+    dashboard (http://) or Ray Client (ray://) address."""
+    address = cfg.cluster.address
+    problem = address_problem(address) if address not in (None, "auto") else None
+    return [f"cluster.address: {problem}"] if problem else []

@@ -1,34 +1,22 @@
 """`${...}` interpolation, bounded by the work it does, whatever the config holds.
 
-What a config may interpolate: references to other keys, absolute (`${policy.precision}`) or
-relative (`${..model_name}`, `${...max_total_sequence_length}`), and the arithmetic resolvers
-`${mul:a,b,...}`, `${add:a,b,...}`, `${max:a,b,...}` and `${div:a,b}` over numbers and
-interpolations. `div` returns an int when both arguments are ints and the division is exact, a
-float otherwise. A value of `???` marks a key that must be set by a child file or an override.
+A value may refer to another key, absolute (`${policy.precision}`) or relative
+(`${..model_name}`), and call the arithmetic resolvers `${mul:a,...}`, `${add:a,...}`,
+`${max:a,...}` and `${div:a,b}` (an int when both are ints and the division is exact); `???`
+marks a key a child file or an override must set. A resolver is looked up in RESOLVERS alone,
+by the name it has when called, so no spelling reaches another (`${${key}:X}`,
+`${oc.${key}:X}`, `\\\\${oc.env:X}`): `oc.env` would copy an environment variable (a
+secret) into a config that is printed and logged, `oc.create` parse YAML no bound sees.
 
-Nothing else: OmegaConf's own resolvers (`oc.env`, `oc.select`, `oc.decode`, `oc.create`, ...)
-are never called. `oc.env` would copy any environment variable, a secret among them, into a
-config that is printed and logged; `oc.create` parses YAML, aliases and all, that no bound on
-the file sees. A resolver is looked up in RESOLVERS alone, by the name it has when it is called,
-so no spelling reaches another: a name read from a key (`${${key}:X}`, `${oc.${key}:X}`), or
-an escaped backslash before the `${` (`\\\\${oc.env:X}`: a backslash, then the interpolation).
-
-How (resolve_interpolations): each value is read with OmegaConf's own grammar, its parser and
-visitor (the same syntax, escapes and argument types as OmegaConf), and the keys it refers to
-are looked up here, in the plain config, instead of in an OmegaConf object. So each key is
-resolved once (OmegaConf resolves a key again each time another refers to it: a chain of keys
-that each refer to the previous one twice costs it 2**n), and the work is counted as it is
-done, stopping at the first excess:
-- what is parsed: at most MAX_RESOLUTIONS `${` and MAX_PARSED_CHARS characters in all the
-  values that hold interpolations (each value is parsed and evaluated once, so this bounds the
-  references and resolver calls evaluated too);
-- what is produced: at most MAX_INTERPOLATED_CHARS characters and MAX_VALUES values in all
-  that references and resolver calls yield, a section counted at every reference to it (a
-  printed config writes it out that often);
-- at most MAX_REFERENCE_CHAIN keys in a chain of references (a key whose value refers to a key
-  whose value refers on), and MAX_INTERPOLATION_NESTING levels of `${` within one value,
-  checked before the value is parsed (the parser recurses once per level).
-An arithmetic result must fit in 64 bits (an integer) or be finite (a float).
+Each value is read by OmegaConf's own grammar (its parser and visitor: the same syntax,
+escapes and argument types), and the keys it refers to are looked up here, in the plain
+config, each resolved once (docs/design.md says why not by OmegaConf). The work is counted as
+it is done, stopping at the first excess of a bound of bounds.py: the `${` and characters
+parsed (MAX_RESOLUTIONS, MAX_PARSED_CHARS), what references and resolvers yield
+(MAX_INTERPOLATED_CHARS, MAX_VALUES: a section counted at every reference to it), the chain
+of references (MAX_REFERENCE_CHAIN) and the nesting of `${` in one value
+(MAX_INTERPOLATION_NESTING, checked before the parser recurses). An arithmetic result fits in
+64 bits (an int) or is finite (a float).
 """
 
 import copy
@@ -220,7 +208,7 @@ class _Resolution:
 
     def _refer(self, path: tuple, key: str) -> Any:
         """The value `${key}` in the value at `path` refers to (a copy of a section)."""
-        target = _reference_path(path, key)
+        target = reference_path(path, key)
         if target is None:
             raise _Unresolvable(f"{key!r} goes above the top of the config")
         if self.references >= MAX_REFERENCE_CHAIN:
@@ -268,10 +256,9 @@ class _Resolution:
 
 
 class _Work:
-    """What resolving one config has done, against the bounds of the module docstring: each
-    value is parsed and evaluated once, so the `${` in the values parsed bound the
-    interpolations evaluated; what the references and resolver calls yield is counted as they
-    yield it."""
+    """What resolving one config has done, against the bounds of the module docstring: each value is
+    parsed and evaluated once, so the `${` in the values parsed bound the interpolations evaluated;
+    what the references and resolver calls yield is counted as they yield it."""
 
     def __init__(self) -> None:
         self.interpolations = self.parsed = self.chars = self.values = 0
@@ -353,7 +340,7 @@ def _leaves(node: Any, path: tuple):
         yield path, node
 
 
-def _reference_path(path: tuple, reference: str) -> tuple | None:
+def reference_path(path: tuple, reference: str) -> tuple | None:
     """The key path `${reference}` names from the value at `path`: absolute (`a.b`, `a[0]`) or
     relative (`.sibling`, `..key_of_parent`), as OmegaConf reads it; None above the top."""
     dots = len(reference) - len(reference.lstrip("."))

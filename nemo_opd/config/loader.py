@@ -1,45 +1,23 @@
 """load_config: a YAML file (with `defaults:`) + command-line overrides -> a validated config.
 
-The steps, in order, each a part of this module:
+The steps, in order (docs/config.md tells users the same):
 1. read the file strictly (duplicate keys are errors, syntax errors carry file:line) and
-   everything it inherits through `defaults:`, deep-merged;
+   everything it inherits through `defaults:` (paths relative to the including file; later
+   files win, mappings merge key by key, lists are replaced whole), with each file's relative
+   paths made absolute against its own folder;
 2. apply the command-line overrides (overrides.py, Hydra's grammar) to that merged dict;
-3. resolve `${...}` interpolations (so an override changes every value that refers to it);
-4. validate against the schema, fields first, then the cross-field checks.
+3. resolve `${...}` interpolations (interpolation.py), so an override changes every value
+   that refers to it;
+4. validate against the schema, then run the cross-field checks (checks.py).
 Every failure along the way is a ConfigError with one message naming the key path. to_yaml
 turns a validated config back into YAML that load_config reads to an equal config.
 
-Loading is bounded whatever the input (bounds.py): a config file must be a regular file of at
-most MAX_FILE_BYTES; a parsed file, an override and the merged config may hold at most
-MAX_VALUES values once every YAML alias is expanded, nested at most MAX_DEPTH deep; the merge
-keys of one file may copy at most MAX_VALUES pairs, counted before they are copied;
-`defaults:` loads at most MAX_DEFAULTS_LOADS files in all; and interpolation counts its work as
-it resolves (interpolation.py). Each check costs at most its bound, so an alias bomb, a
-merge-key bomb, a diamond of includes or an interpolation that doubles at every step is refused
-at once.
-
-YAML, two departures from PyYAML's YAML 1.1 defaults, both to match what users expect: `1e-5`
-is a float (YAML 1.1 reads it as a string because it has no dot), and dates such as
-`2024-01-01` stay strings (a run name is not a datetime). Anchors, aliases and merge keys
-(`teacher: {<<: *policy, model_name: ...}`, as NeMo-RL's configs are written) work in a
-config and in every file it inherits; each use of an alias is a copy of its own, so an
-override of `policy.x` never changes a `teacher.x` that was merged from it.
-
-`defaults:` inheritance: a file may start with `defaults: base.yaml` or `defaults: [a.yaml,
-b.yaml]`, paths relative to the including file. The listed files are loaded (recursively) and
-deep-merged in order, then the including file is merged on top: later wins, mappings merge key
-by key, anything else (lists included) is replaced whole. A file that includes itself,
-directly or not, is an error.
-
-Overrides (overrides.py, Hydra's grammar read by hydra-core's parser):
-    a.b=v      set a key; it must be set in the YAML or be a key of the schema
-    +a.b=v     add a key that is not set yet
-    ++a.b=v    set or add, whichever applies
-    ~a.b       delete a key;  ~a.b=v deletes it only if its value is v
-
-Interpolation (interpolation.py): references `${a.b}`, `${..sibling}` and the arithmetic
-resolvers mul, add, max and div, in OmegaConf's syntax; no other resolver (`oc.env` included)
-is ever called, and the work is bounded.
+Reading is bounded whatever the input (bounds.py): the file's size, the values once aliases
+and merge keys are expanded (counted before they are copied), their depth, and the files
+`defaults:` loads. YAML departs from PyYAML's YAML 1.1 twice, as users expect: `1e-5` is a
+float, and `2024-01-01` stays a string. Anchors, aliases and merge keys (`<<: *policy`, as
+NeMo-RL's configs are written) work, and each use of an alias is a copy of its own, so an
+override of `policy.x` never changes a `teacher.x` merged from it.
 """
 
 import os
@@ -62,13 +40,22 @@ from nemo_opd.config.bounds import (
     check_integers,
     check_size,
 )
-from nemo_opd.config.errors import ConfigError, closest, join_path, show, show_path, suggest
-from nemo_opd.config.interpolation import interpolated_keys, resolve_interpolations
+from nemo_opd.config.checks import find_problems
+from nemo_opd.config.errors import (
+    ConfigError,
+    closest,
+    closest_key,
+    join_path,
+    show,
+    show_path,
+    suggest,
+)
+from nemo_opd.config.interpolation import MISSING, interpolated_keys, resolve_interpolations
 from nemo_opd.config.key_paths import keys_at
-from nemo_opd.config.nemo_rl_keys import CONVERTER, unknown_key_hint
 from nemo_opd.config.overrides import apply_overrides
 from nemo_opd.config.schema import DistillationConfig
-from nemo_opd.config.secrets import redact_user_info
+from nemo_opd.nemo_rl_keys import CONVERTER, unknown_key_hint
+from nemo_opd.secrets import redact_user_info
 
 # -------- the steps -------------------------------------------------------------------------------
 
@@ -129,13 +116,9 @@ class StrictLoader(yaml.SafeLoader):
         if id(node) in self.expanded:
             return
         if id(node) in chain:
-            raise yaml.constructor.ConstructorError(
-                None, None, "a merge key (<<) includes the mapping it is in", node.start_mark
-            )
+            raise _refused("a merge key (<<) includes the mapping it is in", node.start_mark)
         if len(chain) >= MAX_DEPTH:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"merge keys (<<) nested more than {MAX_DEPTH} deep", node.start_mark
-            )
+            raise _refused(f"merge keys (<<) nested more than {MAX_DEPTH} deep", node.start_mark)
         own, sources = [], []
         for key_node, value_node in node.value:
             if key_node.tag == _MERGE_TAG:
@@ -168,11 +151,8 @@ class StrictLoader(yaml.SafeLoader):
                 continue  # unhashable keys are left for the schema to reject
             if key in seen:
                 first = seen[key].line + 1
-                raise yaml.constructor.ConstructorError(
-                    None,
-                    None,
-                    f"duplicate key {key!r} (first defined on line {first})",
-                    key_node.start_mark,
+                raise _refused(
+                    f"duplicate key {key!r} (first defined on line {first})", key_node.start_mark
                 )
             seen[key] = key_node.start_mark
         return set(seen)
@@ -181,13 +161,16 @@ class StrictLoader(yaml.SafeLoader):
         """Add a merge's pairs to the document's count; refuse the document past MAX_VALUES."""
         self.merged_pairs += pairs
         if self.merged_pairs > MAX_VALUES:
-            raise yaml.constructor.ConstructorError(
-                None,
-                None,
+            raise _refused(
                 f"more than {MAX_VALUES:,} values once YAML merge keys (<<) are expanded; a "
                 "config this large is a mistake (a mapping merged too often, for one)",
                 node.start_mark,
             )
+
+
+def _refused(problem: str, mark: yaml.Mark) -> yaml.constructor.ConstructorError:
+    """A YAML error at `mark` (parse_yaml reports it as file:line:column: problem)."""
+    return yaml.constructor.ConstructorError(None, None, problem, mark)
 
 
 def _merge_sources(value: yaml.Node) -> list[yaml.MappingNode]:
@@ -195,9 +178,7 @@ def _merge_sources(value: yaml.Node) -> list[yaml.MappingNode]:
     items = value.value if isinstance(value, yaml.SequenceNode) else [value]
     for item in items:
         if not isinstance(item, yaml.MappingNode):
-            raise yaml.constructor.ConstructorError(
-                None,
-                None,
+            raise _refused(
                 "a merge key (<<) takes a mapping or a list of mappings (`<<: *anchor`), "
                 f"not a {item.id}",
                 item.start_mark,
@@ -335,10 +316,24 @@ class _Inheritance:
         if not isinstance(content, dict):
             kind = type(content).__name__
             raise ConfigError(f"{path}: a config file must be a mapping of keys, got a {kind}")
+        _check_defaults_spelling(content, path)
         merged: dict[str, Any] = {}
         for parent in _parents(content.pop(DEFAULTS_KEY, None), path):
             merged = deep_merge(merged, self.load(parent, (*chain, resolved)))
         return deep_merge(merged, with_paths_from(content, path.parent))
+
+
+def _check_defaults_spelling(content: dict[str, Any], path: Path) -> None:
+    """ConfigError for a top-level key that misspells `defaults:` (a key of the file, not of
+    the schema, so validation could only list the schema's keys)."""
+    sections = keys_at(DistillationConfig, ())
+    for key in content:
+        unknown = isinstance(key, str) and key != DEFAULTS_KEY and key not in sections
+        if unknown and closest_key(key, [DEFAULTS_KEY]):
+            raise ConfigError(
+                f"{path}: {key}: unknown key; did you mean '{DEFAULTS_KEY}'? (the file or files "
+                "this config extends)"
+            )
 
 
 def _parents(entry: Any, path: Path) -> list[Path]:
@@ -426,9 +421,9 @@ def _exists(path: Path) -> bool:
 
 def _is_relative_path(value: str) -> bool:
     """Whether a config value reads as a relative path: not empty, absolute, a `${...}`
-    interpolation, a home-relative `~` path, nor anything a path cannot be (a multi-line
-    template, a value too long for a file name)."""
-    if not value or value.startswith(("/", "${", "~")) or "\n" in value:
+    interpolation, the mandatory mark `???`, a home-relative `~` path, nor anything a path
+    cannot be (a multi-line template, a value too long for a file name)."""
+    if not value or value == MISSING or value.startswith(("/", "${", "~")) or "\n" in value:
         return False
     return len(value) < 4096 and not Path(value).is_absolute()
 
@@ -452,10 +447,14 @@ def validate_config(
             "between (each starts workers of its own)"
         )
     try:
-        return DistillationConfig.model_validate(dict(data))
+        cfg = DistillationConfig.model_validate(dict(data))
     except ValidationError as error:
         problems = describe_validation_error(error, interpolations or {})
-        raise ConfigError(format_problems(problems) + _converter_note(problems)) from None
+    else:
+        problems = find_problems(cfg)  # the cross-field rules, once every field is valid
+    if problems:
+        raise ConfigError(format_problems(problems) + _converter_note(problems))
+    return cfg
 
 
 def format_problems(problems: list[str]) -> str:
@@ -472,18 +471,14 @@ def format_problems(problems: list[str]) -> str:
 def describe_validation_error(
     error: ValidationError, interpolations: Mapping[str, str]
 ) -> list[str]:
-    """One human line per pydantic error (several for a failed cross-field check)."""
+    """One human line per pydantic error."""
     problems: list[str] = []
     for item in error.errors(include_url=False):
         loc = tuple(item["loc"])
-        if not loc:  # a cross-field check: its message already names the keys
-            message = item["msg"].removeprefix("Value error, ")
-            problems += message.splitlines()
-        else:
-            path = join_path(loc)
-            origin = interpolations.get(path)
-            source = f" (from {show_path(origin, limit=120)})" if origin else ""
-            problems.append(f"{show_path(path)}: {_explain(item, loc)}{source}")
+        path = join_path(loc)
+        origin = interpolations.get(path)
+        source = f" (from {show_path(origin, limit=120)})" if origin else ""
+        problems.append(f"{show_path(path)}: {_explain(item, loc)}{source}")
     return problems
 
 

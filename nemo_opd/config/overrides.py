@@ -5,17 +5,10 @@
     ++a.b=v    set or add, whichever applies
     ~a.b       delete a key;  ~a.b=v deletes it only if its value is v
 
-Values are Hydra's: `3`, `1e-5`, `true`, `null`, `[1, 2]`, `{x: 1}`, `'quoted'`, plain strings
-(`tiny:student`, `runs/x`, `http://host:8000/v1`), `${policy.max_total_sequence_length}`. An empty
-value (`a.b=`) is the empty string. Quote a value that holds characters the grammar reserves
-(`=`, `#`, `!`, `~`, `>`, a comma, non-ASCII letters) or an interpolation with resolver
-arguments: `a.b='x=y'`, `a.b='${mul:${a},2}'`.
-
-What Hydra offers beyond one run is refused with the reason: sweeps (`a=1,2`, `choice(...)`,
-`range(...)`, `interval(...)`: multirun), config groups (`a/b=c`) and packages (`a@p=c`).
-
-The key is checked (a dotted path of names) before the parser sees it, so each message names the
-override and says what to write instead; what the parser refuses is reported with its reason.
+Values are Hydra's (docs/config.md lists them and when to quote). What Hydra offers beyond one
+run is refused with the reason: sweeps (multirun), config groups (`a/b=c`) and packages
+(`a@p=c`). The key is checked (a dotted path of names) before the parser sees it, so each
+message names the override and says what to write instead.
 """
 
 from __future__ import annotations
@@ -32,8 +25,8 @@ from pydantic import BaseModel
 from nemo_opd.config.bounds import MAX_DEPTH, MAX_KEY_CHARS, MAX_OVERRIDE_CHARS, check_size
 from nemo_opd.config.errors import ConfigError, show, suggest
 from nemo_opd.config.key_paths import has_path, keys_at
-from nemo_opd.config.nemo_rl_keys import unknown_key_hint
 from nemo_opd.config.schema import DistillationConfig
+from nemo_opd.nemo_rl_keys import unknown_key_hint
 
 Operation = Literal["set", "add", "force", "delete"]
 

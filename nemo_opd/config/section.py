@@ -1,7 +1,7 @@
 """The base of every configuration section, and the upper bounds of sizes.
 
 Each section rejects unknown keys, refuses inf and nan, and takes its fields' docstrings as
-their descriptions (docs/config.md is generated from them by reference.py).
+their descriptions (docs/config.md is generated from them by nemo_opd.config_reference).
 """
 
 from typing import Literal

@@ -5,13 +5,10 @@ The student's own workers score the rollouts as its teacher, between its trainin
 self-teacher needs the loop in lockstep and a teacher that nothing else must load or sample.
 """
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # the schema runs these checks when it validates: no import back at run time
-    from nemo_opd.config.schema import DistillationConfig
+from nemo_opd.config.schema import DistillationConfig
 
 
-def check_self_teacher(cfg: "DistillationConfig") -> list[str]:
+def check_self_teacher(cfg: DistillationConfig) -> list[str]:
     """teacher.source student, ema or lagged: one teacher (not routed), in lockstep
     (distillation.max_staleness 0), no seq_kd; source student with a prompt_template."""
     problems = [

@@ -14,10 +14,21 @@ import string
 from collections.abc import Sequence
 from pathlib import Path
 
+from nemo_opd.config.schema import DistillationConfig
+
 MAX_TEMPLATE_CHARS = 1 << 16
 """Longest template, inline or in a file."""
 
 _BRACES = "write literal braces twice, e.g. \\boxed{{}}"
+
+PRIVILEGED_FIELDS = ("prompt", "answer", "response")
+"""What teacher.prompt_template may name: the record's prompt, reference answer and reference
+response (data.response_key)."""
+
+
+def template_fields(template: str) -> set[str]:
+    """The {field} names a format string uses (ValueError if it is not one)."""
+    return {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
 
 
 def template_problem(template: str, fields: Sequence[str] | None) -> str | None:
@@ -77,3 +88,36 @@ def read_template_file(path: str) -> str:
             f"could not read {file}: line {line} is not UTF-8 text (byte "
             f"0x{data[error.start]:02x}): save the file as UTF-8"
         ) from None
+
+
+# -------- the checks of the config's templates (nemo_opd.config.checks runs them) -----------------
+
+
+def check_privileged_teacher(cfg: DistillationConfig) -> list[str]:
+    """teacher.prompt_template has only plain fields ({prompt}, {answer}, {response}; no conversion,
+    format specification, attribute or item), {response} with data.response_key set."""
+    template = cfg.teacher.prompt_template if cfg.teacher is not None else None
+    if template is None:
+        return []
+    problem = template_problem(template, PRIVILEGED_FIELDS)
+    if problem:
+        return [f"teacher.prompt_template {problem}"]
+    if "response" in template_fields(template) and cfg.data.response_key is None:
+        return [
+            "teacher.prompt_template names {response}, but data.response_key is null; set it "
+            "to the column holding the reference responses"
+        ]
+    return []
+
+
+def check_prompt_file(cfg: DistillationConfig) -> list[str]:
+    """data.prompt_file is a UTF-8 file of at most 64k characters with one "{}" for the prompt
+    and only plain text besides (literal braces doubled); read when the config loads."""
+    if cfg.data.prompt_file is None:
+        return []
+    try:
+        template = read_template_file(cfg.data.prompt_file)
+    except (OSError, ValueError) as error:
+        return [f"data.prompt_file: {error}"]
+    problem = template_problem(template, None)
+    return [f"data.prompt_file: the template {problem}"] if problem else []

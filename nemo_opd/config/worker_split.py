@@ -1,13 +1,14 @@
 """How the cluster's workers are split between training and (non-colocated) generation.
 
-Pure arithmetic on the config: the config's checks use it to validate a placement at load
-time, and setup uses it to place the workers (nemo_opd.distributed.placement).
+Arithmetic on the config: check_generation_placement (one of nemo_opd.config.checks.CHECKS)
+refuses a placement that does not fit at load time, and setup uses the split to place the
+workers (nemo_opd.distributed.placement).
 """
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
-if TYPE_CHECKING:  # the schema imports the checks, which import this module
-    from nemo_opd.config.schema import ClusterConfig, GenerationConfig
+from nemo_opd.config.model_schema import GenerationConfig
+from nemo_opd.config.schema import ClusterConfig, DistillationConfig
 
 
 class WorkerSplit(NamedTuple):
@@ -17,9 +18,7 @@ class WorkerSplit(NamedTuple):
     generation: int
 
 
-def worker_split(
-    cluster: "ClusterConfig", generation: "GenerationConfig | None"
-) -> WorkerSplit | None:
+def worker_split(cluster: ClusterConfig, generation: GenerationConfig | None) -> WorkerSplit | None:
     """Split the cluster's workers; None when the non-colocated resources do not fit the cluster.
 
     Colocated generation shares every worker with training. Non-colocated generation takes
@@ -41,3 +40,29 @@ def worker_split(
             and resources.num_nodes < cluster.num_nodes
         )
     return WorkerSplit(training=world - reserved, generation=reserved) if fits else None
+
+
+def check_generation_placement(cfg: DistillationConfig) -> list[str]:
+    """Non-colocated generation must leave workers for training; vLLM's tensor_parallel_size is
+    1 (each generation worker runs one single-device vLLM engine)."""
+    generation, cluster = cfg.policy.generation, cfg.cluster
+    if generation is None:
+        return []
+    if worker_split(cluster, generation) is None:
+        resources = generation.colocated.resources
+        return [
+            f"policy.generation.colocated.resources (gpus_per_node={resources.gpus_per_node}, "
+            f"num_nodes={resources.num_nodes}) does not fit cluster (num_nodes="
+            f"{cluster.num_nodes}, gpus_per_node={cluster.gpus_per_node}) with "
+            "policy.generation.colocated.enabled false: both must be set; on one node, "
+            "generation takes fewer than all of its gpus_per_node; on several nodes, generation "
+            "takes whole nodes (the same gpus_per_node) and fewer than num_nodes"
+        ]
+    vllm_tp = generation.vllm_cfg.tensor_parallel_size
+    if vllm_tp != 1:
+        return [
+            f"policy.generation.vllm_cfg.tensor_parallel_size ({vllm_tp}) is not supported yet: "
+            "each generation worker runs one single-device vLLM engine (data parallel over the "
+            "generation workers); set it to 1"
+        ]
+    return []

@@ -20,6 +20,7 @@ from nemo_opd.config import ConfigError, load_config
 from nemo_opd.config.loader import StrictDumper
 from nemo_opd.convert.nemo_rl import Conversion, convert_nemo_rl
 from nemo_opd.convert.report import format_report, markdown_key_map
+from nemo_opd.secrets import redact_text
 
 EXIT_BAD_INPUT = 2
 
@@ -54,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         conversion = convert_nemo_rl(source)
         write_config(conversion, output)
     except (ConfigError, OSError) as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {redact_text(str(error))}", file=sys.stderr)
         return EXIT_BAD_INPUT
     print(f"NeMo-RL config {source} -> {output}\n")
     print(format_report(conversion.rows))
@@ -86,7 +87,7 @@ def check_loads(output: Path) -> int:
     except ConfigError as error:
         print(
             f"error: {output} was written but does not load yet; set these (in the file, or as "
-            f"overrides):\n{error}",
+            f"overrides):\n{redact_text(str(error))}",
             file=sys.stderr,
         )
         return EXIT_BAD_INPUT

@@ -14,7 +14,7 @@ Any other shape becomes a constant learning rate, and the row says so.
 from dataclasses import dataclass, field
 from typing import Any
 
-from nemo_opd.config.nemo_rl_keys import Kind
+from nemo_opd.nemo_rl_keys import Kind
 
 
 @dataclass

@@ -12,14 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from nemo_opd.config.key_paths import has_path
-from nemo_opd.config.nemo_rl_keys import fate_of
 from nemo_opd.config.schema import DistillationConfig
-from nemo_opd.convert.nemo_rl import MISSING, Builder, Row, leaves
+from nemo_opd.convert.nemo_rl_builder import MISSING, Builder, Row, leaves
 from nemo_opd.convert.nemo_rl_schedule import (
     Schedule,
     convert_megatron_schedule,
     convert_torch_schedule,
 )
+from nemo_opd.nemo_rl_keys import fate_of
 
 DATASETS: dict[str, dict[str, str]] = {
     "DeepScaler": {

@@ -13,8 +13,8 @@ import textwrap
 from collections.abc import Iterable
 
 from nemo_opd.config.errors import show
-from nemo_opd.config.nemo_rl_keys import CATCH_ALL, KEY_MAP, TEACHER_FROZEN
-from nemo_opd.convert.nemo_rl import Row
+from nemo_opd.convert.nemo_rl_builder import Row
+from nemo_opd.nemo_rl_keys import CATCH_ALL, KEY_MAP, TEACHER_FROZEN
 
 HEADINGS = {
     "same": "mapped as is",

@@ -15,13 +15,18 @@ header, tokenized as one piece; so templates that write several tool results as 
 they would render the whole conversation.
 
 Tools offered to the model (`tools`, the OpenAI function format of nemo_opd.tools.tool_schema)
-are passed to the template wherever it renders, as transformers' `tools=`.
+are passed to the template wherever it renders, as transformers' `tools=`. A tool message's
+content is model output echoed back (a call's arguments in an error, a tool's result): its
+control strings (the tokenizer's special and markup tokens, `<|im_end|>`, `</tool_response>`)
+are read as text, broken by a zero-width space after their first character
+(nemo_opd.data.text_only), so that a model cannot forge turns by writing them.
 """
 
 from transformers import PreTrainedTokenizerBase
 
 from nemo_opd.config.templates import template_problem
 from nemo_opd.data.message_log import Message
+from nemo_opd.data.text_only import TextOnly
 from nemo_opd.data.user_files import read_user_file, read_utf8
 from nemo_opd.errors import SetupError
 
@@ -60,6 +65,7 @@ class ChatFormatter:
         self.system_prompt = system_prompt
         self.template_kwargs = dict(template_kwargs or {})
         self.tools = tools or None
+        self._text_only = TextOnly(tokenizer)
 
     def prompt_log(self, prompt: str) -> list[Message]:
         """The opening messages (system?, user) with the assistant header appended to the last
@@ -98,8 +104,10 @@ class ChatFormatter:
     def extend(self, log: list[Message], new: list[Message]) -> list[Message]:
         """`log` followed by `new` (non-assistant messages), the last one ending with the
         assistant header. After an assistant turn, the reply's text is tokenized as one piece
-        (module docstring), held by its first message (the others hold no tokens). Returns a
-        new list; `log` is not modified."""
+        (module docstring), held by its first message (the others hold no tokens); tool
+        messages' control strings read as text (TextOnly). Returns a new list; `log` is not
+        modified."""
+        new = [self._text_only.message(m) if m["role"] == "tool" else m for m in new]
         if log and log[-1]["role"] == "assistant":
             ids = self._encode(self._reply_text(log, new))
             return list(log) + [dict(m, token_ids=ids if j == 0 else []) for j, m in enumerate(new)]

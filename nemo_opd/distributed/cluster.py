@@ -1,13 +1,18 @@
-"""Ray resources for the workers: checks against the live cluster, and the placement group."""
+"""The workers' device and resources: checks against the live Ray cluster, and the placement
+group. Ray is imported by the functions that use it: a run in one process (the local executor)
+reads its device here without importing Ray."""
+
+from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-import ray
-from ray.util.placement_group import PlacementGroup, placement_group
+from typing import TYPE_CHECKING
 
 from nemo_opd.config import ClusterConfig
 from nemo_opd.errors import SetupError
+
+if TYPE_CHECKING:
+    from ray.util.placement_group import PlacementGroup
 
 NODE_ID_LABEL = "ray.io/node-id"
 """The label Ray gives every node: its id (what a bundle's label selector pins it to)."""
@@ -33,28 +38,42 @@ class WorkerResources:
         return bundle
 
 
-def resolve_device_type(cluster: ClusterConfig) -> str:
-    """cluster.device, with "auto" meaning cuda when Ray sees a GPU, else cpu."""
+def gpus_seen(executor: str = "ray") -> float:
+    """GPUs the workers can use: the Ray cluster's, or this process's (the local executor)."""
+    if executor == "local":
+        import torch
+
+        return float(torch.cuda.device_count())
+    import ray
+
+    return ray.cluster_resources().get("GPU", 0)
+
+
+def resolve_device_type(cluster: ClusterConfig, executor: str = "ray") -> str:
+    """cluster.device, with "auto" meaning cuda when the executor sees a GPU, else cpu."""
     if cluster.device != "auto":
         return cluster.device
-    return "cuda" if ray.cluster_resources().get("GPU", 0) > 0 else "cpu"
+    return "cuda" if gpus_seen(executor) > 0 else "cpu"
 
 
-def describe_device(cluster: ClusterConfig, device: str, gpus_seen: float) -> str:
+def describe_device(cluster: ClusterConfig, device: str, gpus: float, executor: str = "ray") -> str:
     """One line for the start of a run: the device the workers use (resolve_device_type) and
     why, so that "auto" falling back to the CPU is never silent."""
     if cluster.device != "auto":
         return f"device: {device} (cluster.device)"
+    who = "this process sees" if executor == "local" else "Ray sees"
     if device == "cuda":
-        return f"device: cuda (cluster.device is auto and Ray sees {gpus_seen:g} GPUs)"
+        return f"device: cuda (cluster.device is auto and {who} {gpus:g} GPUs)"
     return (
-        "device: cpu (cluster.device is auto and Ray sees no GPU: every worker and vLLM run on "
+        f"device: cpu (cluster.device is auto and {who} no GPU: every worker and vLLM run on "
         "the CPU; set cluster.device=cuda to require GPUs)"
     )
 
 
 def check_resources(num_workers: int, resources: WorkerResources) -> None:
     """Fail with a clear message when the Ray cluster cannot hold num_workers such workers."""
+    import ray
+
     total = ray.cluster_resources()
     for name, per_worker in resources.bundle.items():
         have = total.get(name, 0.0)
@@ -75,6 +94,9 @@ def build_placement_group(
 ) -> PlacementGroup:
     """Reserve one bundle per worker and wait for it: bundle i on the node whose id is
     nodes[i], or, without `nodes`, packed onto as few nodes as possible."""
+    import ray
+    from ray.util.placement_group import placement_group
+
     check_resources(num_workers, resources)
     selectors = None
     if nodes is not None:
@@ -92,3 +114,10 @@ def build_placement_group(
             f"(free now: {ray.available_resources()}); other actors may hold the resources"
         )
     return group
+
+
+def release_placement(group: PlacementGroup) -> None:
+    """Give a placement group's resources back to the Ray cluster."""
+    import ray
+
+    ray.util.remove_placement_group(group)

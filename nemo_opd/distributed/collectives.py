@@ -1,4 +1,5 @@
-"""Collectives that combine per-row statistics computed on vocab-parallel logit shards.
+"""Collectives: all_reduce skipped over a group of one rank, and the combination of per-row
+statistics computed on vocab-parallel logit shards.
 
 Under tensor parallelism each rank holds the logits of a contiguous slice of the vocabulary.
 A softmax over the full vocabulary needs, per row, the global max and the global sum of
@@ -40,3 +41,12 @@ def all_reduce_vocab_stats(
     if owned is None:
         return global_max, packed, None
     return global_max, packed[:, :num_sums].contiguous(), packed[:, num_sums:].contiguous()
+
+
+def all_reduce(
+    tensor: torch.Tensor, group: dist.ProcessGroup, op: dist.ReduceOp = dist.ReduceOp.SUM
+) -> None:
+    """dist.all_reduce in place, skipped over a group of one rank (where it is the identity but
+    still a round trip through the backend, several per microbatch)."""
+    if dist.get_world_size(group) > 1:
+        dist.all_reduce(tensor, op=op, group=group)

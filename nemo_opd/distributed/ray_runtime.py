@@ -11,9 +11,9 @@ laptop. Attaching to a cluster only connects this process as a driver; ray.shutd
 end disconnects it and leaves the cluster running. A local instance ends with the run.
 
 The command line (nemo_opd.cli) starts Ray before it imports the training loop, while a thread
-imports torch and transformers, so that Ray's own start-up (its GCS, raylet and agents: ~8 s of
-other processes on a 2-core CPU) overlaps the driver's heaviest imports instead of following
-them (docs/benchmarks.md, "Where the embedded default's time goes").
+imports torch and transformers, so that Ray's own start-up (its GCS, raylet and agents, each
+a process) overlaps the driver's heaviest imports instead of following them
+(docs/benchmarks.md, "Where the embedded default's time goes", has the figures).
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ CONNECT_TIMEOUT_S = 10.0
 LOCAL_SYSTEM_CONFIG = {"prestart_worker_first_driver": False}
 """Ray settings of a local instance. Ray starts one idle worker process per CPU for the first
 driver, for the tasks it expects; a run has no tasks on its own node (its workers are actors,
-each started in a process of its own), so those would only take ~0.8 s of a 2-core CPU from the
-driver's imports while Ray starts."""
+each started in a process of its own), so those would only take CPU time from the driver's
+imports while Ray starts (docs/benchmarks.md)."""
 
 
 def local_cpus(cluster: ClusterConfig) -> int:

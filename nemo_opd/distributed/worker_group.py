@@ -1,165 +1,165 @@
-"""A group of Ray actors, one per rank, with a torch.distributed process group between them.
+"""Worker groups: one worker object per rank, called from the driver, answers in rank order.
 
-The driver calls every worker with a function of (actor, rank) that returns an ObjectRef, so
-each call site names the actor method it means (no dispatch by method-name strings). Results
-come back in rank order; a worker that dies or raises surfaces as an error naming its rank.
+    group = start_workers("local", PolicyWorker, 1, lambda rank: (rank, ...), name="policy")
+    group.run(PolicyWorker.save, path)                               # every rank, same arguments
+    group.run_each(PolicyWorker.train, lambda rank: (shards[rank], loss_ref, 32))  # per rank
+    handle = group.run_and_put(PolicyWorker.full_weights)[0]      # for another group to read
+    group.shutdown()
+
+Two executors implement the one WorkerGroup interface, and the callers (Policy,
+VllmGeneration, the teachers through Policy, the loop) never ask which:
+- "ray" (ray_workers.RayWorkerGroup): each worker is a Ray actor, a process of its own, placed
+  in a placement-group bundle; the ranks of a model join a torch.distributed group over TCP.
+  For more than one worker, several nodes, a cluster.
+- "local" (local_workers.LocalWorkerGroup): each worker is an object in this process, and a call
+  runs in the caller's thread under that worker's lock: like an actor, a worker serves one call
+  at a time (the loop calls workers from its main thread, the rollout producer's thread and the
+  validation thread). One rank per model, in the process's one-rank torch.distributed group.
+  Ray is never imported.
+
+A method is named by its function (PolicyWorker.train, EngineWorker.generate), never by a
+string: a misspelt method fails at import and grep finds every call. Each implementation
+resolves it on its workers by that function's name, so a worker class that implements a
+Protocol serves the calls made through the Protocol's functions.
+
+Arguments a worker receives may be values or what group.put returned (Ray: an ObjectRef in the
+object store, resolved by Ray before the call; local: the object itself).
+
+Failures: a worker that raises, dies or does not answer within the group's time-out raises
+WorkerError naming the group and the rank, in the same words under either executor. A worker
+that raised stays in the group and serves the next call, as a Ray actor outlives an exception
+of its own; a group whose start failed is shut down.
 """
 
-import re
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal, Protocol
 
-import ray
-from ray.exceptions import RayActorError, RayTaskError
-from ray.util.placement_group import PlacementGroup
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from nemo_opd.distributed.worker_calls import (
+    DEFAULT_TIMEOUT_S,
+    GROUP_TIMEOUT,
+    WorkerError,
+)
 
-from nemo_opd.distributed.cluster import WorkerResources, build_placement_group
-from nemo_opd.distributed.nodes import actor_nodes
-from nemo_opd.errors import RunError
+__all__ = ["DEFAULT_TIMEOUT_S", "GROUP_TIMEOUT", "Executor", "WorkerError", "WorkerGroup"]
 
-
-class WorkerError(RunError):
-    """A worker died or raised; the message names the group, the rank and what happened (the
-    worker's own traceback is the exception's __cause__)."""
+Executor = Literal["ray", "local"]
 
 
-class WorkerGroup:
-    """`num_workers` instances of `actor_cls`, one per placement-group bundle.
+class WorkerGroup(Protocol):
+    """Workers of one class, one per rank (see the module docstring)."""
 
-    Args:
-        actor_cls: a plain class; it is wrapped with ray.remote here. Its constructor gets
-            (rank, *make_args(rank)); it must provide `master_address() -> (addr, port)` and
-            `init_distributed((addr, port))`.
-        num_workers: ranks in the group.
-        resources: what each worker reserves.
-        make_args: constructor arguments (after the rank) of each rank.
-        name: shown in error messages.
-        timeout_s: how long any call may take before it is reported as hung.
-        placement: an existing placement group with a bundle per rank, shared with other groups
-            (colocated student, teacher and generation); None reserves a group of its own.
-        share: the fraction of each bundle's CPUs and GPU this group's actors take when the
-            placement is shared.
-        wait: block until every rank has joined the process group; with False the ranks start
-            in the background (the rendezvous chained through Ray, no driver round trip) and
-            wait_until_ready() blocks, so several groups and the driver's own setup overlap.
-    """
-
-    def __init__(
-        self,
-        actor_cls: type,
-        num_workers: int,
-        resources: WorkerResources,
-        make_args: Callable[[int], tuple],
-        name: str = "workers",
-        timeout_s: float | None = 1800.0,
-        placement: PlacementGroup | None = None,
-        share: float = 1.0,
-        wait: bool = True,
-    ) -> None:
-        self.name = name
-        self.timeout_s = timeout_s
-        self.owns_placement = placement is None
-        self.placement_group = placement or build_placement_group(num_workers, resources)
-        remote_cls = ray.remote(actor_cls)
-        self.actors = [
-            remote_cls.options(
-                num_cpus=resources.cpus * share,
-                num_gpus=share if resources.device_type == "cuda" else 0,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    self.placement_group, placement_group_bundle_index=rank
-                ),
-            ).remote(rank, *make_args(rank))
-            for rank in range(num_workers)
-        ]
-        # Every rank's init_distributed takes rank 0's address as an ObjectRef: Ray runs it once
-        # rank 0 has answered, and the driver is free meanwhile.
-        address = self.actors[0].master_address.remote()
-        self._starting = [actor.init_distributed.remote(address) for actor in self.actors]
-        if wait:
-            self.wait_until_ready()
-
-    def wait_until_ready(self) -> None:
-        """Block until every rank has joined the process group and built what its
-        init_distributed builds; a rank that failed raises WorkerError, after the whole group
-        is shut down. Returns at once when already done."""
-        if not self._starting:
-            return
-        try:
-            starting = "start (build the engine, join the process group)"
-            self.get(self._starting, list(range(self.size)), starting)
-        except BaseException:
-            self.shutdown()
-            raise
-        self._starting = []
-
-    def nodes(self) -> list[tuple[str, str]]:
-        """(node id, node address) of each rank, as Ray placed them."""
-        return actor_nodes(self.actors)
+    name: str
 
     @property
     def size(self) -> int:
         """Ranks in the group."""
-        return len(self.actors)
+        ...
+
+    def wait_until_ready(self) -> None:
+        """Block until every rank has started (built what its init builds, joined its
+        process group); a rank that failed raises WorkerError, after the group is shut down.
+        Returns at once when already done."""
+        ...
 
     def run(
-        self, call: Callable[[Any, int], ray.ObjectRef], ranks: Sequence[int] | None = None
+        self,
+        method: Callable,
+        *args: Any,
+        ranks: Sequence[int] | None = None,
+        timeout_s: float | None = GROUP_TIMEOUT,
     ) -> list:
-        """Call `call(actor, rank)` on the given ranks (default: all); results in rank order."""
-        ranks = list(range(self.size)) if ranks is None else list(ranks)
-        refs = [call(self.actors[rank], rank) for rank in ranks]
-        return self.get(refs, ranks)
+        """method(worker, *args) on the given ranks (default all); answers in rank order.
+        timeout_s: this call's limit (default the group's)."""
+        ...
 
-    def get(
-        self, refs: Sequence[ray.ObjectRef], ranks: Sequence[int], what: str = "answer"
+    def run_each(
+        self,
+        method: Callable,
+        args_of: Callable[[int], tuple],
+        ranks: Sequence[int] | None = None,
+        timeout_s: float | None = GROUP_TIMEOUT,
     ) -> list:
-        """Wait for every ref; the first failure (in completion order) raises WorkerError, and
-        so does a rank that does not `what` within timeout_s. Each result is fetched
-        (deserialized) once, as it completes."""
-        rank_of = {ref: rank for ref, rank in zip(refs, ranks, strict=True)}
-        results = {}
-        pending = list(refs)
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1, timeout=self.timeout_s)
-            if not done:
-                stuck = sorted(rank_of[ref] for ref in pending)
-                message = f"ranks {stuck} did not {what} in {self.timeout_s} s"
-                raise WorkerError(f"{self.name}: {message}")
-            results[done[0]] = self._result(done[0], rank_of[done[0]])
-        return [results[ref] for ref in refs]
+        """method(worker, *args_of(rank)) on the given ranks (default all); answers in rank
+        order."""
+        ...
 
-    def _result(self, ref: ray.ObjectRef, rank: int) -> Any:
-        """The value of a finished ref; a dead or failing worker raises WorkerError."""
-        try:
-            return ray.get(ref)
-        except RayActorError as error:
-            raise WorkerError(
-                f"{self.name}: worker rank {rank} died ({death_notice(error)}); the other "
-                "ranks of the group cannot continue"
-            ) from error
-        except RayTaskError as error:
-            cause = getattr(error, "cause", None)
-            what = f"{type(cause).__name__}: {cause}" if cause is not None else str(error)
-            raise WorkerError(f"{self.name}: worker rank {rank} raised {what}") from error
+    def run_and_put(self, method: Callable, *args: Any) -> list:
+        """method(worker, *args) on every rank, each answer kept where the workers of another
+        group read it without a copy through the driver (Ray: put into the object store by the
+        worker; local: the object itself): one handle per rank, None where a rank answered
+        None. A handle is passed to another group's call as an argument."""
+        ...
+
+    def put(self, value: Any) -> Any:
+        """A handle on `value` for calls of any group: sent once, however many ranks read it
+        (Ray: an ObjectRef; local: `value` itself)."""
+        ...
+
+    def nodes(self) -> list[tuple[str, str]]:
+        """(node id, node address) of each rank."""
+        ...
 
     def shutdown(self) -> None:
-        """Kill every actor and release the placement group."""
-        for actor in self.actors:
-            ray.kill(actor)
-        self.actors = []
-        self._starting = []
-        if self.owns_placement:
-            ray.util.remove_placement_group(self.placement_group)
+        """Stop every worker and release what the group reserved (idempotent)."""
+        ...
 
 
-def death_notice(error: RayActorError) -> str:
-    """'pid N: <Ray's exit detail>' from an actor's death notice, as far as it says; for an
-    actor whose constructor raised, that exception's last line."""
-    text = str(error)
-    if getattr(error, "_actor_init_failed", False):
-        lines = [line.strip() for line in text.splitlines() if line.strip()]
-        return f"its constructor raised {lines[-1]}"
-    pid = re.search(r"\bpid[:=] ?(\d+)", text)
-    detail = re.search(r"Worker exit detail: ([^.]+)\.", text)
-    how = detail.group(1) if detail else type(error).__name__
-    return f"pid {pid.group(1)}: {how}" if pid else how
+def start_workers(
+    executor: Executor,
+    worker_cls: type,
+    num_workers: int,
+    make_args: Callable[[int], tuple],
+    *,
+    name: str,
+    rendezvous: bool = True,
+    wait: bool = True,
+    timeout_s: float | None = DEFAULT_TIMEOUT_S,
+    start_timeout_s: float | None = DEFAULT_TIMEOUT_S,
+    ray_options: Callable[[int], dict] | None = None,
+    placement: Any = None,
+    bundles: Sequence[int] | None = None,
+    reserve: Any = None,
+) -> WorkerGroup:
+    """num_workers workers `worker_cls(*make_args(rank))` on `executor`.
+
+    Args:
+        rendezvous: the ranks join a torch.distributed group: each worker provides
+            master_address() -> (addr, port) and init_distributed(address), where the address
+            is rank 0's, or None for the one rank of a group in this process.
+        wait: block until every rank has started; with False they start in the background
+            and wait_until_ready() blocks, so that several groups start at once (Ray; local
+            workers start in this call, and a failure raises here).
+        timeout_s: how long a call may take (None: no limit).
+        start_timeout_s: how long the start may take.
+        ray_options, placement, bundles, reserve: where Ray puts each worker (RayWorkerGroup);
+            ignored by the local executor, whose workers all run in this process.
+    """
+    if executor == "local":
+        from nemo_opd.distributed.local_workers import LocalWorkerGroup
+
+        return LocalWorkerGroup(
+            worker_cls,
+            num_workers,
+            make_args,
+            name=name,
+            rendezvous=rendezvous,
+            timeout_s=timeout_s,
+        )
+    if executor != "ray":
+        raise ValueError(f"executor must be 'ray' or 'local', got {executor!r}")
+    from nemo_opd.distributed.ray_workers import RayWorkerGroup  # imports Ray
+
+    return RayWorkerGroup(
+        worker_cls,
+        num_workers,
+        make_args,
+        name=name,
+        rendezvous=rendezvous,
+        wait=wait,
+        timeout_s=timeout_s,
+        start_timeout_s=start_timeout_s,
+        options=ray_options,
+        placement=placement,
+        bundles=bundles,
+        reserve=reserve,
+    )

@@ -19,7 +19,14 @@ def build_environments(cfg: EnvConfig) -> dict[str, Environment]:
     try:
         names = [load_tool(spec).name for spec in tools.names]
         pool = ToolPool(
-            tools.names, tools.num_workers, tools.timeout_s, tools.memory_mb, tools.max_output_chars
+            tools.names,
+            tools.num_workers,
+            tools.timeout_s,
+            tools.memory_mb,
+            tools.max_output_chars,
+            turn_budget_s=tools.turn_budget_s,
+            step_budget_s=tools.step_budget_s,
+            pass_env=tools.pass_env,
         )
     except BaseException:
         math.shutdown()

@@ -6,14 +6,16 @@ of being sent counts as wrong: its worker is killed (SIGKILL stops it even insid
 holds the GIL, as sympy's big-integer arithmetic does) and a new one started, while the other
 workers go on. A worker that dies (a crash, the kernel's out-of-memory killer) is replaced the
 same way and its answer counts as wrong. Each worker is one Python process with math-verify
-loaded (~60 MB resident, its address space capped at memory_mb).
+loaded (its address space capped at memory_mb; its size: docs/generation.md).
 
 Before an answer is sent, the response and the reference are cut to their last
 math_verify.RESPONSE_WINDOW_CHARS characters (from the response's last \\boxed{} when that lies
 earlier), so what crosses the pipe is bounded whatever a model writes.
 
 Every wait has a time-out: a worker that does not report ready within READY_TIMEOUT_S, or dies
-before it does, raises GraderPoolError with the end of its stderr.
+before it does, raises GraderPoolError with the end of its stderr. Workers are started from a
+thread of the pool's own (they die with the thread that starts them, so not from the caller's,
+which may end first) with a minimal environment (nemo_opd.utils.worker_processes).
 """
 
 import contextlib
@@ -27,13 +29,13 @@ import time
 import weakref
 from collections import deque
 from dataclasses import dataclass, field
-from pathlib import Path
 
-import nemo_opd
 from nemo_opd.environments.math_verify import Grader, response_window
+from nemo_opd.utils.worker_processes import WorkerStarter, worker_environment
 
 READY_TIMEOUT_S = 60.0
-"""How long a new grader worker may take to load its engine (~0.5 s on an idle 2-core CPU)."""
+"""How long a new grader worker may take to load its engine (docs/generation.md has the time
+it takes)."""
 
 _STOP_TIMEOUT_S = 5.0
 """How long close() waits for a worker to exit after its stdin is closed, before killing it."""
@@ -111,7 +113,8 @@ class GraderPool:
         self._selector = selectors.DefaultSelector()
         self._report: GradeReport | None = None  # of the grade() call under way
         self._workers: list[_Worker] = []
-        self._finalizer = weakref.finalize(self, _stop_all, self._workers)
+        self._starter = WorkerStarter("grader-pool-starter")
+        self._finalizer = weakref.finalize(self, _stop_all, self._workers, self._starter)
         for _ in range(num_workers):
             self._workers.append(self._start())
         self.wait_ready()
@@ -206,15 +209,12 @@ class GraderPool:
     def _start(self) -> _Worker:
         """A new worker process, registered for reading (not yet ready)."""
         stderr = tempfile.TemporaryFile()  # noqa: SIM115 (closed by _stop with the worker)
-        env = dict(os.environ)
-        package_root = str(Path(nemo_opd.__file__).resolve().parent.parent)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
-        process = subprocess.Popen(
+        process = self._starter.popen(
             self._command,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=stderr,
-            env=env,
+            env=worker_environment(),
             start_new_session=True,
         )
         worker = _Worker(process, stderr, deadline=time.monotonic() + READY_TIMEOUT_S)
@@ -257,10 +257,12 @@ def _stop(worker: _Worker, kill: bool) -> None:
             stream.close()
 
 
-def _stop_all(workers: list[_Worker]) -> None:
-    """Stop every worker of a pool and empty the list (also run when the pool is collected)."""
+def _stop_all(workers: list[_Worker], starter: WorkerStarter) -> None:
+    """Stop every worker of a pool and empty the list, then the thread that started them (also
+    run when the pool is collected)."""
     while workers:
         _stop(workers.pop(), kill=False)
+    starter.close()
 
 
 def _stderr_tail(worker: _Worker) -> str:

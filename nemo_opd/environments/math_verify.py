@@ -53,12 +53,12 @@ GRADERS: tuple[Grader, ...] = ("math_verify", "builtin")
 
 RESPONSE_WINDOW_CHARS = 16_384
 """Characters of a response (and of a reference) math-verify reads: the end, where a final
-answer stands. A 64k-character response parses in ~0.1 s; the window keeps every answer's cost
-and the bytes sent to a grader worker small."""
+answer stands. The window keeps every answer's parse short (docs/generation.md, "Costs the
+bounds are sized by") and the bytes sent to a grader worker small."""
 
 MAX_NESTING = 50
 """Deepest bracket nesting math-verify is given: deeper input makes its parser recurse for
-minutes (10,000 nested braces: 47 s and 780 MB), and no real answer comes near it."""
+minutes (docs/generation.md), and no real answer comes near it."""
 
 _PLAIN_NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")
 _BARE_NUMBER_RE = re.compile(r"\s*-?\d[\d,. ]*%?\s*")
@@ -229,5 +229,5 @@ def _reference_window(reference: str) -> str | None:
 
 
 def warm_up(grader: Grader) -> None:
-    """Load the engine's parser once (math-verify's grammar takes ~0.1 s on first use)."""
+    """Load the engine's parser once (math-verify builds its grammar on first use)."""
     grade("\\boxed{\\frac{x}{2}}", "$\\frac{x}{2}+0$", 100, grader)

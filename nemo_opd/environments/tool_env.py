@@ -2,16 +2,23 @@
 graded by the environment it wraps.
 
 Each step reads the last assistant turn of every conversation in the format its model family
-writes calls (nemo_opd.tools.parsers). A turn with call attempts is a tool turn: every attempt
-gets one `tool` message (its result, or "Error: ..." for a call that could not be read, names
-no tool, comes past max_calls_per_turn, has bad arguments, fails, or overruns a limit), the
-episode goes on (done False, reward 0) and the results are the reply, which the rollout loop
-appends before the next assistant turn. The calls of the whole batch run in one ToolPool.run,
-in worker processes with time, memory and output limits (nemo_opd.tools.pool). A turn
-without a call is an answer, graded by the inner environment (batched over those rows).
+writes calls (nemo_opd.tools.parsers). A turn with call attempts is a tool turn: each of its
+first max_calls_per_turn attempts gets one `tool` message (its result, or "Error: ..." for a
+call that could not be read, names no tool, has bad arguments, fails, or overruns a limit or
+a budget), and the attempts past them one message between them all (an error: they are not
+run), so a turn's reply is bounded however many calls it writes. The episode goes on (done
+False, reward 0) and the messages are the reply, which the rollout loop appends before the
+next assistant turn. The calls of the whole batch run in one ToolPool.run, in worker processes
+with time, memory and output limits and per-turn and per-step time budgets
+(nemo_opd.tools.pool). A turn without a call is an answer, graded by the inner environment
+(batched over those rows).
+
+The messages carry model text only as text: a message is named after its tool only when the
+call names an offered tool, and a result's lone surrogates (not text) are replaced; the
+chat formatter reads tool contents' control strings as text (nemo_opd.data.chat).
 
 The rollout's turn and token budgets (distillation.max_rollout_turns, max_seq_len) end an
-episode that keeps calling; its reward is then 0.
+episode that keeps calling, or whose reply would not fit; its reward is then 0.
 
 Metrics (counts per step, which the rollout sums over turns as env/<task>/<name>): the inner
 environment's, and tool_calls (attempts), tool_turns (turns with an attempt),
@@ -33,7 +40,7 @@ from nemo_opd.tools.pool import ToolPool
 @dataclass(frozen=True)
 class ToolLimits:
     """What a turn may ask for: call text length (max_call_chars, checked before parsing) and
-    calls per turn (the rest are errors)."""
+    calls per turn (the rest are not run, and one message answers them all)."""
 
     max_call_chars: int
     max_calls_per_turn: int
@@ -83,10 +90,7 @@ class ToolEnvironment:
         results = self._results([attempts[i] for i in calling])
         step.metrics.update(tool_metrics(results, [metadata[i] for i in calling]))
         for i, outcome in zip(calling, results, strict=True):
-            step.next_messages[i] = [
-                tool_message(call, result)
-                for call, result in zip(attempts[i], outcome, strict=True)
-            ]
+            step.next_messages[i] = self._messages(attempts[i], outcome)
             errors = sum(result.error is not None for result in outcome)
             meta = step.metadata[i]
             meta["tool_calls"] = int(meta.get("tool_calls", 0)) + len(outcome)
@@ -115,13 +119,18 @@ class ToolEnvironment:
                 results[t].append(error)
                 if error is None:
                     runnable.append((t, c, ToolCall(call.name, call.arguments)))
-        ran = self.pool.run([call for _, _, call in runnable]) if runnable else []
-        for (t, c, _), result in zip(runnable, ran, strict=True):
-            results[t][c] = result
+        if runnable:
+            calls = [call for _, _, call in runnable]
+            ran = self.pool.run(calls, turns=[t for t, _, _ in runnable])
+            for (t, c, _), result in zip(runnable, ran, strict=True):
+                results[t][c] = result
         return results
 
     def _refusal(self, call: ParsedCall, index: int) -> ToolResult | None:
-        """The error of a call that is not run (malformed, unknown tool, too many calls)."""
+        """The error of a call that is not run (too many calls, malformed, unknown tool)."""
+        if index >= self.limits.max_calls_per_turn:
+            limit = self.limits.max_calls_per_turn
+            return ToolResult(f"Error: at most {limit} calls per turn", "too_many_calls")
         if call.error is not None:
             return ToolResult(f"Error: {call.error}", "malformed")
         if call.name not in self.tool_names:
@@ -129,10 +138,22 @@ class ToolEnvironment:
             return ToolResult(
                 f"Error: no tool named {call.name[:80]!r} (tools: {known})", "unknown_tool"
             )
-        if index >= self.limits.max_calls_per_turn:
-            limit = self.limits.max_calls_per_turn
-            return ToolResult(f"Error: at most {limit} calls per turn", "too_many_calls")
         return None
+
+    def _messages(self, calls: list[ParsedCall], results: list[ToolResult]) -> list[Message]:
+        """A turn's reply: a message per call up to max_calls_per_turn, then one for the rest
+        (module docstring)."""
+        limit = self.limits.max_calls_per_turn
+        messages = [
+            tool_message(result, call.name if call.name in self.tool_names else None)
+            for call, result in zip(calls[:limit], results[:limit], strict=True)
+        ]
+        extra = len(calls) - limit
+        if extra > 0:
+            were = "was" if extra == 1 else "were"
+            content = f"Error: at most {limit} calls per turn: {extra} more {were} not run"
+            messages.append(tool_message(ToolResult(content, "too_many_calls"), None))
+        return messages
 
     def shutdown(self) -> None:
         """Stop the tool workers and the inner environment (safe to call twice)."""
@@ -149,11 +170,13 @@ def last_assistant_text(log: list[Message]) -> str:
     return ""
 
 
-def tool_message(call: ParsedCall, result: ToolResult) -> Message:
-    """The `tool` message that carries a call's result."""
-    message = {"role": "tool", "content": result.content}
-    if call.name is not None:
-        message["name"] = call.name[:80]
+def tool_message(result: ToolResult, name: str | None) -> Message:
+    """The `tool` message that carries a call's result, named after its tool (None: not
+    named); lone surrogates (no character, which a tokenizer refuses) become "?"."""
+    content = result.content.encode("utf-8", "replace").decode("utf-8")
+    message = {"role": "tool", "content": content}
+    if name is not None:
+        message["name"] = name
     return message
 
 

@@ -1,4 +1,5 @@
-"""Generation: the interface the rollout loop uses, its vLLM backend and the refit probe."""
+"""Generation: the interface the rollout loop uses, its engines (vLLM, or transformers where vLLM
+is absent) and the refit probe."""
 
 from nemo_opd.generation.interface import GenerationInterface, GenerationOutput
 from nemo_opd.generation.probe import logprob_mismatch

@@ -1,4 +1,6 @@
-"""The generation interface the rollout loop talks to; vLLM implements it (vllm_generation.py)."""
+"""The generation interface the rollout loop talks to (VllmGeneration implements it over vLLM or
+transformers engine workers: vllm_generation.py, backends.py), and the contract of one engine
+worker."""
 
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -39,9 +41,9 @@ class GenerationInterface(Protocol):
     ) -> GenerationOutput:
         """Sample one continuation per prompt (token ids). max_new_tokens may differ per prompt
         (the rollout shrinks it so a sequence never exceeds max_seq_len); seed is a base seed
-        (prompt i samples with seed + i), one seed per prompt, or None (the engine's RNG);
-        temperature overrides the engine's configured sampling temperature for this call (None
-        keeps it)."""
+        (prompt i samples with request_seed(seed, i, 0): nemo_opd.utils.seeds), one seed per
+        prompt, or None (the engine's RNG); temperature overrides the engine's configured
+        sampling temperature for this call (None keeps it)."""
         ...
 
     def refit(self, weights: dict[str, torch.Tensor] | Any, version: int) -> bool:
@@ -60,4 +62,45 @@ class GenerationInterface(Protocol):
 
     def shutdown(self) -> None:
         """Stop the engine's workers."""
+        ...
+
+
+class EngineWorker(Protocol):
+    """One generation engine (one data-parallel replica) holding a copy of the student's
+    weights: what VllmGeneration calls on each of its workers, whichever class they are
+    (VllmWorker) and whichever executor runs them. Constructed as
+    worker_cls(model_path, tokenizer_path, vllm_cfg: dict, seed, sleep_mode)."""
+
+    def ready(self) -> float:
+        """Seconds the engine took to start (also a liveness check)."""
+        ...
+
+    def startup_marks(self) -> dict[str, float]:
+        """This engine's start-up times (nemo_opd.utils.startup)."""
+        ...
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        max_new_tokens: list[int],
+        sampling: dict[str, Any],
+        seeds: list[int] | None = None,
+    ) -> GenerationOutput:
+        """One continuation per prompt (see VllmWorker.generate)."""
+        ...
+
+    def score(self, sequences: list[list[int]]) -> list[list[float]]:
+        """log p(token t | tokens < t), t = 1..n-1, of each sequence at temperature 1."""
+        ...
+
+    def update_weights(self, weights: dict[str, torch.Tensor]) -> float:
+        """Copy full Hugging Face-named tensors into the engine's model; returns seconds."""
+        ...
+
+    def sleep(self, level: int = 1) -> None:
+        """Release device memory (colocated on GPU); a no-op where unsupported."""
+        ...
+
+    def wake_up(self) -> None:
+        """Undo sleep()."""
         ...

@@ -11,13 +11,15 @@ def logprob_mismatch(
     Args:
         generated_logprobs: [B, S] log-probs the engine reported for each token (0 elsewhere).
         student_logprobs: [B, S] the student's log-probs of the same tokens, same alignment and
-            temperature (e.g. Policy.get_logprobs shifted so both index the scored token).
+            temperature (e.g. Policy.get_logprobs shifted so both index the scored token: made
+            with the model family's own output head, nemo_opd/models/output_head.py, as the
+            generation engine makes its own).
         mask: [B, S] 1 where a generated token is scored, 0 for prompt and padding.
 
     Returns:
-        The mean absolute difference per masked token (0.0 when the mask is empty). A healthy
-        refit gives ~1e-5 in fp32 and ~1e-2 in bf16; a stale engine gives values near the
-        typical per-token KL scale (0.1 and up).
+        The mean absolute difference per masked token (0.0 when the mask is empty): near 0
+        after a healthy refit, near the per-token KL after a stale one (docs/distillation.md
+        has the figures in fp32 and bf16).
     """
     mask = mask.to(torch.float32)
     diff = (generated_logprobs.float() - student_logprobs.float()).abs() * mask

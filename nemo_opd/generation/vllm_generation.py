@@ -1,4 +1,6 @@
-"""VllmGeneration: the driver's handle on num_engines vLLM replicas (GenerationInterface).
+"""VllmGeneration: the driver's handle on num_engines vLLM replicas (GenerationInterface); with
+policy.generation.backend transformers, each replica is an HfWorker instead of a VllmWorker
+(the same calls and sampling semantics; backends.py).
 
     generation = VllmGeneration(cfg.generation, model_path, tokenizer_path, device_type="cpu")
     generation.refit(policy.full_weights_ref(), version=policy.step)   # only when stale
@@ -8,10 +10,16 @@
 
 Engines are data parallel: prompts are split into contiguous, nearly equal chunks, one per
 engine, and results are gathered back in prompt order. A call seeded with `seed` samples
-prompt i with seed + i (i its index in the whole batch), or with seed[i] when given one seed
-per prompt, so the samples do not depend on the number of engines.
+prompt i with request_seed(seed, i, 0) (i its index in the whole batch; nemo_opd.utils.seeds),
+or with seed[i] when given one seed per prompt, so the samples do not depend on the number of
+engines.
 
-Placement (one Ray actor per engine, see VllmWorker):
+Each engine is a worker of an EngineWorker class (VllmWorker or HfWorker: backends.py), run by
+either executor (nemo_opd.distributed.worker_group): a Ray actor, or an object in the driver's
+process (the local executor: one engine beside the student and the teacher, no Ray; on CPU it
+computes on the process's torch threads, which the run sets, and sleep mode works in place).
+
+Placement under Ray (one actor per engine):
 - CPU: each engine reserves cpus_per_engine Ray CPUs, 0 by default. The training workers'
   placement group takes whole CPUs (ray.init(num_cpus=2) with two training workers holds
   both), and generation and training take turns in the loop anyway, so the engines time-share
@@ -27,12 +35,12 @@ Placement (one Ray actor per engine, see VllmWorker):
   holds one bundle per worker, pinned to the nodes it chose: nemo_opd.distributed.placement),
   taking only what the engine reserves; without one, Ray places the engines.
 
-Refit uses one path in both placements: the full state dict goes into Ray's object store once
-(shared memory on a node; the non-colocated "channel"; Ray copies it once to each other node
-that reads it) and every engine copies it into its model in place (VllmWorker.update_weights).
-The loop hands refit the ObjectRef that the student's rank 0 put there
-(Policy.full_weights_ref), so the tensors never pass through the driver; a dict is put by the
-driver. Colocated on CUDA the same call runs between training and wake-up: refit
+Refit uses one path in both placements: the full state dict is put once where every engine
+reads it (Ray's object store: shared memory on a node, copied once to each other node that
+reads it; in one process, the tensors themselves) and every engine copies it into its model in
+place (VllmWorker.update_weights). The loop hands refit the handle that the student's rank 0
+put there (Policy.full_weights_ref), so the tensors never pass through the driver; a dict is
+put by the driver. Colocated on CUDA the same call runs between training and wake-up: refit
 wakes sleeping engines first, since a sleeping engine's weights are not on the device.
 
 An engine that dies in a call (vLLM out of memory, the OOM killer, a crash) or raises ends
@@ -42,21 +50,20 @@ checkpoints are untouched, so the same command resumes from the newest.
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import ray
 import torch
-from ray.exceptions import GetTimeoutError, OutOfMemoryError, RayActorError, RayTaskError
-from ray.util.placement_group import PlacementGroup
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from nemo_opd.config import GenerationConfig
-from nemo_opd.distributed.nodes import actor_nodes
-from nemo_opd.distributed.waits import get_within
-from nemo_opd.distributed.worker_group import death_notice
+from nemo_opd.distributed.worker_group import Executor, WorkerError, start_workers
 from nemo_opd.errors import RunError
-from nemo_opd.generation.interface import GenerationOutput
+from nemo_opd.generation.backends import engine_worker
+from nemo_opd.generation.interface import EngineWorker, GenerationOutput
 from nemo_opd.generation.vllm_worker import ENGINE_ENV, VllmWorker
+from nemo_opd.utils.seeds import request_seed
+
+if TYPE_CHECKING:
+    from ray.util.placement_group import PlacementGroup
 
 READY_TIMEOUT_S = 1800.0
 """How long the engines may take to start (a large model on a slow disk takes minutes)."""
@@ -65,7 +72,7 @@ CALL_TIMEOUT_S = 600.0
 
 
 class VllmGeneration:
-    """num_engines VllmWorker actors serving one student (see the module docstring).
+    """num_engines engine workers serving one student (see the module docstring).
 
     Args:
         cfg: the generation section.
@@ -75,11 +82,15 @@ class VllmGeneration:
         num_engines: data-parallel replicas.
         seed: engine RNG seed (engine i gets seed + i); per-call seeds are given to generate().
         cpus_per_engine: Ray CPUs each engine reserves (default: 0 on CPU, 1 on CUDA).
-        cpu_threads: OpenMP threads of each engine on CPU (default: 1, or cpus_per_engine).
+        cpu_threads: OpenMP threads of each engine on CPU under Ray (default: 1, or
+            cpus_per_engine); in one process the engine runs on the process's threads.
         gpus_per_engine: Ray GPUs each engine reserves on CUDA (default: 1, or 0.5 colocated).
         placement: the run's placement group: engine i runs in bundle bundles[i], taking
             cpus_per_engine / gpus_per_engine of it (shared with training when colocated).
         bundles: the bundle of each engine (num_engines of them); default 0, 1, 2, ...
+        wait: block until every engine has started (see wait_until_ready).
+        executor: "ray" (an actor per engine) or "local" (the engines in this process).
+        The engine workers' class (an EngineWorker) is cfg.backend's (generation/backends.py).
     """
 
     def __init__(
@@ -94,12 +105,11 @@ class VllmGeneration:
         cpus_per_engine: float | None = None,
         cpu_threads: int | None = None,
         gpus_per_engine: float | None = None,
-        placement: PlacementGroup | None = None,
+        placement: "PlacementGroup | None" = None,
         bundles: Sequence[int] | None = None,
         wait: bool = True,
+        executor: Executor = "ray",
     ) -> None:
-        if not ray.is_initialized():
-            raise RuntimeError("VllmGeneration needs Ray: call ray.init() first")
         if device_type not in ("cpu", "cuda"):
             raise ValueError(f"device_type must be 'cpu' or 'cuda', got {device_type!r}")
         if cfg.stop_strings and tokenizer_path is None:
@@ -108,23 +118,40 @@ class VllmGeneration:
         self.device_type = device_type
         self.colocated = device_type == "cuda" and cfg.colocated.enabled
         self.model_path = model_path
+        self.num_engines = num_engines
         self.loaded_version: int | None = None
         self.last_refit_time_s = 0.0
+        worker_cls, engine_cfg = engine_worker(cfg)  # VllmWorker, or HfWorker (backends.py)
         options = _actor_options(
-            device_type, self.colocated, cpus_per_engine, gpus_per_engine, cpu_threads
+            device_type,
+            self.colocated,
+            cpus_per_engine,
+            gpus_per_engine,
+            cpu_threads,
+            engine_env=ENGINE_ENV if worker_cls is VllmWorker else {},
         )
-        bundles = list(range(num_engines)) if bundles is None else list(bundles)
-        if len(bundles) != num_engines:
+        if bundles is not None and len(bundles) != num_engines:
             raise ValueError(f"{len(bundles)} bundles given for {num_engines} engines")
-        remote_cls = ray.remote(VllmWorker)
+        self.engine_name = "vLLM" if worker_cls is VllmWorker else "transformers"
         self._started = time.perf_counter()
-        self.engines = [
-            remote_cls.options(**options, **_bundle(placement, bundles[i])).remote(
-                model_path, tokenizer_path, cfg.vllm_cfg.model_dump(), seed + i, self.colocated
-            )
-            for i in range(num_engines)
-        ]
         self.start_time_s: float | None = None
+        try:
+            self.engines = start_workers(
+                executor,
+                worker_cls,
+                num_engines,
+                lambda i: (model_path, tokenizer_path, engine_cfg, seed + i, self.colocated),
+                name=self.engine_name,
+                rendezvous=False,
+                wait=False,
+                timeout_s=None,  # a generate call takes as long as its batch takes
+                start_timeout_s=READY_TIMEOUT_S,
+                ray_options=lambda i: options,
+                placement=placement,
+                bundles=bundles,
+            )
+        except WorkerError as error:  # workers in this process start here
+            raise RunError(_start_failure(error, num_engines, self.engine_name)) from error
         if wait:
             self.wait_until_ready()
 
@@ -134,32 +161,22 @@ class VllmGeneration:
         that failed to start raises here, after all engines are shut down."""
         if self.start_time_s is None:
             try:
-                ray.get([engine.ready.remote() for engine in self.engines], timeout=READY_TIMEOUT_S)
-            except GetTimeoutError as error:
-                self.shutdown()
-                raise RunError(
-                    f"vLLM: {len(self.engines)} engine(s) did not start within "
-                    f"{READY_TIMEOUT_S:.0f} s: still loading the model, or never scheduled "
-                    "because the cluster lacks the CPUs or GPUs they ask for (`ray status` "
-                    "shows what is free)"
-                ) from error
-            except RayActorError as error:
-                self.shutdown()
-                raise RunError(f"vLLM could not start: {_start_failure(error)}") from error
-            except BaseException:
-                self.shutdown()
-                raise
+                self.engines.wait_until_ready()
+            except WorkerError as error:
+                raise RunError(_start_failure(error, self.num_engines, self.engine_name)) from error
             self.start_time_s = time.perf_counter() - self._started
         return self.start_time_s
 
     def startup_marks(self) -> list[dict[str, float]]:
         """Each engine's start-up times (nemo_opd.utils.startup), in engine order."""
-        refs = [engine.startup_marks.remote() for engine in self.engines]
-        return get_within(refs, CALL_TIMEOUT_S, "vLLM engines reporting their start-up times")
+        return self._on_every_engine(
+            EngineWorker.startup_marks, "reporting start-up times", timeout_s=CALL_TIMEOUT_S
+        )
 
     def nodes(self) -> list[tuple[str, str]]:
-        """(node id, node address) of each engine, in engine order, as Ray placed them."""
-        return actor_nodes(self.engines)
+        """(node id, node address) of each engine, in engine order, as the executor placed
+        them."""
+        return self.engines.nodes()
 
     def generate(
         self,
@@ -175,55 +192,55 @@ class VllmGeneration:
         max_new_tokens: per prompt (B ints), one int for all, or None for cfg.max_new_tokens; a
             budget of 0 yields an empty continuation with finish reason "length".
         greedy: argmax decoding (also when cfg.temperature is 0).
-        seed: base seed (prompt i samples with seed + i), or B seeds (prompt i samples with
-            seed[i]). None uses the engines' own RNG.
+        seed: base seed (prompt i samples with request_seed(seed, i, 0)), or B seeds (prompt
+            i samples with seed[i]). None uses the engines' own RNG.
         temperature: sampling temperature of this call; None uses cfg.temperature.
         """
         budgets = _budgets(max_new_tokens, self.cfg.max_new_tokens, len(prompts))
         seeds = _seeds(seed, len(prompts))
         active = [i for i, budget in enumerate(budgets) if budget > 0]
         sampling = self._sampling(greedy, temperature)
-        chunks = _split(active, len(self.engines))
-        started = time.perf_counter()
-        calls = [
-            (
-                index,
-                self.engines[index].generate.remote(
-                    [prompts[i] for i in chunk],
-                    [budgets[i] for i in chunk],
-                    sampling,
-                    None if seeds is None else [seeds[i] for i in chunk],
-                ),
+        chunks = _split(active, self.engines.size)
+        busy = [index for index, chunk in enumerate(chunks) if chunk]
+
+        def request(index: int) -> tuple:
+            chunk = chunks[index]
+            return (
+                [prompts[i] for i in chunk],
+                [budgets[i] for i in chunk],
+                sampling,
+                None if seeds is None else [seeds[i] for i in chunk],
             )
-            for index, chunk in enumerate(chunks)
-            if chunk
-        ]
-        results = self._results(calls, "generating")
+
+        started = time.perf_counter()
+        results = self._call(EngineWorker.generate, request, busy, "generating")
         wall = time.perf_counter() - started
-        return _gather(len(prompts), [c for c in chunks if c], results, wall)
+        return _gather(len(prompts), [chunks[index] for index in busy], results, wall)
 
     def score(self, sequences: list[list[int]]) -> list[list[float]]:
         """log p(token t | tokens < t), t = 1..n-1, of each full sequence at temperature 1
         (vLLM prompt log-probs; see VllmWorker.score). For probes and tests."""
-        chunks = _split(list(range(len(sequences))), len(self.engines))
-        calls = [
-            (index, self.engines[index].score.remote([sequences[i] for i in chunk]))
-            for index, chunk in enumerate(chunks)
-            if chunk
-        ]
-        return [row for rows in self._results(calls, "scoring") for row in rows]
+        chunks = _split(list(range(len(sequences))), self.engines.size)
+        busy = [index for index, chunk in enumerate(chunks) if chunk]
+        results = self._call(
+            EngineWorker.score,
+            lambda index: ([sequences[i] for i in chunks[index]],),
+            busy,
+            "scoring",
+        )
+        return [row for rows in results for row in rows]
 
-    def refit(self, weights: dict[str, torch.Tensor] | ray.ObjectRef, version: int) -> bool:
-        """Push `weights` (full tensors, HF names, lm_head included even when tied), or an
-        ObjectRef of them (Policy.full_weights_ref), to every engine unless `version` is already
+    def refit(self, weights: dict[str, torch.Tensor] | Any, version: int) -> bool:
+        """Push `weights` (full tensors, HF names, lm_head included even when tied), or a
+        handle on them (Policy.full_weights_ref), to every engine unless `version` is already
         loaded. Returns whether weights were pushed."""
         if version == self.loaded_version:
             return False
         self.prepare_for_generation()  # a sleeping engine's weights are not on the device
         started = time.perf_counter()
-        # One copy in the object store, read by every engine.
-        ref = weights if isinstance(weights, ray.ObjectRef) else ray.put(weights)
-        self._on_every_engine(lambda engine: engine.update_weights.remote(ref), "loading weights")
+        # One copy where every engine reads it.
+        handle = self.engines.put(weights) if isinstance(weights, dict) else weights
+        self._on_every_engine(EngineWorker.update_weights, "loading weights", handle)
         self.last_refit_time_s = time.perf_counter() - started
         self.loaded_version = version
         return True
@@ -231,45 +248,52 @@ class VllmGeneration:
     def prepare_for_generation(self) -> None:
         """Wake the engines (colocated on CUDA); a no-op otherwise."""
         if self.colocated:
-            self._on_every_engine(lambda engine: engine.wake_up.remote(), "waking up")
+            self._on_every_engine(EngineWorker.wake_up, "waking up")
 
     def finish_generation(self) -> None:
         """Put the engines to sleep so training gets the GPU memory (colocated on CUDA)."""
         if self.colocated:
-            self._on_every_engine(lambda engine: engine.sleep.remote(), "going to sleep")
+            self._on_every_engine(EngineWorker.sleep, "going to sleep")
 
     def shutdown(self) -> None:
-        """Kill the engine actors (idempotent)."""
-        for engine in self.engines:
-            ray.kill(engine)
-        self.engines = []
+        """Stop the engines (idempotent)."""
+        self.engines.shutdown()
 
-    def _on_every_engine(self, call: Callable[[Any], ray.ObjectRef], doing: str) -> list:
-        """call(engine) on every engine; their results in engine order (see _results)."""
-        return self._results([(i, call(engine)) for i, engine in enumerate(self.engines)], doing)
+    def _on_every_engine(
+        self, method: Callable, doing: str, *args: Any, timeout_s: float | None = None
+    ) -> list:
+        """method(engine, *args) on every engine; their results in engine order (see _call)."""
+        every = list(range(self.engines.size))
+        return self._call(method, lambda index: args, every, doing, timeout_s)
 
-    def _results(self, calls: list[tuple[int, ray.ObjectRef]], doing: str) -> list:
-        """The results of calls (engine index, ObjectRef of its call), in order. The first
-        failure to complete ends the run: an engine that died or raised is a RunError naming
-        it (and the call, `doing`), with its own error as the cause."""
-        engine_of = {ref: index for index, ref in calls}
-        results = {}
-        pending = list(engine_of)
-        while pending:
-            [done], pending = ray.wait(pending, num_returns=1)
-            try:
-                results[done] = ray.get(done)
-            except (RayActorError, RayTaskError, OutOfMemoryError) as error:
-                raise RunError(self._failure(engine_of[done], doing, error)) from error
-        return [results[ref] for _, ref in calls]
+    def _call(
+        self,
+        method: Callable,
+        args_of: Callable[[int], tuple],
+        engines: list[int],
+        doing: str,
+        timeout_s: float | None = None,
+    ) -> list:
+        """method(engine, *args_of(engine)) on `engines`, their results in that order. The
+        first failure ends the run: an engine that died or raised is a RunError naming it
+        (and the call, `doing`), with its own error as the cause."""
+        try:
+            return self.engines.run_each(method, args_of, engines, timeout_s=timeout_s)
+        except WorkerError as error:
+            raise RunError(self._failure(error, doing)) from error
 
-    def _failure(self, engine: int, doing: str, error: Exception) -> str:
+    def _failure(self, error: WorkerError, doing: str) -> str:
         """One line: which engine failed while `doing` what, how, and what is left."""
-        what = f"vLLM engine {engine} (of {len(self.engines)}, serving {self.model_path})"
-        if isinstance(error, RayTaskError):
-            how = f"raised {_first_line(getattr(error, 'cause', None) or error)}"
+        if error.rank is None:  # a bookkeeping call past its time-out
+            return f"{error} while {doing}"
+        what = (
+            f"{self.engine_name} engine {error.rank} (of {self.num_engines}, serving "
+            f"{self.model_path})"
+        )
+        if error.died:
+            how = f"died ({_with_memory_hint(error.detail)})"
         else:
-            how = f"died ({_with_memory_hint(death_notice(error))})"
+            how = f"raised {_first_line(error.cause or error)}"
         return (
             f"{what} {how} while {doing}; the checkpoints saved so far are intact: run the "
             "same command to resume from the newest"
@@ -294,9 +318,11 @@ def _actor_options(
     cpus: float | None,
     gpus: float | None,
     cpu_threads: int | None = None,
+    engine_env: dict[str, str] = ENGINE_ENV,
 ) -> dict:
-    """Ray options of one engine actor (resources and the env vLLM must see at import)."""
-    env = dict(ENGINE_ENV)
+    """Ray options of one engine actor (resources, and engine_env: the env vLLM must see at
+    import; none for the transformers engine)."""
+    env = dict(engine_env)
     if device_type == "cpu":
         resources = {"num_cpus": 0.0 if cpus is None else cpus, "num_gpus": 0}
         threads = cpu_threads or max(1, int(cpus or 1))
@@ -308,14 +334,6 @@ def _actor_options(
             "num_gpus": default_gpus if gpus is None else gpus,
         }
     return {**resources, "runtime_env": {"env_vars": env}}
-
-
-def _bundle(placement: PlacementGroup | None, index: int) -> dict:
-    """The scheduling option that puts an engine into bundle `index` of a shared placement."""
-    if placement is None:
-        return {}
-    strategy = PlacementGroupSchedulingStrategy(placement, placement_group_bundle_index=index)
-    return {"scheduling_strategy": strategy}
 
 
 def _budgets(max_new_tokens: list[int] | int | None, default: int, num_prompts: int) -> list[int]:
@@ -334,11 +352,12 @@ def _budgets(max_new_tokens: list[int] | int | None, default: int, num_prompts: 
 
 
 def _seeds(seed: int | list[int] | None, num_prompts: int) -> list[int] | None:
-    """One seed per prompt (num_prompts ints): seed + i for a base seed, or the list given."""
+    """One seed per prompt (num_prompts ints): request_seed(seed, i, 0) for a base seed, or
+    the list given."""
     if seed is None:
         return None
     if isinstance(seed, int):
-        return [seed + i for i in range(num_prompts)]
+        return [request_seed(seed, i, 0) for i in range(num_prompts)]
     if len(seed) != num_prompts:
         raise ValueError(f"seed needs one seed per prompt ({num_prompts}), got {len(seed)}")
     return list(seed)
@@ -379,9 +398,17 @@ def _gather(
     return out
 
 
-def _start_failure(error: RayActorError) -> str:
-    """Why an engine died while starting, with what to change when it ran out of memory."""
-    return _with_memory_hint(death_notice(error))
+def _start_failure(error: WorkerError, engines: int, name: str = "vLLM") -> str:
+    """Why the `name` engines ("vLLM" or "transformers") did not start, with what to change
+    when one ran out of memory or was never scheduled."""
+    if error.rank is None:
+        return (
+            f"{name}: {engines} engine(s) did not start within {READY_TIMEOUT_S:.0f} s: still "
+            "loading the model, or never scheduled because the cluster lacks the CPUs or GPUs "
+            "they ask for (`ray status` shows what is free)"
+        )
+    notice = error.detail if error.died else f"raised {_first_line(error.cause or error)}"
+    return f"{name} could not start: {_with_memory_hint(notice)}"
 
 
 def _with_memory_hint(notice: str) -> str:

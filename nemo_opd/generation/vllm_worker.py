@@ -1,4 +1,5 @@
-"""VllmWorker: a Ray actor that owns one in-process vLLM engine (one data-parallel replica).
+"""VllmWorker: one in-process vLLM engine (one data-parallel replica), as a Ray actor or as an
+object in the driver's process (the local executor).
 
 The engine runs inside the actor's own process: vLLM's V1 engine core in-process
 (VLLM_ENABLE_V1_MULTIPROCESSING=0) with the single-process executor (backend "uni"). Building
@@ -7,9 +8,16 @@ CPU; docs/generation.md has the figures), and update_weights hands tensors to th
 by reference: nothing is pickled, so no callable has to be serialized and
 VLLM_ALLOW_INSECURE_SERIALIZATION stays unset. The price is tensor_parallel_size == 1 per
 engine (a tp > 1 engine needs vLLM's multiprocess executor, where an iterator of tensors cannot
-cross the process boundary); scale out with more engines instead. Keeping vLLM in its own actor
-also keeps its process-wide changes (on CPU it binds its OpenMP threads, as many as the actor's
-OMP_NUM_THREADS, to cores and disables torch.set_num_threads) away from the training workers.
+cross the process boundary); scale out with more engines instead.
+
+vLLM changes its process: on CPU its worker replaces torch.set_num_threads with a function that
+refuses (a guard for the thread binding of its multiprocess executor, which the single-process
+executor does not do), it seeds the global RNGs, and with enforce_eager this worker turns
+TorchDynamo off (in the threads that call it). In an actor of its own that touches nothing
+else; in the driver's process (the local executor) the engine computes on the process's torch
+threads, set by the run before the engine starts, and torch.set_num_threads is put back once
+the engine is built, so that the training engines started after it set theirs (the same
+count).
 
 Which distribution the returned log-probs come from: the engine is built with
 logprobs_mode="processed_logprobs", so each sampled token's log-prob is taken from the
@@ -42,24 +50,28 @@ import torch
 from nemo_opd.generation.interface import FinishReason, GenerationOutput
 from nemo_opd.utils.startup import StartupMarks
 
-# Set in the actor's process before vLLM is imported (VllmGeneration also passes them as the
-# actor's runtime_env, which guarantees a fresh process that has them from the start).
+# Set in the engine's process before vLLM reads them (VllmGeneration also passes them as a Ray
+# actor's runtime_env, which gives the actor a fresh process that has them from the start).
 ENGINE_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # engine core in this process (see module docstring)
 }
 
 
 def set_engine_env() -> None:
-    """Apply ENGINE_ENV; vLLM reads these at import, so it must not be imported yet."""
-    if "vllm" in sys.modules:
-        for key, value in ENGINE_ENV.items():
-            if os.environ.get(key) != value:
-                raise RuntimeError(
-                    f"vllm was imported in this process before {key}={value} was set; start "
-                    "the VllmWorker in a fresh process (VllmGeneration does)"
-                )
+    """Apply ENGINE_ENV. vLLM reads its environment when asked until its first engine in the
+    process keeps what it read (its envs cache); vLLM imported before is fine (unpickling one
+    of its exceptions imports it), an engine built before with other values is not
+    (RuntimeError)."""
     for key, value in ENGINE_ENV.items():
         os.environ[key] = value
+    envs = sys.modules.get("vllm.envs")
+    if envs is not None and envs.VLLM_ENABLE_V1_MULTIPROCESSING:
+        raise RuntimeError(
+            "a vLLM engine built earlier in this process runs its engine core in a process of "
+            "its own (VLLM_ENABLE_V1_MULTIPROCESSING unset), and vLLM keeps what it read then; "
+            "run the generation engines on Ray (cluster.executor=ray), or build them before "
+            "any other vLLM engine of the process"
+        )
 
 
 class _RotaryReloadFilter(logging.Filter):
@@ -72,6 +84,15 @@ class _RotaryReloadFilter(logging.Filter):
         return not (rotary and "Failed to load weights" in str(record.msg))
 
 
+class _ThreadCountFilter(logging.Filter):
+    """Drops vLLM's "CPU backend doesn't allow to use `torch.set_num_threads`" warning, logged
+    each time its start-up asks for a thread count while its guard is in place (see the module
+    docstring): the engine keeps the count its process has."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "torch.set_num_threads" not in str(record.msg)
+
+
 def quiet_vllm_logs() -> None:
     """vLLM logs several INFO lines per refit and per generate call; keep its warnings and
     errors only, unless the user chose a level with VLLM_LOGGING_LEVEL.
@@ -81,6 +102,7 @@ def quiet_vllm_logs() -> None:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     reload_logger = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
     reload_logger.addFilter(_RotaryReloadFilter())
+    logging.getLogger("vllm.v1.worker.cpu_worker").addFilter(_ThreadCountFilter())
 
 
 # vLLM's default per-step token budget on CPU (its scheduler's DEFAULT_MAX_NUM_BATCHED_TOKENS).
@@ -172,12 +194,13 @@ class VllmWorker:
         self.startup.note("vllm_imported")
 
         self.device_type = "cuda" if torch.cuda.is_available() else "cpu"
-        if self.device_type == "cpu" and vllm_cfg["enforce_eager"]:
-            # Eager means eager: vLLM still compiles (inductor) the helper that ranks sampled
-            # tokens for their log-probs, at the first generate that asks for log-probs: 2 s
-            # of a 2-core CPU, for an integer count that is the same either way.
-            torch._dynamo.config.disable = True
+        # Eager means eager: vLLM still compiles (inductor) the helper that ranks sampled
+        # tokens for their log-probs, at the first generate that asks for log-probs: seconds of
+        # a 2-core CPU, for an integer count that is the same either way.
+        self.no_dynamo = self.device_type == "cpu" and vllm_cfg["enforce_eager"]
+        self._eager_here()
         started = time.perf_counter()
+        set_num_threads = torch.set_num_threads  # vLLM's CPU worker replaces it (see above)
         self.llm = LLM(
             **cpu_scheduler_args(self.device_type, vllm_cfg["max_model_len"]),
             model=model_path,
@@ -194,9 +217,17 @@ class VllmWorker:
             logprobs_mode="processed_logprobs",
             enable_sleep_mode=sleep_mode and self.device_type == "cuda",
         )
+        torch.set_num_threads = set_num_threads
         self.start_time_s = time.perf_counter() - started
         self.startup.note("engine_ready")
         self.asleep = False
+
+    def _eager_here(self) -> None:
+        """TorchDynamo off in the calling thread where the engine is eager on CPU (no_dynamo).
+        Its settings are per thread (a ContextVar): in the driver's process the loop's threads
+        each call the engine, so every call turns it off in its own."""
+        if self.no_dynamo:
+            torch._dynamo.config.disable = True
 
     def startup_marks(self) -> dict[str, float]:
         """This engine's start-up times (nemo_opd.utils.startup)."""
@@ -227,6 +258,7 @@ class VllmWorker:
         """
         from vllm import SamplingParams
 
+        self._eager_here()
         params = [
             SamplingParams(
                 n=1,
@@ -265,6 +297,7 @@ class VllmWorker:
         """
         from vllm import SamplingParams
 
+        self._eager_here()
         params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
         requests = [{"prompt_token_ids": list(s)} for s in sequences]
         outputs = self.llm.generate(requests, params, use_tqdm=False)

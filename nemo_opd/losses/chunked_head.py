@@ -2,11 +2,15 @@
 
 For a real vocabulary (151,936 ids for Qwen3) the logits of a microbatch dwarf everything else
 it holds: 16k positions are 9.7 GiB in fp32, and their gradient as much again. Here the final
-hidden states h [N, H] and the LM head's rows W [V_local, H] go in; for each chunk of C
-positions the chunk's logits z_c = h_c W^T (padding columns masked), its loss and the loss's
-gradient are computed at once, turned into the gradients of h_c and W, and freed:
+hidden states h [N, H] and the LM head's rows W [V_local, H] (and its bias b [V_local], where
+the model's head has one) go in; for each chunk of C positions the chunk's logits, its loss
+and the loss's gradient are computed at once, turned into the gradients of h_c, W and b, and
+freed. The head is the model's own (nemo_opd/models/output_head.py), in two parts: the product
+r_c = h_c W^T + b, whose gradients are formed here by hand, and the elementwise rest (the
+family's scale or soft-cap, then the padding mask), z_c = finish(r_c), which autograd
+differentiates:
 
-    dL/dh_c = (dL/dz_c) W        dL/dW += (dL/dz_c)^T h_c
+    g = dL/dr_c        dL/dh_c = g W        dL/dW += g^T h_c        dL/db += sum_c g
 
 so the peak is one chunk's logits and their gradient, [C, V_local] each. Backward only scales
 the stored gradients by the incoming one (the loss is a scalar). Under tensor parallelism W is
@@ -20,7 +24,8 @@ count, so the chunks' losses add up to the microbatch's exactly. Its metrics are
 chunks like those of microbatches (sums, or *_min / *_max).
 
     loss, metrics = chunked_head_loss(hidden, weight, fields, loss_of_logits, chunk=1024,
-                                      project=F.linear, finish=mask_padding)
+                                      project=head.project, finish=transform_and_mask,
+                                      bias=bias)
 
 Under no_grad (evaluation: the validation divergence) chunked_head_loss only adds up the
 chunks' losses: nothing is differentiated and no weight gradient is formed, though the LM
@@ -35,12 +40,15 @@ import torch
 import torch.distributed as dist
 
 from nemo_opd.losses.reduction import accumulate_metrics
+from nemo_opd.models.output_head import PLAIN_HEAD
 
-Project = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-"""project(hidden [C, H], weight [V_local, H]) -> raw logits [C, V_local] (F.linear, in the
-engine's compute precision)."""
+Project = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+"""project(hidden [C, H], weight [V_local, H], bias [V_local] or None) -> raw logits
+[C, V_local]: the linear part of the model's head (OutputHead.project, in the engine's compute
+precision)."""
 Finish = Callable[[torch.Tensor], torch.Tensor]
-"""finish(raw logits) -> logits (the padding columns masked); differentiable."""
+"""finish(raw logits) -> logits: the elementwise rest of the head (OutputHead.transform) and
+the padding columns masked; differentiable."""
 ChunkLoss = Callable[[torch.Tensor, dict[str, torch.Tensor]], tuple[torch.Tensor, dict]]
 """loss_of_logits(logits [1, C, V_local], fields of the chunk [1, C, ...]) -> (loss, metrics)."""
 
@@ -58,8 +66,9 @@ def chunked_head_loss(
     loss_of_logits: ChunkLoss,
     *,
     chunk: int,
-    project: Project = torch.nn.functional.linear,
+    project: Project = PLAIN_HEAD.project,
     finish: Finish = lambda raw: raw,
+    bias: torch.Tensor | None = None,
     tp_group: dist.ProcessGroup | None = None,
     keep: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -72,7 +81,8 @@ def chunked_head_loss(
         fields: the loss function's per-position inputs, [b, s, ...] each.
         loss_of_logits: the loss of one chunk (see ChunkLoss).
         chunk: positions per chunk.
-        project, finish: the LM head, raw = project(h, W), logits = finish(raw).
+        project, finish: the LM head, raw = project(h, W, bias), logits = finish(raw).
+        bias: [V_local] this rank's entries of the LM head's bias (differentiable), or None.
         tp_group: the tensor-parallel group over which dL/dhidden is summed (None: no tp).
         keep: optional [b, s] bool, the positions whose loss terms can be nonzero (the loss
             mask's): the head runs on these only (at least one, so that every rank's metrics
@@ -80,7 +90,7 @@ def chunked_head_loss(
             terms are masked by it: prompt, tool-output and padding positions cost nothing.
 
     Returns:
-        (loss, a scalar whose backward reaches hidden and weight; metrics, detached, combined
+        (loss, a scalar whose backward reaches hidden, weight and bias; metrics, detached, combined
         over chunks). Under no_grad (evaluation) only the loss: no chunk is differentiated and
         no gradient is formed, although the weight, a parameter, still requires grad.
     """
@@ -91,10 +101,12 @@ def chunked_head_loss(
         flat, flat_fields = _kept_positions(flat, flat_fields, keep)
     head = (project, finish)
     if not torch.is_grad_enabled():
-        loss = _loss_without_grad(flat, weight, head, loss_of_logits, flat_fields, chunk, metrics)
+        loss = _loss_without_grad(
+            flat, weight, bias, head, loss_of_logits, flat_fields, chunk, metrics
+        )
         return loss, metrics
     loss = _ChunkedHeadLoss.apply(
-        flat, weight, head, loss_of_logits, flat_fields, chunk, tp_group, metrics
+        flat, weight, bias, head, loss_of_logits, flat_fields, chunk, tp_group, metrics
     )
     return loss, metrics
 
@@ -116,6 +128,7 @@ def _kept_positions(
 def _loss_without_grad(
     hidden: torch.Tensor,
     weight: torch.Tensor,
+    bias: torch.Tensor | None,
     head: tuple[Project, Finish],
     loss_of_logits: ChunkLoss,
     fields: dict[str, torch.Tensor],
@@ -129,7 +142,7 @@ def _loss_without_grad(
     total = torch.zeros((), dtype=torch.float32, device=hidden.device)
     for start, end in chunk_ranges(hidden.shape[0], chunk):
         part = {name: value[start:end].unsqueeze(0) for name, value in fields.items()}
-        logits = finish(project(hidden[start:end], weight)).unsqueeze(0)
+        logits = finish(project(hidden[start:end], weight, bias)).unsqueeze(0)
         loss, chunk_metrics = loss_of_logits(logits, part)
         total += loss.float()
         accumulate_metrics(metrics, chunk_metrics)
@@ -140,15 +153,16 @@ class _ChunkedHeadLoss(torch.autograd.Function):
     """The loss and its gradients in one pass over the chunks (see the module docstring).
 
     Per chunk, autograd differentiates only the loss with respect to the raw logits; the LM
-    head's two gradients are formed from that by hand (dL/dh_c = g W, dL/dW += g^T h_c, the
-    second accumulated in place in fp32), so besides one chunk the only weight-sized buffer is
-    the weight's gradient itself."""
+    head's gradients are formed from that by hand (dL/dh_c = g W, dL/dW += g^T h_c and
+    dL/db += sum_c g, the last two accumulated in place in fp32), so besides one chunk the only
+    weight-sized buffer is the weight's gradient itself."""
 
     @staticmethod
     def forward(
         ctx: Any,
         hidden: torch.Tensor,
         weight: torch.Tensor,
+        bias: torch.Tensor | None,
         head: tuple[Project, Finish],
         loss_of_logits: ChunkLoss,
         fields: dict[str, torch.Tensor],
@@ -158,6 +172,9 @@ class _ChunkedHeadLoss(torch.autograd.Function):
     ) -> torch.Tensor:
         project, finish = head
         w = weight.detach()
+        b = bias.detach() if bias is not None else None
+        bias_grad = bias is not None and bias.requires_grad
+        grad_bias = torch.zeros_like(b, dtype=torch.float32) if bias_grad else None
         grad_hidden = torch.empty_like(hidden) if hidden.requires_grad else None
         grad_weight = None  # fp32, allocated at the first chunk with a gradient
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
@@ -165,10 +182,10 @@ class _ChunkedHeadLoss(torch.autograd.Function):
             h = hidden[start:end].detach()
             part = {name: value[start:end].unsqueeze(0) for name, value in fields.items()}
             with torch.enable_grad():
-                raw = project(h, w).requires_grad_()
+                raw = project(h, w, b).requires_grad_()
                 loss, chunk_metrics = loss_of_logits(finish(raw).unsqueeze(0), part)
                 differentiable = loss.requires_grad and (
-                    grad_hidden is not None or weight.requires_grad
+                    grad_hidden is not None or weight.requires_grad or bias_grad
                 )
                 (g,) = torch.autograd.grad(loss, raw) if differentiable else (None,)
             total += loss.detach().float()
@@ -186,6 +203,8 @@ class _ChunkedHeadLoss(torch.autograd.Function):
                     grad_weight = g_t @ h32
                 else:
                     grad_weight.addmm_(g_t, h32)  # in place: no second weight-sized buffer
+            if grad_bias is not None:
+                grad_bias += g.float().sum(0)
             del g
         if grad_hidden is not None and tp_group is not None and dist.get_world_size(tp_group) > 1:
             dist.all_reduce(grad_hidden, group=tp_group)  # each vocab shard's share of dL/dh
@@ -194,23 +213,28 @@ class _ChunkedHeadLoss(torch.autograd.Function):
         ctx.save_for_backward(
             grad_hidden if grad_hidden is not None else torch.empty(0),
             grad_weight if grad_weight is not None else torch.empty(0),
+            grad_bias if grad_bias is not None else torch.empty(0),
         )
-        ctx.has_grads = (grad_hidden is not None, grad_weight is not None)
+        ctx.has_grads = (grad_hidden is not None, grad_weight is not None, grad_bias is not None)
         ctx.weight_dtype = weight.dtype
+        ctx.bias_dtype = bias.dtype if bias is not None else None
         return total
 
     @staticmethod
     def backward(ctx: Any, grad_loss: torch.Tensor):
-        grad_hidden, grad_weight = ctx.saved_tensors
-        has_hidden, has_weight = ctx.has_grads
+        grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
+        has_hidden, has_weight, has_bias = ctx.has_grads
         # The stored gradients are this call's own: scaled in place, handed over, not copied.
         if has_hidden:
             grad_hidden = grad_hidden.mul_(grad_loss.to(grad_hidden.dtype))
         if has_weight:
             grad_weight = grad_weight.mul_(grad_loss).to(ctx.weight_dtype)
+        if has_bias:
+            grad_bias = grad_bias.mul_(grad_loss).to(ctx.bias_dtype)
         return (
             grad_hidden if has_hidden else None,
             grad_weight if has_weight else None,
+            grad_bias if has_bias else None,
             None,
             None,
             None,
@@ -227,12 +251,14 @@ def chunked_scores(
     score: Callable[[torch.Tensor, int, int], None],
     *,
     chunk: int,
-    project: Project = torch.nn.functional.linear,
+    project: Project = PLAIN_HEAD.project,
     finish: Finish = lambda raw: raw,
+    bias: torch.Tensor | None = None,
 ) -> None:
     """score(logits [C, V_local], start, end) for consecutive chunks of hidden's positions
-    (flattened [b * s]), without a gradient: the caller keeps what it needs of each chunk (the
-    top-k, the log-probs) and the chunk's logits are freed."""
+    (flattened [b * s]), logits = finish(project(h, weight, bias)), without a gradient: the
+    caller keeps what it needs of each chunk (the top-k, the log-probs) and the chunk's logits
+    are freed."""
     flat = hidden.reshape(-1, hidden.shape[-1])
     for start, end in chunk_ranges(flat.shape[0], chunk):
-        score(finish(project(flat[start:end], weight)), start, end)
+        score(finish(project(flat[start:end], weight, bias)), start, end)

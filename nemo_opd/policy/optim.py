@@ -12,11 +12,10 @@ def build_optimizer(
     params: list[torch.nn.Parameter], cfg: OptimizerConfig
 ) -> torch.optim.Optimizer:
     """AdamW with decoupled weight decay: torch's fused kernel (one pass over each parameter's
-    weight, gradient and moments; 6x faster than the per-tensor loop for 180M float32
-    parameters on a 2-core CPU) where every parameter lives on one device mesh (plain tensors,
-    or DTensors of a single mesh: one process, FSDP alone); the per-tensor loop otherwise
-    (tensor parallelism puts parameters on several meshes, which a multi-tensor kernel cannot
-    take in one call)."""
+    weight, gradient and moments; faster than the per-tensor loop, docs/benchmarks.md) where
+    every parameter lives on one device mesh (plain tensors, or DTensors of a single mesh: one
+    process, FSDP alone); the per-tensor loop otherwise (tensor parallelism puts parameters on
+    several meshes, which a multi-tensor kernel cannot take in one call)."""
     fused = one_mesh(params)
     return torch.optim.AdamW(
         params,

@@ -11,25 +11,30 @@ data-parallel ranks (padding to a multiple of dp) and replicate each shard over 
 ranks of its replica; results come back from the (cp=0, tp=0) rank of every replica, in order.
 A teacher with another tokenizer is sent the student's conversations instead (set_rendering,
 then score_rendered): each replica renders its own rows in the teacher's tokens.
+
+The workers run on either executor (nemo_opd.distributed.worker_group): Ray actors, one process
+per rank, or one PolicyWorker in the driver's process; the calls and the answers are the same.
 """
+
+from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-import ray
 import torch
-from ray.util.placement_group import PlacementGroup
 
 from nemo_opd.config import ClusterConfig, PolicyConfig
 from nemo_opd.data.batching import TensorBatch, pad_batch_to_multiple, shard_for_data_parallel
 from nemo_opd.distributed.cluster import WorkerResources, resolve_device_type
 from nemo_opd.distributed.parallel_dims import ParallelDims
-from nemo_opd.distributed.worker_group import WorkerGroup
+from nemo_opd.distributed.worker_group import Executor, start_workers
 from nemo_opd.policy.worker import PolicyWorker, answers_for_its_replica
 
 if TYPE_CHECKING:
-    from nemo_opd.teachers.cross_tokenizer import TeacherRendering
+    from ray.util.placement_group import PlacementGroup
+
+    from nemo_opd.scoring.rendering import TeacherRendering
 
 
 class Policy:
@@ -42,12 +47,14 @@ class Policy:
         num_workers: workers to use; default cluster.world_size.
         name: shown in error messages.
         total_steps: optimizer steps of the run (for decaying schedules).
-        placement: a placement group shared with other colocated models (see WorkerGroup);
-            None reserves one for this policy alone.
-        share: the fraction of each shared bundle this policy's workers take.
+        placement: (Ray) a placement group shared with other colocated models; None reserves
+            one for this policy alone.
+        share: (Ray) the fraction of each shared bundle this policy's workers take.
         wait: block until every worker has built its engine; with False they start in the
             background and wait_until_ready() must be called before the policy is used.
-        threads: torch threads of each worker on CPU (default: cluster.cpus_per_worker).
+        threads: torch threads of each worker on CPU (default: cluster.cpus_per_worker); in one
+            process (the local executor) the process's thread count.
+        executor: "ray" (a Ray actor per rank) or "local" (one rank in this process).
     """
 
     def __init__(
@@ -63,13 +70,12 @@ class Policy:
         share: float = 1.0,
         wait: bool = True,
         threads: int | None = None,
+        executor: Executor = "ray",
     ) -> None:
-        if not ray.is_initialized():
-            raise RuntimeError("Policy needs Ray: call ray.init() first")
         self.cfg = cfg
         world = num_workers or cluster.world_size
         self.dims = _parallel_dims(cfg, world, name)
-        device_type = resolve_device_type(cluster)
+        device_type = resolve_device_type(cluster, executor)
         self.dims.device_type = device_type
         resources = WorkerResources(device_type, cluster.cpus_per_worker)
         args = (
@@ -80,15 +86,19 @@ class Policy:
             optimizer,
             total_steps,
         )
-        self.workers = WorkerGroup(
+        self.workers = start_workers(
+            executor,
             PolicyWorker,
             world,
-            resources,
-            lambda rank: args,
+            lambda rank: (rank, *args),
             name=name,
-            placement=placement,
-            share=share,
             wait=wait,
+            ray_options=lambda rank: {
+                "num_cpus": resources.cpus * share,
+                "num_gpus": share if device_type == "cuda" else 0,
+            },
+            placement=placement,
+            reserve=resources,
         )
         self.leaders = [r for r in range(world) if answers_for_its_replica(self.dims, r)]
 
@@ -101,9 +111,7 @@ class Policy:
 
     def get_logprobs(self, data: Mapping, temperature: float = 1.0) -> torch.Tensor:
         """[B, S] fp32: position t holds log p(token t+1 | tokens <= t); 0 at t >= length-1."""
-        outputs = self._score(
-            data, lambda actor, shard: actor.get_logprobs.remote(shard, temperature)
-        )
+        outputs = self._score(data, PolicyWorker.get_logprobs, temperature)
         return torch.cat(outputs, dim=0)
 
     def get_topk_logits(
@@ -111,9 +119,7 @@ class Policy:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Top-k log-probs over the full vocabulary [B, S, k] fp32 (descending) and their
         global ids [B, S, k] int32; position t scores the distribution of token t+1."""
-        outputs = self._score(
-            data, lambda actor, shard: actor.get_topk_logits.remote(shard, k, temperature)
-        )
+        outputs = self._score(data, PolicyWorker.get_topk_logits, k, temperature)
         values = torch.cat([v for v, _ in outputs], dim=0)
         indices = torch.cat([i for _, i in outputs], dim=0)
         return values, indices
@@ -121,7 +127,7 @@ class Policy:
     def get_hidden_states(self, data: Mapping) -> torch.Tensor:
         """The final hidden states of every position [B, S, H] (what the LM head reads), in
         the model's compute precision; 0 past each row's length."""
-        outputs = self._score(data, lambda actor, shard: actor.get_hidden_states.remote(shard))
+        outputs = self._score(data, PolicyWorker.get_hidden_states)
         return torch.cat(outputs, dim=0)
 
     def score(
@@ -142,18 +148,20 @@ class Policy:
         the LM head skips the prompts' positions."""
         shards, size = even_shards(data, self.dims.dp)
         outputs = self._run_on_replicas(
+            PolicyWorker.score,
             [dict(shard) for shard in shards],
-            lambda actor, shard: actor.score.remote(
-                shard, topk, temperature, logprobs, hidden, trained_only
-            ),
+            topk,
+            temperature,
+            logprobs,
+            hidden,
+            trained_only,
         )
         return joined(outputs, size)
 
-    def set_rendering(self, rendering: "TeacherRendering") -> None:
+    def set_rendering(self, rendering: TeacherRendering) -> None:
         """Give every worker how the student's conversations read in this model's tokens (a
         teacher with another tokenizer), for score_rendered; sent once."""
-        ref = ray.put(rendering)
-        self.workers.run(lambda actor, rank: actor.set_rendering.remote(ref))
+        self.workers.run(PolicyWorker.set_rendering, self.workers.put(rendering))
 
     def score_rendered(
         self,
@@ -167,7 +175,7 @@ class Policy:
         """score() of the student's rows by a teacher with another tokenizer (set_rendering
         first): each replica renders its shard's conversations in its own tokens, scores them
         and moves the answers onto the student's positions and vocabulary
-        (nemo_opd.teachers.cross_tokenizer.score_rendered), so that the driver only ships
+        (nemo_opd.scoring.rendering.score_rendered), so that the driver only ships
         conversations and collects answers.
 
         Returns:
@@ -176,10 +184,7 @@ class Policy:
         """
         payloads, size = rendered_shards(data, message_logs, self.dims.dp)
         outputs = self._run_on_replicas(
-            payloads,
-            lambda actor, payload: actor.score_rendered.remote(
-                payload, topk, temperature, logprobs
-            ),
+            PolicyWorker.score_rendered, payloads, topk, temperature, logprobs
         )
         return joined(outputs, size)
 
@@ -188,29 +193,27 @@ class Policy:
         worker holds the teacher's weights from now on: "student" the live ones, "ema" an
         average updated after each train() call with `decay`, "lagged" a snapshot taken again
         every `refresh_steps` train() calls; checkpoints save them and load restores them."""
-        self.workers.run(
-            lambda actor, rank: actor.hold_self_teacher.remote(source, decay, refresh_steps)
-        )
+        self.workers.run(PolicyWorker.hold_self_teacher, source, decay, refresh_steps)
 
     def score_as_teacher(self, data: Mapping, **need) -> dict[str, torch.Tensor]:
         """score(data, **need) with the self-teacher's weights (hold_self_teacher first), no
         gradient; with hidden=True the workers keep that pass's LM head as the teacher's."""
         shards, size = even_shards(data, self.dims.dp)
         outputs = self._run_on_replicas(
-            [dict(shard) for shard in shards],
-            lambda actor, shard: actor.score_as_teacher.remote(shard, need),
+            PolicyWorker.score_as_teacher, [dict(shard) for shard in shards], need
         )
         return joined(outputs, size)
 
     def load_teacher_head(self, model_dir: str, precision: str) -> None:
         """Give every worker its rows of a teacher's LM head (frozen, in `precision`): the loss
         then reads the teacher's hidden states (loss_fn.support full or student_topk)."""
-        self.workers.run(lambda actor, rank: actor.load_teacher_head.remote(model_dir, precision))
+        self.workers.run(PolicyWorker.load_teacher_head, model_dir, precision)
 
-    def _score(self, data: Mapping, call: Callable) -> list:
-        """Per-row outputs of `call` on every replica, in row order (padding rows dropped)."""
+    def _score(self, data: Mapping, method: Callable, *args: Any) -> list:
+        """Per-row outputs of `method` on every replica, in row order (padding rows dropped)."""
         shards, size = even_shards(data, self.dims.dp)
-        return _trim(self._run_on_replicas([dict(shard) for shard in shards], call), size)
+        outputs = self._run_on_replicas(method, [dict(shard) for shard in shards], *args)
+        return _trim(outputs, size)
 
     # ---------------------------------------------------------------- training
 
@@ -231,10 +234,11 @@ class Policy:
         """
         global_batch = global_batch_size or self.cfg.train_global_batch_size
         shards = shard_for_data_parallel(TensorBatch(data), self.dims.dp, global_batch)
-        loss_ref = ray.put(loss_fn)
         results = self._run_on_replicas(
+            PolicyWorker.train,
             [dict(shard) for shard in shards],
-            lambda actor, shard: actor.train.remote(shard, loss_ref, global_batch),
+            self.workers.put(loss_fn),
+            global_batch,
         )
         return results[0]  # every rank returns the same globally reduced metrics
 
@@ -242,22 +246,20 @@ class Policy:
         """The loss function's metrics on `data` (train's fields, any number of rows) without
         updating the model: e.g. the validation KL between student and teacher."""
         shards, _ = even_shards(data, self.dims.dp)
-        loss_ref = ray.put(loss_fn)
         results = self._run_on_replicas(
-            [dict(shard) for shard in shards],
-            lambda actor, shard: actor.evaluate.remote(shard, loss_ref),
+            PolicyWorker.evaluate, [dict(shard) for shard in shards], self.workers.put(loss_fn)
         )
         return results[0]
 
     # ---------------------------------------------------------------- dispatch
 
-    def _run_on_replicas(self, shards: list, call: Callable) -> list:
+    def _run_on_replicas(self, method: Callable, shards: list, *args: Any) -> list:
         """Send shard d (plain data: a dict of tensors, ...) to every rank of replica d (each
-        shard is put in Ray's object store once), run `call(actor, shard_ref)` on every rank
-        and return the results of each replica's (cp = 0, tp = 0) rank, in dp order."""
-        refs = [ray.put(shard) for shard in shards]
-        results = self.workers.run(
-            lambda actor, rank: call(actor, refs[self.dims.coordinates(rank)["dp"]])
+        shard put once: workers.put), run method(worker, shard, *args) on every rank and return
+        the results of each replica's (cp = 0, tp = 0) rank, in dp order."""
+        handles = [self.workers.put(shard) for shard in shards]
+        results = self.workers.run_each(
+            method, lambda rank: (handles[self.dims.coordinates(rank)["dp"]], *args)
         )
         return [results[rank] for rank in self.leaders]
 
@@ -265,49 +267,50 @@ class Policy:
 
     def save(self, path: str) -> None:
         """Write a checkpoint directory atomically (layout in docs/policy.md)."""
-        self.workers.run(lambda actor, rank: actor.save.remote(path))
+        self.workers.run(PolicyWorker.save, path)
 
     def export(self, path: str, dtype: str | None = None) -> None:
         """Write the trained model in Hugging Face format into `path` atomically, its weights in
         `dtype` (default: the policy's precision) and no training state (a LoRA student: the
         merged model, and its peft adapter in `path`/adapter)."""
         dtype = dtype or self.cfg.precision
-        self.workers.run(lambda actor, rank: actor.export.remote(path, dtype))
+        self.workers.run(PolicyWorker.export, path, dtype)
 
     def load(self, path: str) -> None:
         """Restore weights, optimizer, scheduler, RNG state and step from `path`."""
-        self.workers.run(lambda actor, rank: actor.load.remote(path))
+        self.workers.run(PolicyWorker.load, path)
 
     def offload(self) -> None:
         """Move weights and optimizer state to host memory (e.g. while vLLM generates)."""
-        self.workers.run(lambda actor, rank: actor.offload.remote())
+        self.workers.run(PolicyWorker.offload)
 
     def onload(self) -> None:
         """Move weights and optimizer state back to the devices."""
-        self.workers.run(lambda actor, rank: actor.onload.remote())
+        self.workers.run(PolicyWorker.onload)
 
     def full_weights(self) -> dict[str, torch.Tensor]:
         """Every weight as a full CPU tensor in Hugging Face naming (lm_head included even when
         tied), for refitting a generation engine."""
-        return self.workers.run(lambda actor, rank: actor.full_weights.remote())[0]
+        return self.workers.run(PolicyWorker.full_weights)[0]
 
-    def full_weights_ref(self) -> ray.ObjectRef:
-        """full_weights() as an ObjectRef in Ray's object store, put there by a worker: a
-        generation engine reads it directly, without a copy through the driver."""
-        return self.workers.run(lambda actor, rank: actor.full_weights_ref.remote())[0][0]
+    def full_weights_ref(self) -> Any:
+        """full_weights() as a handle a generation engine reads directly, without a copy
+        through the driver (run_and_put: under Ray an ObjectRef that rank 0 put into the object
+        store; in one process the tensors themselves)."""
+        return self.workers.run_and_put(PolicyWorker.full_weights)[0]
 
     def nodes(self) -> list[tuple[str, str]]:
-        """(node id, node address) of each worker, by rank, as Ray placed them."""
+        """(node id, node address) of each worker, by rank, as the executor placed them."""
         return self.workers.nodes()
 
     def startup_marks(self) -> list[dict[str, float]]:
         """Each rank's start-up times (nemo_opd.utils.startup), in rank order."""
-        return self.workers.run(lambda actor, rank: actor.startup_marks.remote())
+        return self.workers.run(PolicyWorker.startup_marks)
 
     @property
     def step(self) -> int:
         """Optimizer steps taken so far."""
-        return self.workers.run(lambda actor, rank: actor.step.remote(), ranks=[0])[0]
+        return self.workers.run(PolicyWorker.step, ranks=[0])[0]
 
     def shutdown(self) -> None:
         """Stop the workers and free their resources."""

@@ -1,18 +1,23 @@
-"""PolicyWorker: the Ray actor that holds one rank's engine."""
+"""PolicyWorker: one rank's engine, as a Ray actor or as an object in the driver's process
+(nemo_opd.distributed.worker_group)."""
 
 import os
 from collections.abc import Callable
 
-import ray
 import torch
 
 from nemo_opd.config import PolicyConfig
 from nemo_opd.data.batching import TensorBatch
 from nemo_opd.distributed.parallel_dims import ParallelDims
-from nemo_opd.distributed.process_group import find_free_port, init_distributed, node_address
+from nemo_opd.distributed.process_group import (
+    find_free_port,
+    init_distributed,
+    init_local_process_group,
+    node_address,
+)
 from nemo_opd.policy.engines.self_teacher_weights import hold_self_teacher, score_as_teacher
-from nemo_opd.teachers.base import TeacherNeed, TeacherScores
-from nemo_opd.teachers.cross_tokenizer import TeacherRendering, score_rendered
+from nemo_opd.scoring.base import TeacherNeed, TeacherScores
+from nemo_opd.scoring.rendering import TeacherRendering, score_rendered
 from nemo_opd.utils.startup import StartupMarks
 
 
@@ -24,7 +29,8 @@ class PolicyWorker:
         cfg: the model section as a plain dict (validated again here).
         dims: parallel sizes.
         device_type: "cpu" or "cuda".
-        num_threads: torch intra-op threads (the CPUs reserved for this worker).
+        num_threads: torch intra-op threads (the CPUs reserved for this worker; in the
+            driver's process, the process's count, which every model there sets alike).
         with_optimizer: False for a frozen teacher.
         total_steps: the run's optimizer steps (decaying schedules).
     """
@@ -55,10 +61,14 @@ class PolicyWorker:
         """Where rank 0 listens for the rendezvous."""
         return node_address(), find_free_port()
 
-    def init_distributed(self, address: tuple[str, int]) -> None:
-        """Join the process group at rank 0's (addr, port), build the meshes and the engine."""
-        addr, port = address
-        init_distributed(self.rank, self.dims.world_size, addr, port, self.device_type)
+    def init_distributed(self, address: tuple[str, int] | None) -> None:
+        """Join the process group at rank 0's (addr, port), or with None the process's one-rank
+        group (the only rank, in the driver's process), then build the meshes and the engine."""
+        if address is None:
+            init_local_process_group(self.device_type)
+        else:
+            addr, port = address
+            init_distributed(self.rank, self.dims.world_size, addr, port, self.device_type)
         self.dims.build_mesh()
         self.startup.note("process_group")
         device = (
@@ -169,13 +179,6 @@ class PolicyWorker:
         """Every weight in HF naming on rank 0 (None elsewhere); all ranks must be called."""
         weights = dict(self.engine.iter_weights())
         return weights if self.rank == 0 else None
-
-    def full_weights_ref(self) -> list[ray.ObjectRef] | None:
-        """full_weights() put into Ray's object store by rank 0: [its ObjectRef] (wrapped, so
-        that Ray hands the caller the ref, not the tensors); None elsewhere. All ranks must be
-        called."""
-        weights = self.full_weights()
-        return None if weights is None else [ray.put(weights)]
 
     def step(self) -> int:
         """Optimizer steps taken."""

@@ -6,13 +6,14 @@ whether the episode is done, and may reply: a new user message (for example "try
 tool results (`tool` messages, nemo_opd.environments.tool_env), tokenized with the chat
 template and appended. A conversation stops when the
 environment is done, when max_rollout_turns assistant turns were made, when a turn ended without
-a natural stop (cut at max_new_tokens, or at max_seq_len), or when the sequence reached
-max_seq_len; the last two mark it truncated, so every rollout either ended naturally or was
-truncated.
+a natural stop (cut at max_new_tokens, or at max_seq_len), or when the environment's reply
+would leave no room for another generated token within max_seq_len (the reply is then not
+appended, so a conversation never grows past max_seq_len, however long the reply); the last
+two mark it truncated, so every rollout either ended naturally or was truncated.
 
 Seeds: with a seed, the request of conversation i (its index in the call) at turn t samples
-with request_seed(seed, i, t), whatever other conversations are still active, so a turn draws
-other random numbers than any earlier turn of any conversation.
+with request_seed(seed, i, t) (nemo_opd.utils.seeds), whatever other conversations are still
+active, so a turn draws other random numbers than any earlier turn of any conversation.
 """
 
 from collections import defaultdict
@@ -24,12 +25,9 @@ from nemo_opd.data.chat import ChatFormatter
 from nemo_opd.data.message_log import Message, log_length
 from nemo_opd.environments.base import Environment
 from nemo_opd.generation.interface import GenerationInterface
+from nemo_opd.utils.seeds import request_seed
 
 DEFAULT_TASK = "math"
-TURN_SEED_STRIDE = 2**21
-"""Turn t's seeds are turn 0's plus t times this. A call has fewer than 2**20 conversations
-and at most 1,024 turns (distillation.max_rollout_turns), so no two requests of a call share
-a seed, not even in the low 32 bits that a CPU generator (torch's mt19937) reads of it."""
 
 
 @dataclass
@@ -118,14 +116,12 @@ def run_multi_turn_rollout(
             if done or last_turn or reply is None or not state.natural_stop:
                 state.active = False
                 continue
-            logs[i] = formatter.extend(logs[i], reply if isinstance(reply, list) else [reply])
+            extended = formatter.extend(logs[i], reply if isinstance(reply, list) else [reply])
+            if log_length(extended) >= max_seq_len:  # no room left for the next turn
+                state.active, state.truncated = False, True
+                continue
+            logs[i] = extended
     return finished_rollout(logs, states, metadata, dict(env_metrics))
-
-
-def request_seed(seed: int, row: int, turn: int) -> int:
-    """The sampling seed of conversation `row` (its index in the call) at `turn` (0-based) of
-    a call seeded `seed`: seed + row at the first turn, TURN_SEED_STRIDE more per turn."""
-    return seed + row + turn * TURN_SEED_STRIDE
 
 
 def finished_rollout(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from nemo_opd.policy.policy import Policy
-from nemo_opd.teachers.base import Rollouts, TeacherNeed, TeacherScores
+from nemo_opd.scoring.base import Rollouts, TeacherNeed, TeacherScores
 
 
 class InProcessTeacher:

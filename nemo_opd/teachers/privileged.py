@@ -27,12 +27,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from nemo_opd.config.checks import PRIVILEGED_FIELDS as FIELDS
+from nemo_opd.config.templates import PRIVILEGED_FIELDS as FIELDS
 from nemo_opd.config.templates import template_problem
 from nemo_opd.data.batching import TensorBatch
 from nemo_opd.data.chat import ChatFormatter
 from nemo_opd.data.message_log import Message, flatten_message_logs, log_length
-from nemo_opd.teachers.base import Rollouts, Teacher, TeacherNeed, TeacherScores
+from nemo_opd.scoring.base import Rollouts, TeacherNeed, TeacherScores
+from nemo_opd.teachers.base import Teacher
 
 if TYPE_CHECKING:
     from nemo_opd.policy.policy import Policy

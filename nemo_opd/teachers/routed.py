@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from nemo_opd.teachers.base import Rollouts, Teacher, TeacherNeed, TeacherScores
+from nemo_opd.scoring.base import Rollouts, TeacherNeed, TeacherScores
+from nemo_opd.teachers.base import Teacher
 
 if TYPE_CHECKING:
     from nemo_opd.policy.policy import Policy

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from nemo_opd.teachers.base import Rollouts, TeacherNeed, TeacherScores
+from nemo_opd.scoring.base import Rollouts, TeacherNeed, TeacherScores
 
 if TYPE_CHECKING:
     from nemo_opd.config import TeacherConfig

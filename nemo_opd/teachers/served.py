@@ -34,9 +34,10 @@ from dataclasses import dataclass
 import httpx
 import torch
 
-from nemo_opd.config.secrets import redact_text
 from nemo_opd.errors import ServiceError
-from nemo_opd.teachers.base import Rollouts, TeacherNeed, TeacherScores, score_with
+from nemo_opd.scoring.base import Rollouts, TeacherNeed, TeacherScores
+from nemo_opd.secrets import redact_text
+from nemo_opd.teachers.base import score_with
 
 MAX_BACKOFF_S = 60.0
 """The longest wait between two retries (the waits double from retry_backoff_s up to it)."""
@@ -90,7 +91,7 @@ class ServedTeacher:
             )
         self.base_url = base_url.rstrip("/")
         self.shown_url = redact_text(self.base_url)
-        """base_url as messages show it: without user-info (nemo_opd.config.secrets)."""
+        """base_url as messages show it: without user-info (nemo_opd.secrets)."""
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.model = model
         self.timeout_s = timeout_s

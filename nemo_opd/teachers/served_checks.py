@@ -13,8 +13,8 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from nemo_opd.config import TeacherServerConfig
-from nemo_opd.config.secrets import redact_text, register_secret
 from nemo_opd.errors import SetupError
+from nemo_opd.secrets import redact_text, register_secret
 from nemo_opd.teachers.served import ServedTeacher, backoff
 
 START_COMMAND = "python -m nemo_opd.teacher_server --config CONFIG"

@@ -160,8 +160,8 @@ def tools_recipe() -> TinyRecipe:
     """The recipe behind ``tiny:tools_teacher``, ``tiny:tools_student`` and
     ``tiny:tools_tokenizer``: the tool task (nemo_opd.tiny.tool_task), with a tokenizer whose
     chat template offers tools and whose vocabulary holds the call format, and the default
-    models and training, on one torch thread (on a 2-core CPU shared with other work, two
-    threads spent 10x the time of one per step, waiting for each other)."""
+    models and training, on one torch thread (on a CPU shared with other work, two threads
+    wait for each other: docs/tiny_assets.md)."""
     return replace(
         default_recipe(),
         tokenizer=TokenizerRecipe(vocab_size=640, chat_style="tools"),

@@ -145,8 +145,8 @@ def generate_problems(config: TinyMathConfig) -> dict[str, list[Problem]]:
     """Both splits. The held-out split is drawn first with distinct triples; the train split then
     rejects every held-out triple (train may repeat its own triples: the small multiplication
     table is sampled many times). Drawn once per process and config (a run loads both
-    splits, each from both: ~0.25 s of a 2-core CPU per draw of the default's 50,500); the
-    lists are the caller's own."""
+    splits, each from both; a draw's time is in docs/tiny_assets.md); the lists are the caller's
+    own."""
     return {split: list(problems) for split, problems in _drawn_splits(config).items()}
 
 
@@ -159,8 +159,9 @@ def _drawn_splits(config: TinyMathConfig) -> dict[str, tuple[Problem, ...]]:
 def generate_development(config: TinyMathConfig) -> dict[str, list[Problem]]:
     """The tuning splits: "development", NUM_DEVELOPMENT problems with distinct triples drawn
     after train by the same generator (its stream continued), none held out; and
-    "development_train", train without every problem whose triple is in development (4,028 of
-    the default's 50,000: a development multiplication is drawn ~20 times in train)."""
+    "development_train", train without every problem whose triple is in development (a
+    development multiplication is drawn many times in train: docs/tiny_assets.md counts
+    them)."""
     splits, rng = _draw(config)
     held_out = {problem.triple for problem in splits["validation"]}
     development: list[Problem] = []

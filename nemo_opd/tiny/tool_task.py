@@ -3,8 +3,8 @@
 A share of the train problems (ToolsRecipe.offered_share, spread evenly) is shown with the
 calculator offered (the chat template's tools line). On those, the teacher's solution calls it
 for the kinds of arithmetic the default tiny teacher gets wrong most often alone
-(needs_calculator: a multiplication, 76% right alone, or an operand of three digits, 79-85%;
-against 93-96% for smaller sums and differences, docs/tiny_assets.md), then writes the usual
+(needs_calculator: a multiplication, or an operand of three digits, against smaller sums and
+differences; docs/tiny_assets.md has the teacher's accuracy by kind), then writes the usual
 solution with the result. The student's solutions call it on a few offered problems
 (ToolsRecipe.student_call_share, 10%), whatever the arithmetic: it knows the format, as real
 students do from their instruction tuning, but not when a call pays. Without the calculator

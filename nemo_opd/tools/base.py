@@ -32,6 +32,7 @@ ERROR_KINDS = (
     "failed",
     "memory",
     "timeout",
+    "budget",
     "output_too_large",
     "crash",
 )
@@ -40,7 +41,9 @@ malformed (the call could not be read: bad JSON, no name, cut short, too long, n
 deeply), unknown_tool, too_many_calls (past tools.max_calls_per_turn in one turn),
 bad_arguments (not what the tool's schema asks for), failed (the tool refused or raised),
 memory (the worker's memory limit), timeout (the call ran past the time limit and its worker
-was killed), output_too_large (past tools.max_output_chars), crash (the worker died)."""
+was killed), budget (not run, or stopped, because its turn's or its step's time for tool calls
+ran out: tools.turn_budget_s, tools.step_budget_s), output_too_large (past
+tools.max_output_chars), crash (the worker died)."""
 
 
 class ToolError(Exception):

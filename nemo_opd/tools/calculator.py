@@ -7,10 +7,12 @@ calls of a short list of sympy functions. Nothing is evaluated as Python: no eva
 sympy.sympify or parse_expr (which eval their input). Numbers are exact: "0.1" is 1/10.
 
 Bounds (a refusal is a ToolError the model reads): the expression's length and node count,
-a literal's digits, the size of a power of numbers (its result's bits, estimated before it is
-computed), a factorial's argument; results longer than Python's integer-to-text limit fail
-when written. Anything else that runs long or large (simplify on a hostile expression) is
-stopped by the worker's time and memory limits (nemo_opd.tools.pool).
+a literal's digits, the size of a power of numbers, of an exp() and of a binomial coefficient
+(its result's bits, estimated before it is computed, whatever the numbers: an exponent that is
+a fraction, a base that is a root), a factorial's argument; results longer than Python's
+integer-to-text limit fail when written. Anything else that runs long or large (simplify on
+a hostile expression) is stopped by the worker's time and memory limits and the pool's
+budgets (nemo_opd.tools.pool).
 
     calculate("123 * 45 + 7/3")          -> "16612/3 ≈ 5537.33333333333"
     calculate("(x**2 - 1)/(x - 1)")      -> "x + 1"
@@ -27,8 +29,10 @@ MAX_EXPRESSION_CHARS = 1000
 MAX_NODES = 400
 MAX_LITERAL_DIGITS = 1000
 MAX_POWER_BITS = 14_000
-"""A power of numbers whose result would need more bits (about 4,200 digits, near Python's
-limit on writing an integer as text) is refused before it is computed."""
+"""A power of numbers (or an exp(), or a binomial coefficient) whose result would need more
+bits (about 4,200 digits, near Python's limit on writing an integer as text) is refused before
+it is computed. The estimate: |exponent| times log2 of the largest integer written in the
+base (at least 1 bit: a power of pi or sqrt(2) counts as one of 2)."""
 MAX_FACTORIAL = 1000
 MAX_NAME_CHARS = 24
 APPROX_DIGITS = 15
@@ -76,7 +80,7 @@ class Calculator:
     }
 
     def warm_up(self) -> None:
-        calculate("1 + 1")  # imports sympy (~1 s) before the first call's clock starts
+        calculate("1 + 1")  # imports sympy before the first call's clock starts
 
     def __call__(self, arguments: dict) -> str:
         return calculate(arguments["expression"])
@@ -150,18 +154,51 @@ def _binary(node: ast.BinOp, sympy):
     if isinstance(op, ast.Mod):
         return sympy.Mod(left, right)
     if isinstance(op, ast.Pow):
-        _check_power(left, right)
+        _check_power(left, right, sympy)
         return left**right
     raise ToolError(f"unsupported operator: {type(op).__name__}")
 
 
-def _check_power(base, exponent) -> None:
-    """Refuse a power of numbers whose result would need more than MAX_POWER_BITS bits."""
-    if not (base.is_Rational and exponent.is_Integer) or base in (0, 1, -1):
+def _check_power(base, exponent, sympy) -> None:
+    """Refuse a power of numbers whose result could need more than MAX_POWER_BITS bits
+    (MAX_POWER_BITS for the estimate); a power with a symbol in it is left to sympy, which
+    keeps it as it is."""
+    if not (base.is_number and exponent.is_number) or base in (0, 1, -1, sympy.I, -sympy.I):
         return
-    size = max(abs(int(base.p)), abs(int(base.q)))
-    if abs(int(exponent)) * math.log2(size) > MAX_POWER_BITS:
+    if _magnitude(exponent, sympy) * _bits_per_unit(base, sympy) > MAX_POWER_BITS:
         raise ToolError("the result of a power is too large")
+
+
+def _check_binomial(n, k, sympy) -> None:
+    """Refuse binomial(n, k) of numbers past MAX_POWER_BITS: about min(k, n - k) factors of
+    n's size each."""
+    if not (n.is_number and k.is_number):
+        return
+    factors = _magnitude(k, sympy)
+    if n.is_Integer and k.is_Integer:
+        factors = min(factors, _magnitude(n - k, sympy))
+    if factors * max(1.0, _bits_per_unit(n, sympy)) > MAX_POWER_BITS:
+        raise ToolError("the binomial coefficient is too large")
+
+
+def _magnitude(value, sympy) -> float:
+    """|value| of a number, capped just past MAX_POWER_BITS (enough to refuse): exact for a
+    rational, else evaluated to a few digits (its parts passed these checks, so it is not
+    huge to evaluate)."""
+    cap = MAX_POWER_BITS + 1
+    if value.is_Rational:
+        return float(min(abs(value), cap))
+    magnitude = sympy.Abs(value).evalf(5)
+    if not magnitude.is_Float:  # infinite, undefined, or not evaluated
+        return float(cap)
+    return min(float(magnitude), float(cap))
+
+
+def _bits_per_unit(base, sympy) -> float:
+    """log2 of the largest integer written in `base` (numerators and denominators), at least
+    1: the bits its power grows by per unit of the exponent, or more."""
+    largest = max((max(abs(r.p), abs(r.q)) for r in base.atoms(sympy.Rational)), default=2)
+    return max(1.0, math.log2(largest))
 
 
 def _name(name: str, sympy):
@@ -180,6 +217,10 @@ def _call(node: ast.Call, sympy):
     args = [_to_sympy(arg, sympy) for arg in node.args]
     if name == "factorial" and args[0].is_Number and abs(args[0]) > MAX_FACTORIAL:
         raise ToolError(f"factorial of more than {MAX_FACTORIAL}")
+    if name == "exp":
+        _check_power(sympy.E, args[0], sympy)
+    if name == "binomial" and len(args) == 2:
+        _check_binomial(*args, sympy)
     return getattr(sympy, _FUNCTIONS[name])(*args)
 
 

@@ -11,8 +11,8 @@ A turn with no call attempt is an answer (None). A call that cannot be read (bad
 name, arguments that are not an object, a <tool_call> never closed, a call longer than
 max_call_chars or nested deeper than MAX_DEPTH) is still a call: it comes back as a
 ParsedCall with its error, which the model reads as the tool's reply. The text is untrusted:
-every call's length and bracket depth are checked before json.loads sees it, so the work is
-linear in the turn's length.
+every call's length and bracket depth are checked before json.loads sees it, in one pass over
+the turn, so the work is linear in the turn's length.
 """
 
 from __future__ import annotations
@@ -65,8 +65,9 @@ def parse_llama3_json(text: str, max_call_chars: int) -> list[ParsedCall] | None
     if len(body) > max_call_chars:
         return [ParsedCall(error=_too_long(max_call_chars))]
     calls, at, decoder = [], 0, json.JSONDecoder()
+    deep_until = last_too_deep(body)
     while at < len(body):
-        if bracket_depth(body[at:]) > MAX_DEPTH:
+        if at <= deep_until:  # the rest nests deeper than MAX_DEPTH somewhere
             return [*calls, ParsedCall(error=_too_deep())]
         try:
             value, end = decoder.raw_decode(body, at)
@@ -127,6 +128,24 @@ def bracket_depth(text: str) -> int:
         elif char in "]}":
             depth = max(0, depth - 1)
     return deepest
+
+
+def last_too_deep(text: str) -> int:
+    """The last index of text where the nesting of [ and { passes MAX_DEPTH, counted from the
+    start as bracket_depth counts (-1 if it never does): one pass for a whole turn, where
+    bracket_depth of the rest before each call would be quadratic in the calls. The count from
+    a later start is never higher, so the calls after that index nest no deeper than
+    MAX_DEPTH; those at or before it are refused (as bracket_depth of the rest would refuse
+    them where earlier calls' brackets balance; brackets in strings can only refuse sooner)."""
+    depth, last = 0, -1
+    for index, char in enumerate(text):
+        if char in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                last = index
+        elif char in "]}":
+            depth = max(0, depth - 1)
+    return last
 
 
 def _too_long(limit: int) -> str:

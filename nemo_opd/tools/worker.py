@@ -10,7 +10,8 @@ goes to stderr, so it cannot corrupt a reply.
 
 Guards (nemo_opd.utils.worker_guards): its address space is capped at --memory-mb (an
 allocation past it is a "memory" error, and the worker goes on), the files it writes (its
-stderr included) at FILE_LIMIT_MB, it dies with its parent and runs in a session of its own.
+stderr included) at FILE_LIMIT_MB, both hard limits that a tool cannot raise; it dies with its
+parent and runs in a session of its own, with the minimal environment its pool gives it.
 The arguments are checked against the tool's JSON schema (jsonschema) before the tool runs; an
 output longer than --max-output-chars is not sent. The time limit is the pool's: it kills a
 worker whose call overruns.

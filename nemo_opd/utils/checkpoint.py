@@ -3,13 +3,16 @@
 Files are written into a temporary sibling directory, fsynced, and the directory is renamed
 into place with os.replace. Replacing an existing checkpoint moves the old one aside first and
 deletes it only after the new one is in place; `recover_checkpoint` puts it back if a crash
-happened in between.
+happened in between. What lands has the permissions of any new folder and file (0777 and 0666
+less the umask: 0755 and 0644 under the usual 022), whatever wrote it: safetensors writes its
+files owner-only, and a temporary directory is made owner-only by tempfile.
 """
 
 import os
 import resource
 import shutil
 import tempfile
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -54,9 +57,12 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
     target = Path(path).absolute()
     target.parent.mkdir(parents=True, exist_ok=True)
     recover_checkpoint(target)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    tmp = target.with_name(f".{target.name}.tmp-{uuid.uuid4().hex[:8]}")
+    tmp.mkdir()
+    folder_mode = tmp.stat().st_mode & 0o777  # any new folder's: 0777 less the umask
     try:
         yield tmp
+        ordinary_modes(tmp, folder_mode)
         fsync_tree(tmp)
         backup = target.with_name(target.name + BACKUP_SUFFIX)
         if target.exists():
@@ -68,6 +74,19 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def ordinary_modes(root: Path, folder_mode: int) -> None:
+    """Give every folder under `root` (itself included) `folder_mode` and every file
+    `folder_mode` less the execute bits: the modes a new folder and file get from the umask.
+    Symbolic links are left as they are (os.walk does not enter them)."""
+    file_mode = folder_mode & 0o666
+    for folder, _, files in os.walk(root):
+        os.chmod(folder, folder_mode)
+        for name in files:
+            path = os.path.join(folder, name)
+            if not os.path.islink(path):
+                os.chmod(path, file_mode)
 
 
 @contextmanager

@@ -4,7 +4,8 @@ the newest checkpoint that verifies, to resume from.
 Layout under CheckpointingConfig.checkpoint_dir:
     step_<N>/                  one complete checkpoint
         training_state.json    {"step": N, "metrics": {...}, "state": {...},
-                                "files": {relative path: {"bytes": n, "sha256": hex}}}
+                                "files": {relative path: {"bytes": n, "sha256": hex}},
+                                "run": what made it (nemo_opd.utils.run_identity)}
         ...                    whatever the caller's write_fn wrote (policy weights, optimizer)
     unreadable/step_<N>[-k]/   checkpoints that failed verification, set aside (never deleted)
 
@@ -44,10 +45,13 @@ from nemo_opd.config import CheckpointingConfig
 from nemo_opd.utils.checkpoint import BACKUP_SUFFIX, atomic_directory, recover_checkpoint
 
 STATE_FILE = "training_state.json"
+RUN_KEY = "run"
+"""The record's identity of the run that saved it (CheckpointManager.identity)."""
 SET_ASIDE_DIR = "unreadable"
 _STEP_DIR = re.compile(r"step_(\d+)")
-# Hidden leftovers of an interrupted save (atomic_directory) or prune (this module).
-_STALE = re.compile(r"\.step_\d+\.(tmp|deleting)-.*")
+# Hidden leftovers of an interrupted save (atomic_directory), prune (this module) or final
+# export (utils.export_folder's folder, and the engine's atomic_directory inside it).
+_STALE = re.compile(r"\.(step_\d+|\.?final_model)\.(tmp|deleting)-.*")
 _READ_CHUNK = 1 << 22
 
 
@@ -65,11 +69,16 @@ class ResumePoint:
 
 
 class CheckpointManager:
-    """Saves, ranks, prunes and finds step checkpoints (see the module docstring)."""
+    """Saves, ranks, prunes and finds step checkpoints (see the module docstring).
 
-    def __init__(self, cfg: CheckpointingConfig) -> None:
+    identity: what made the run (run_identity.run_identity), recorded in every checkpoint it
+    saves so that only the same run resumes it; None records none.
+    """
+
+    def __init__(self, cfg: CheckpointingConfig, identity: dict | None = None) -> None:
         self.cfg = cfg
         self.root = Path(cfg.checkpoint_dir)
+        self.identity = identity
 
     def path_for(self, step: int) -> Path:
         """Directory of the checkpoint of `step`."""
@@ -99,6 +108,8 @@ class CheckpointManager:
             "metrics": {key: _json_number(value) for key, value in (metrics or {}).items()},
             "state": dict(state or {}),
         }
+        if self.identity is not None:
+            record[RUN_KEY] = self.identity
         json.dumps(record, allow_nan=False)  # a bad state fails before anything is written
         with atomic_directory(self.path_for(step)) as tmp:
             write_fn(tmp)
@@ -176,12 +187,12 @@ class CheckpointManager:
         if not self.root.is_dir():
             return
         for path in list(self.root.iterdir()):
-            if path.name.endswith(BACKUP_SUFFIX):
+            if _STALE.fullmatch(path.name):
+                shutil.rmtree(path, ignore_errors=True)
+            elif path.name.endswith(BACKUP_SUFFIX):
                 original = path.name.removesuffix(BACKUP_SUFFIX)
                 if _STEP_DIR.fullmatch(original):
                     recover_checkpoint(self.root / original)
-            elif _STALE.fullmatch(path.name):
-                shutil.rmtree(path, ignore_errors=True)
 
     def prune(self, keep: int | None = None) -> list[int]:
         """Delete checkpoints beyond keep_top_k; returns the deleted steps.

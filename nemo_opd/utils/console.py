@@ -1,9 +1,12 @@
 """Console output of a training run: a live progress bar and a per-step metric summary.
 
 On a terminal (and when enabled) a rich progress bar tracks the steps and shows loss, KL and
-reward live, with a one-row summary table printed above it after every step. Otherwise (logs
-redirected to a file, CI, console_progress=false) every step prints one plain line, which
-stays readable in a log file and is easy to grep.
+reward live, with a one-row summary table printed above it after every step. Both fit the
+terminal's width: the table keeps the columns that fit whole (the step, loss, held-out
+accuracy and reward first, then the others in their order) and leaves the rest to
+metrics.jsonl; the bar narrows and shows the live metrics that fit. Otherwise (logs redirected
+to a file, CI, console_progress=false) every step prints one plain line, which stays readable
+in a log file and is easy to grep.
 """
 
 import math
@@ -33,8 +36,22 @@ SUMMARY_KEYS: tuple[tuple[str, str], ...] = (
     ("validation/accuracy", "val_acc"),
     ("timing/train/total_step_time", "step_s"),
 )
-# Shown live next to the progress bar.
-PROGRESS_KEYS: tuple[tuple[str, str], ...] = SUMMARY_KEYS[:4]
+# Shown live next to the progress bar, in this order while they fit.
+PROGRESS_KEYS: tuple[tuple[str, str], ...] = (
+    SUMMARY_KEYS[0],
+    SUMMARY_KEYS[3],
+    SUMMARY_KEYS[1],
+    SUMMARY_KEYS[2],
+)
+# Columns of the per-step table kept first when the terminal is too narrow for all of them.
+FIRST_COLUMNS = ("loss", "val_acc", "reward")
+BAR_PARTS_WIDTH = 34
+"""Columns the progress line takes besides its bar and live metrics: "step", "350/350", the
+elapsed and remaining times, and the spaces between them."""
+BAR_WIDTHS = (10, 40)
+"""The narrowest and widest progress bar."""
+STATS_WIDTH = 50
+"""Columns the live metrics take on a terminal wide enough for all of them."""
 # Throughput metrics are recognised by suffix since several components report their own.
 THROUGHPUT_SUFFIXES = ("tokens_per_sec", "tokens_per_second", "tokens/s")
 
@@ -93,6 +110,7 @@ class StepConsole:
         self._console = console or Console()
         self._progress: Progress | None = None
         self._task: TaskID | None = None
+        self._bar_width = 0
         if progress and self._console.is_terminal:
             self._start_progress(start_step)
 
@@ -102,10 +120,13 @@ class StepConsole:
         return self._progress is not None
 
     def _start_progress(self, start_step: int) -> None:
-        """Start the live progress bar, already advanced to start_step."""
+        """Start the live progress bar, already advanced to start_step; its bar as wide as
+        the terminal leaves beside the other parts and the live metrics."""
+        room = self._console.width - BAR_PARTS_WIDTH - STATS_WIDTH
+        self._bar_width = min(max(room, BAR_WIDTHS[0]), BAR_WIDTHS[1])
         self._progress = Progress(
             TextColumn("[bold]step"),
-            BarColumn(),
+            BarColumn(bar_width=self._bar_width),
             MofNCompleteColumn(),
             TimeElapsedColumn(),
             TimeRemainingColumn(),
@@ -122,13 +143,22 @@ class StepConsole:
         if self._progress is None:
             self._print_line(self._step_label(step), summary)
             return
-        labels = dict(PROGRESS_KEYS)
-        stats = " ".join(
-            f"{labels[key]}={format_value(metrics[key])}" for key in labels if key in metrics
-        )
-        self._progress.update(self._task, completed=step, stats=stats)
+        self._progress.update(self._task, completed=step, stats=self._live_stats(metrics))
         if summary:
             self._progress.console.print(self._summary_table(step, summary))
+
+    def _live_stats(self, metrics: Mapping[str, float | None]) -> str:
+        """ "loss=0.12 reward=0.5 ...": PROGRESS_KEYS' metrics, in order, while they fit the
+        room the progress line leaves."""
+        room = self._console.width - BAR_PARTS_WIDTH - self._bar_width - 1
+        parts: list[str] = []
+        for key, label in PROGRESS_KEYS:
+            if key in metrics:
+                part = f"{label}={format_value(metrics[key])}"
+                if len(" ".join([*parts, part])) > room:
+                    break
+                parts.append(part)
+        return " ".join(parts)
 
     def print_rollouts(self, records: Sequence[Mapping[str, Any]], step: int) -> None:
         """Print sample rollouts (prompt tail, response head, reward), one line or row each."""
@@ -171,13 +201,31 @@ class StepConsole:
         print(" | ".join(parts), file=self._file or sys.stdout, flush=True)
 
     def _summary_table(self, step: int, summary: list[tuple[str, float | None]]) -> Table:
-        """One-row table: a column per selected metric."""
+        """One-row table: a column per selected metric that fits the terminal whole
+        (fit_columns); every one is in metrics.jsonl."""
+        cells = [("step", str(step))]
+        cells += [(label, format_value(value)) for label, value in summary]
+        cells = fit_columns(cells, self._console.width)
         table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), show_edge=False)
-        table.add_column("step", justify="right", style="bold")
-        for label, _ in summary:
-            table.add_column(label, justify="right")
-        table.add_row(str(step), *(format_value(value) for _, value in summary))
+        for index, (label, _) in enumerate(cells):
+            table.add_column(label, justify="right", no_wrap=True, style="bold" * (index == 0))
+        table.add_row(*(text for _, text in cells))
         return table
+
+
+def fit_columns(cells: list[tuple[str, str]], width: int) -> list[tuple[str, str]]:
+    """The (label, text) columns of a one-row table that fit `width` whole, in their order:
+    the first (the step) always, then FIRST_COLUMNS, then each other that still fits. A
+    column takes its longest text plus the space on each side and the rule between."""
+    needed = [max(len(label), len(text)) + 3 for label, text in cells]
+    order = [0] + [i for i, (label, _) in enumerate(cells) if label in FIRST_COLUMNS and i]
+    order += [i for i in range(1, len(cells)) if i not in order]
+    kept, used = [], 0
+    for index in order:
+        if used + needed[index] <= width or not kept:
+            kept.append(index)
+            used += needed[index]
+    return [cells[index] for index in sorted(kept)]
 
 
 def _as_float(value: Any) -> float | None:

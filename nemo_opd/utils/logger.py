@@ -9,7 +9,7 @@ Layout under LoggerConfig.log_dir:
 Resuming at step N (resume_step=N) first drops everything logged after step N, from
 metrics.jsonl and from TensorBoard, so the repeated steps are not recorded twice.
 
-No secret reaches any of them (nemo_opd.config.secrets): the run config is redacted before it is
+No secret reaches any of them (nemo_opd.secrets): the run config is redacted before it is
 written, and W&B records nothing of the process on its own (WANDB_SETTINGS: W&B saves the
 command line by default, and an override can hold a password).
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from nemo_opd.config import LoggerConfig, WandbConfig
-from nemo_opd.config.secrets import redact, redact_text
+from nemo_opd.secrets import redact, redact_text
 from nemo_opd.utils.checkpoint import atomic_file
 from nemo_opd.utils.console import StepConsole
 
@@ -205,7 +205,7 @@ class Logger:
         console: StepConsole | None = None,
     ) -> None:
         """run_config: the resolved config, recorded with the run, redacted first
-        (nemo_opd.config.secrets: no secret reaches the file, TensorBoard or W&B); resume_step:
+        (nemo_opd.secrets: no secret reaches the file, TensorBoard or W&B); resume_step:
         last step of the checkpoint being resumed (later records are dropped), None for a new
         run that appends; total_steps: for the progress bar; console: replaces the default
         one."""
@@ -224,6 +224,7 @@ class Logger:
             self._backends.append(TensorBoardBackend(tb_dir, resume_step, run_config))
         if cfg.wandb_enabled:
             self._backends.append(WandbBackend(cfg.wandb, self.log_dir, run_config))
+        self._rollouts_shown = False
         self.console = console or StepConsole(
             total_steps, progress=cfg.console_progress, start_step=resume_step or 0
         )
@@ -237,8 +238,9 @@ class Logger:
 
     def log_rollouts(self, records: Sequence[Mapping[str, Any]], step: int) -> None:
         """Show and log the first num_rollouts_to_log rollouts ({"prompt", "response",
-        "reward", ...}); every rollout_dump_period steps also dump all of them to a file."""
-        samples = list(records[: self.cfg.num_rollouts_to_log])
+        "reward", ...}) at this logger's first step and every rollouts_log_period steps; every
+        rollout_dump_period steps also dump all of them to a file."""
+        samples = list(records[: self.cfg.num_rollouts_to_log]) if self._shows(step) else []
         if samples:
             for backend in self._backends:
                 backend.log_rollouts(samples, step)
@@ -246,6 +248,12 @@ class Logger:
         period = self.cfg.rollout_dump_period
         if period and step % period == 0:
             self.dump_rollouts(records, step)
+
+    def _shows(self, step: int) -> bool:
+        """Whether sample rollouts are shown at `step` (see log_rollouts)."""
+        period = self.cfg.rollouts_log_period
+        first, self._rollouts_shown = not self._rollouts_shown, True
+        return bool(period) and (first or step % period == 0)
 
     def dump_rollouts(self, records: Sequence[Mapping[str, Any]], step: int) -> Path:
         """Write every record to log_dir/rollouts/step_<step>.jsonl atomically; returns it."""

@@ -1,7 +1,7 @@
 """End a finished command's process without Python's module teardown.
 
-    sys.exit(main())        # an orderly exit, then ~1.5 s of freeing torch's, transformers'
-                            # and Ray's objects one by one (2-core CPU, the tiny run's driver)
+    sys.exit(main())        # an orderly exit, then the freeing of torch's, transformers'
+                            # and Ray's objects one by one (its cost: docs/benchmarks.md)
     quick_exit(main())      # the same orderly steps, then the process ends at once
 
 What an orderly exit does that matters is kept: threads that are not daemons are waited for (if

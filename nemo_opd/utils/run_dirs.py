@@ -46,6 +46,9 @@ class RunLock:
     def __init__(self, directory: str | os.PathLike, key: str = "checkpointing.checkpoint_dir"):
         self.directory = Path(directory)
         self.key = key
+        self.identity: dict | None = None
+        """What made the run that holds the lock (run_identity.run_identity), set by setup
+        once the directories are found to be its own; its checkpoints record it."""
         self._fd: int | None = None
 
     @property

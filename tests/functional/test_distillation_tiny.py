@@ -63,6 +63,7 @@ def overrides(assets, run_dir: Path) -> list[str]:
         "policy.train_micro_batch_size=4",
         "policy.generation.max_new_tokens=12",
         "policy.generation.logprob_check_samples=5",  # of 16 rollouts per step
+        "cluster.executor=ray",  # the fault tests kill Ray's worker processes
         "cluster.gpus_per_node=2",  # the config's one worker per model, as two
         "cluster.cpus_per_worker=1",
         "policy.dtensor_cfg.tensor_parallel_size=2",

@@ -51,7 +51,10 @@ def cluster():
 
 
 def loop_args(run_dir: Path, *extra: str, checkpoint_dir: Path | None = None) -> list[str]:
-    return short_run_args(CONFIG, run_dir, STEPS, *LOCKSTEP, *extra, checkpoint_dir=checkpoint_dir)
+    on_ray = ("cluster.executor=ray",)  # about Ray clusters, whatever auto would pick
+    return short_run_args(
+        CONFIG, run_dir, STEPS, *LOCKSTEP, *on_ray, *extra, checkpoint_dir=checkpoint_dir
+    )
 
 
 @pytest.fixture(scope="module")

@@ -1,13 +1,13 @@
 """Engine: training, evaluation and scoring, written once for every backend.
 
 The base class owns everything that does not depend on how the model is parallelized:
-microbatching (fixed size, dynamic by token budget, or sequence packing), one microbatch loop
-for training and evaluation, splitting rows over context-parallel ranks, temperature, global
-valid-token loss normalization, metric aggregation, the padded vocabulary's logit mask
-(vocab_padding.py) and the checkpoint outline (save: gather weights, optimizer, scheduler and
-RNG states -> rank 0 writes atomically -> barrier; load: weights -> training state -> RNG ->
-step -> barrier). A backend (DTensorEngine, MegatronEngine) implements only the primitives
-marked abstract below.
+microbatching (fixed size, dynamic by token budget, or sequence packing: microbatches.py), one
+microbatch loop for training and evaluation, splitting rows over context-parallel ranks,
+temperature, global valid-token loss normalization, metric aggregation, the padded
+vocabulary's logit mask (vocab_padding.py), scoring (teacher_scores.py) and the checkpoint
+outline (save: gather weights, optimizer, scheduler and RNG states -> rank 0 writes atomically
+-> barrier; load: weights -> training state -> RNG -> step -> barrier). A backend
+(DTensorEngine, MegatronEngine) implements only the primitives marked abstract below.
 
 Conventions (see docs/policy.md):
 - Data arrive as this data-parallel rank's shard (a TensorBatch); every tp/cp rank of the same
@@ -23,7 +23,6 @@ Conventions (see docs/policy.md):
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -31,20 +30,23 @@ import torch.distributed as dist
 from transformers import AutoConfig
 
 from nemo_opd.config import PolicyConfig
-from nemo_opd.data.batching import (
-    TensorBatch,
-    dynamic_microbatches,
-    fixed_microbatches,
-    round_up,
-)
-from nemo_opd.data.packing import PackedRow, pack_row, plan_packing, unpack_row
+from nemo_opd.data.batching import TensorBatch
+from nemo_opd.distributed.collectives import all_reduce
 from nemo_opd.distributed.context_parallel import AttentionLayout
 from nemo_opd.distributed.parallel_dims import ParallelDims
 from nemo_opd.distributed.vocab_parallel import vocab_parallel_logprobs, vocab_parallel_topk
 from nemo_opd.losses import build_loss_mask, validate_teacher_topk
 from nemo_opd.losses.chunked_head import chunked_head_loss, chunked_scores
-from nemo_opd.losses.reduction import accumulate_metrics, metric_reduction
+from nemo_opd.losses.reduction import accumulate_metrics, reduce_over_ranks
 from nemo_opd.losses.teacher_logits import TeacherLogits
+from nemo_opd.models.output_head import output_head_of
+from nemo_opd.policy.engines.microbatches import (
+    Microbatch,
+    dummy_like,
+    scatter,
+    split_rows,
+    token_budget,
+)
 from nemo_opd.policy.engines.self_teacher_weights import (
     SelfTeacherWeights,
     gather_self_teacher,
@@ -79,28 +81,6 @@ DERIVED_FIELDS = ("loss_mask", "targets")
 (the token position t predicts)."""
 
 
-@dataclass
-class Microbatch:
-    """Full rows of one forward pass (before context-parallel splitting).
-
-    Attributes:
-        input_ids, position_ids, segment_ids: [b, s].
-        fields: other per-position tensors [b, s, ...] (loss_mask, teacher top-k, targets).
-        rows: original row of each of the b rows (unpacked), or None when packed.
-        packed: the PackedRow when this microbatch is one packed row (b = 1).
-        dummy: a stand-in that only keeps collectives in step (its fields are zero and its
-            outputs are dropped).
-    """
-
-    input_ids: torch.Tensor
-    position_ids: torch.Tensor
-    segment_ids: torch.Tensor
-    fields: dict[str, torch.Tensor]
-    rows: list[int] | None = None
-    packed: PackedRow | None = None
-    dummy: bool = False
-
-
 class Engine(ABC):
     """One rank's training/scoring engine.
 
@@ -125,6 +105,7 @@ class Engine(ABC):
         self.step = 0  # optimizer steps taken
         self.model_dir = resolve_pretrained(cfg.model_name)
         self.hf_config = AutoConfig.from_pretrained(self.model_dir)
+        self.output_head = output_head_of(self.hf_config)  # refuses a head it cannot reproduce
         self.optimizer: torch.optim.Optimizer | None = None  # set by the backend when training
         self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         self.teacher_head: TeacherHead | None = None  # load_teacher_head (support full)
@@ -154,6 +135,11 @@ class Engine(ABC):
     def output_weight(self) -> torch.Tensor:
         """This rank's rows of the LM head, [V_pad / tp, H], as the last forward_hidden used
         them (its gradient reaches the parameter): the chunked LM head multiplies them."""
+
+    def output_bias(self) -> torch.Tensor | None:
+        """This rank's entries of the LM head's bias, [V_pad / tp], like output_weight; None
+        for a head without one (every head but a biased family's: output_head.biased)."""
+        return None
 
     def backward(self, loss: torch.Tensor) -> None:
         """Accumulate the gradients of `loss` (already globally normalized)."""
@@ -407,7 +393,7 @@ class Engine(ABC):
             if train:
                 self.backward(loss)
             accumulate_metrics(sums, metrics)  # dummies too: every rank reduces the same names
-        metrics = self._reduce_sums(sums)
+        metrics = reduce_over_ranks(sums, self.dp_cp_group, self.device)
         metrics["global_valid_toks"] = float(valid[0])
         return metrics
 
@@ -426,7 +412,8 @@ class Engine(ABC):
             loss_of_logits,
             chunk=chunk,
             project=self._project,
-            finish=self._mask_padding,
+            finish=self._finish,
+            bias=self.output_bias(),
             tp_group=self._tp_shards(),
             keep=fields["loss_mask"] != 0 if "loss_mask" in fields else None,
         )
@@ -447,7 +434,7 @@ class Engine(ABC):
                 return (vocab_parallel_logprobs(logits / temperature, target, *self._vocab()),)
 
             (values,) = self._per_position(mb, logprobs, (((), torch.float32),))
-            self._scatter(self._cp_gather(values), mb, out)
+            scatter(self._cp_gather(values), mb, out)
         positions = torch.arange(out.shape[1], device=self.device)
         return torch.where(positions < data["input_lengths"].unsqueeze(1) - 1, out, 0.0).cpu()
 
@@ -475,8 +462,8 @@ class Engine(ABC):
 
             outputs = (((k,), torch.float32), ((k,), torch.int32))
             values, indices = self._per_position(mb, topk, outputs)
-            self._scatter(self._cp_gather(values), mb, values_out)
-            self._scatter(self._cp_gather(indices), mb, indices_out)
+            scatter(self._cp_gather(values), mb, values_out)
+            scatter(self._cp_gather(indices), mb, indices_out)
         # A padded microbatch also scored its padding: zero it, as documented.
         positions = torch.arange(shape[1], device=self.device)
         real = (positions < data["input_lengths"].unsqueeze(1)).unsqueeze(-1)
@@ -547,24 +534,12 @@ class Engine(ABC):
 
     # ---------------------------------------------------------------- microbatching
 
-    def _train_token_budget(self) -> int | None:
-        packing, dynamic = self.cfg.sequence_packing, self.cfg.dynamic_batching
-        if packing.enabled:
-            return packing.train_mb_tokens
-        return dynamic.train_mb_tokens if dynamic.enabled else None
-
-    def _logprob_token_budget(self) -> int | None:
-        packing, dynamic = self.cfg.sequence_packing, self.cfg.dynamic_batching
-        if packing.enabled:
-            return packing.logprob_mb_tokens
-        return dynamic.logprob_mb_tokens if dynamic.enabled else None
-
     def _train_microbatches(self, data: TensorBatch, fields: tuple[str, ...]) -> list:
-        budget = self._train_token_budget()
+        budget = token_budget(self.cfg, train=True)
         return self._microbatches(data, fields, budget, self.cfg.train_micro_batch_size)
 
     def _scoring_microbatches(self, data: TensorBatch, fields: tuple[str, ...]) -> list:
-        budget = self._logprob_token_budget()
+        budget = token_budget(self.cfg, train=False)
         return self._microbatches(data, fields, budget, self.cfg.logprob_batch_size)
 
     def _sequence_multiple(self) -> int:
@@ -575,21 +550,13 @@ class Engine(ABC):
         self,
         data: TensorBatch,
         field_names: tuple[str, ...],
-        token_budget: int | None,
+        budget: int | None,
         rows_per_microbatch: int,
     ) -> list[Microbatch]:
-        """Split this rank's rows into microbatches (packed, dynamic or fixed-size)."""
-        lengths = data["input_lengths"].tolist()
-        fields = {key: data[key] for key in field_names}
-        if self.cfg.sequence_packing.enabled:
-            mbs = self._packed_microbatches(data["input_ids"], fields, lengths, token_budget)
-        else:
-            if self.cfg.dynamic_batching.enabled:
-                round_to = self.cfg.dynamic_batching.sequence_length_round
-                groups = dynamic_microbatches(lengths, token_budget, round_to)
-            else:
-                groups = fixed_microbatches(len(lengths), rows_per_microbatch)
-            mbs = [self._padded_microbatch(data["input_ids"], fields, lengths, g) for g in groups]
+        """Split this rank's rows into microbatches (packed, dynamic or fixed-size:
+        microbatches.py), as many as the busiest dp rank's."""
+        multiple = self._sequence_multiple()
+        mbs = split_rows(data, field_names, self.cfg, budget, rows_per_microbatch, multiple)
         return self._equalize_count(mbs)
 
     def _equalize_count(self, microbatches: list[Microbatch]) -> list[Microbatch]:
@@ -601,76 +568,8 @@ class Engine(ABC):
         all_reduce(count, self.dp_group, dist.ReduceOp.MAX)
         template = microbatches[0]
         while len(microbatches) < int(count):
-            microbatches.append(
-                Microbatch(
-                    input_ids=template.input_ids,
-                    position_ids=template.position_ids,
-                    segment_ids=template.segment_ids,
-                    fields={k: torch.zeros_like(v) for k, v in template.fields.items()},
-                    dummy=True,
-                )
-            )
+            microbatches.append(dummy_like(template))
         return microbatches
-
-    def _padded_microbatch(self, input_ids, fields, lengths, rows) -> Microbatch:
-        """Rows `rows`, truncated to their longest length rounded to the sequence multiple."""
-        width = round_up(max(max(lengths[r] for r in rows), 1), self._sequence_multiple())
-        index = torch.tensor(rows, device=input_ids.device)
-
-        def take(tensor: torch.Tensor) -> torch.Tensor:
-            picked = tensor.index_select(0, index)[:, :width]
-            missing = width - picked.shape[1]
-            if missing > 0:
-                pad = picked.new_zeros((picked.shape[0], missing, *picked.shape[2:]))
-                picked = torch.cat([picked, pad], dim=1)
-            return picked
-
-        ids = take(input_ids)
-        positions = torch.arange(width, device=ids.device).expand_as(ids)
-        return Microbatch(
-            input_ids=ids,
-            position_ids=positions,
-            segment_ids=torch.zeros_like(ids),
-            fields={key: take(value) for key, value in fields.items()},
-            rows=rows,
-        )
-
-    def _packed_microbatches(self, input_ids, fields, lengths, capacity) -> list[Microbatch]:
-        """One packed row per microbatch (first-fit-decreasing over this rank's rows)."""
-        packing = self.cfg.sequence_packing
-        bins = plan_packing(lengths, capacity, packing.sequence_length_round, packing.algorithm)
-        microbatches = []
-        for sequences in bins:
-            row = pack_row(
-                {"input_ids": input_ids, **fields},
-                lengths,
-                sequences,
-                capacity=capacity,
-                round_to=packing.sequence_length_round,
-                pad_to=self._sequence_multiple(),
-            )
-            tensors = dict(row.tensors)
-            microbatches.append(
-                Microbatch(
-                    input_ids=tensors.pop("input_ids"),
-                    position_ids=row.position_ids,
-                    segment_ids=row.segment_ids,
-                    fields=tensors,
-                    packed=row,
-                )
-            )
-        return microbatches
-
-    def _scatter(self, values: torch.Tensor, mb: Microbatch, out: torch.Tensor) -> None:
-        """Write a microbatch's per-position values [b, s, ...] to their rows of out."""
-        if mb.dummy:
-            return
-        if mb.packed is not None:
-            unpack_row(values, mb.packed, out)
-            return
-        width = min(values.shape[1], out.shape[1])
-        index = torch.tensor(mb.rows, device=out.device)
-        out[index, :width] = values[:, :width].to(out.dtype)
 
     # ---------------------------------------------------------------- context parallel
 
@@ -712,10 +611,17 @@ class Engine(ABC):
         """(vocab_start, tp_group): where this rank's logit columns sit in the vocabulary."""
         return self.vocab_start, self.tp_group
 
-    def _project(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """The LM head's product: hidden states [n, H] x this rank's rows [V_local, H] ->
-        [n, V_local] in the compute precision (before the padding mask)."""
-        return torch.nn.functional.linear(hidden, weight)
+    def _project(
+        self, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The linear part of the model's head (output_head.project): hidden states [n, H] x
+        this rank's rows [V_local, H] (+ bias) -> [n, V_local] in the compute precision."""
+        return self.output_head.project(hidden, weight, bias)
+
+    def _finish(self, raw: torch.Tensor) -> torch.Tensor:
+        """The rest of the model's head (output_head.transform: its scale or soft-cap), then
+        the padded vocabulary's columns at -inf: _project's raw product -> logits."""
+        return self._mask_padding(self.output_head.transform(raw))
 
     def _mask_padding(self, logits: torch.Tensor) -> torch.Tensor:
         """The padded vocabulary's columns of this rank's logits at -inf."""
@@ -757,37 +663,7 @@ class Engine(ABC):
             keep,
             chunk=chunk,
             project=self._project,
-            finish=self._mask_padding,
+            finish=self._finish,
+            bias=self.output_bias(),
         )
         return tuple(t.reshape(b, s, *shape) for t, (shape, _) in zip(out, outputs, strict=True))
-
-    # ---------------------------------------------------------------- metrics
-
-    def _reduce_sums(self, sums: dict[str, torch.Tensor]) -> dict[str, float]:
-        """Reduce per-rank metrics over dp and cp (tp ranks hold copies): sums in one
-        all-reduce, *_min and *_max in one more each."""
-        reduced = {}
-        for op, names in _names_by_reduction(sums).items():
-            if not names:
-                continue
-            stacked = torch.stack([torch.as_tensor(sums[n], device=self.device) for n in names])
-            all_reduce(stacked, self.dp_cp_group, op)
-            reduced.update(zip(names, stacked.tolist(), strict=True))
-        return reduced
-
-
-def all_reduce(
-    tensor: torch.Tensor, group: dist.ProcessGroup, op: dist.ReduceOp = dist.ReduceOp.SUM
-) -> None:
-    """dist.all_reduce in place, skipped over a group of one rank (where it is the identity but
-    still a round trip through the backend, several per microbatch)."""
-    if dist.get_world_size(group) > 1:
-        dist.all_reduce(tensor, op=op, group=group)
-
-
-def _names_by_reduction(sums: dict) -> dict[dist.ReduceOp, list[str]]:
-    ops = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
-    grouped: dict = {op: [] for op in ops.values()}
-    for name in sorted(sums):
-        grouped[ops[metric_reduction(name)]].append(name)
-    return grouped

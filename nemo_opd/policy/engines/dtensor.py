@@ -185,8 +185,8 @@ class DTensorEngine(Engine):
         # body's output, the final norm's hidden states, is taken on its way out. That
         # position is named by an index tensor, not `logits_to_keep=1`: the int's slice
         # [:, -1:] is a strided view, whose product with the head runs as a batched matmul
-        # over a copy of the [H, V] weight per row, 17 s for 16 rows at V = 151,936 in
-        # bfloat16 on CPU; the index gathers a contiguous [b, 1, H] (one small matmul).
+        # over a copy of the [H, V] weight per row (slow at a real vocabulary:
+        # docs/benchmarks.md); the index gathers a contiguous [b, 1, H] (one small matmul).
         if layout.cp_group is None:
             layout = replace(layout, runs=segment_runs(layout.segment_ids))
         captured: list[torch.Tensor] = []
@@ -211,6 +211,10 @@ class DTensorEngine(Engine):
         # precision) for backward: the LM head's is the one the forward used.
         weight = self.model.get_output_embeddings().weight
         return weight.to_local() if isinstance(weight, DTensor) else weight
+
+    def output_bias(self) -> torch.Tensor | None:
+        bias = self.model.get_output_embeddings().bias
+        return bias.to_local() if isinstance(bias, DTensor) else bias
 
     def zero_grad(self) -> None:
         self.model.zero_grad(set_to_none=True)

@@ -34,8 +34,9 @@ def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
 
 
 def apply_vocab_padding(model: torch.nn.Module, rows: int) -> None:
-    """Give the embedding and lm_head `rows` rows, the new ones zero (one shared parameter
-    when they are tied); the logits then have `rows` columns (see vocab_padding.py)."""
+    """Give the embedding and lm_head `rows` rows (and the lm_head's bias, where it has one,
+    `rows` entries), the new ones zero (one shared parameter when they are tied); the logits
+    then have `rows` columns (see vocab_padding.py)."""
     embed, head = model.get_input_embeddings(), model.get_output_embeddings()
     if embed.weight.shape[0] == rows:
         return
@@ -45,6 +46,8 @@ def apply_vocab_padding(model: torch.nn.Module, rows: int) -> None:
         head.weight = embed.weight
     else:
         head.weight = torch.nn.Parameter(resize_vocab_rows(head.weight.detach(), rows))
+    if head.bias is not None:
+        head.bias = torch.nn.Parameter(resize_vocab_rows(head.bias.detach(), rows))
     head.out_features = rows
 
 

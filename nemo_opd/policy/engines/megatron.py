@@ -191,9 +191,11 @@ class MegatronEngine(Engine):
     def output_weight(self) -> torch.Tensor:
         return gpt_output_weight(self.model)
 
-    def _project(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    def _project(
+        self, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
         with self._autocast():  # the precision the output layer computes in
-            return super()._project(hidden, weight)
+            return super()._project(hidden, weight, bias)
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         dtype = DTYPES[self.cfg.precision]

@@ -28,6 +28,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from transformers import PretrainedConfig
 
 from nemo_opd.distributed.context_parallel import gather_sequence
+from nemo_opd.models.output_head import output_head_of
 
 SUPPORTED_MODEL_TYPES = ("qwen3", "llama")
 # RoPE types whose angles are position x inverse frequency with no extra attention scaling.
@@ -40,6 +41,11 @@ def check_supported(hf_config: PretrainedConfig) -> None:
         raise NotImplementedError(
             f"Megatron engine: model_type {hf_config.model_type!r} is not supported "
             f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
+        )
+    if not output_head_of(hf_config).is_plain:  # GPTModel's output layer is h W^T only
+        raise NotImplementedError(
+            f"Megatron engine: the output head of {hf_config.model_type!r} adds a bias, scale "
+            "or soft-cap to h W^T, which it does not apply; use the DTensor backend"
         )
     if hf_config.hidden_act != "silu":
         raise NotImplementedError(f"Megatron engine: hidden_act {hf_config.hidden_act!r}")

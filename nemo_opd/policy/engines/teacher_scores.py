@@ -16,24 +16,18 @@ ones a loss reads) and the others are 0: at a real vocabulary the head is most o
 work, and a prompt's positions would be a third of it at 64 prompt and 128 sampled tokens.
 """
 
-from __future__ import annotations
-
-from typing import TYPE_CHECKING
-
 import torch
 
 from nemo_opd.data.batching import TensorBatch
 from nemo_opd.distributed.vocab_parallel import vocab_parallel_logprobs, vocab_parallel_topk
 from nemo_opd.losses.chunked_head import chunked_scores
 from nemo_opd.losses.distillation_loss import build_loss_mask
-
-if TYPE_CHECKING:
-    from nemo_opd.policy.engines.base import Engine
+from nemo_opd.policy.engines.microbatches import scatter
 
 
 @torch.no_grad()
 def score_positions(
-    engine: Engine,
+    engine,
     data: TensorBatch,
     *,
     topk: int = 0,
@@ -43,7 +37,8 @@ def score_positions(
     trained_only: bool = False,
 ) -> dict[str, torch.Tensor]:
     """What is asked, for every position of `data` (input_ids, input_lengths; token_mask with
-    trained_only).
+    trained_only), by `engine` (the Engine of base.py, whose Engine.score calls this: its
+    microbatches, forward and LM head).
 
     Returns:
         a dict with, as asked: "topk_logprobs" [B, S, k] fp32 (descending) and "topk_indices"
@@ -77,7 +72,7 @@ def score_positions(
             if name not in out:
                 shape = (*data["input_ids"].shape, *value.shape[2:])
                 out[name] = torch.zeros(shape, dtype=value.dtype, device=engine.device)
-            engine._scatter(value, mb, out[name])
+            scatter(value, mb, out[name])
     return {name: _zero_past_lengths(name, value, data).cpu() for name, value in out.items()}
 
 
@@ -131,7 +126,8 @@ def _flat_head_scores(engine, states, targets, topk, temperature, logprobs) -> d
         keep,
         chunk=engine.cfg.logits_chunk_tokens or max(n, 1),
         project=engine._project,
-        finish=engine._mask_padding,
+        finish=engine._finish,
+        bias=engine.output_bias(),
     )
     return out
 

@@ -20,8 +20,8 @@ VOCAB_PAD_MULTIPLE = 128
 """The default of policy.make_vocab_size_divisible_by (Megatron's default too): rows per
 tensor-parallel shard are a multiple of it, which keeps the output layer's shapes aligned."""
 
-VOCAB_WEIGHTS = ("model.embed_tokens.weight", "lm_head.weight")
-"""The Hugging Face weights with one row per vocabulary id."""
+VOCAB_WEIGHTS = ("model.embed_tokens.weight", "lm_head.weight", "lm_head.bias")
+"""The Hugging Face weights with one row (or entry) per vocabulary id."""
 
 
 def padded_vocab_size(vocab_size: int, tp: int, multiple: int = VOCAB_PAD_MULTIPLE) -> int:

@@ -1,4 +1,4 @@
-"""The prompts setup loads (algorithms/setup.py's _load_prompts): validation prompts only where
+"""The prompts setup loads (algorithms/setup.py's load_prompts): validation prompts only where
 the run validates."""
 
 import json
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from nemo_opd.algorithms.setup import _load_prompts
+from nemo_opd.algorithms.prompts import load_prompts
 from nemo_opd.config import load_config
 from nemo_opd.errors import SetupError
 
@@ -31,7 +31,7 @@ def test_validation_off_needs_no_validation_data(chat_tokenizer, tmp_path):
     train = _train_file(tmp_path, 40)
     local = ("data.dataset_name=null", f"data.train_path={train}")
     cfg = load_config(TINY, [*local, *VALIDATION_OFF])
-    _, train_prompts, val_prompts = _load_prompts(cfg, chat_tokenizer)
+    _, train_prompts, val_prompts = load_prompts(cfg, chat_tokenizer)
     assert len(train_prompts.samples) == 40
     assert val_prompts.samples == [] and val_prompts.skipped == 0
 
@@ -41,7 +41,7 @@ def test_validation_on_without_validation_data_says_what_to_set(chat_tokenizer, 
     cfg = load_config(TINY, ["data.dataset_name=null", f"data.train_path={train}"])
     assert cfg.distillation.validates
     with pytest.raises(SetupError) as refused:
-        _load_prompts(cfg, chat_tokenizer)
+        load_prompts(cfg, chat_tokenizer)
     assert str(refused.value) == (
         "no validation data: set data.val_path or data.val_dataset_name, or validate not at all "
         "(distillation.val_period 0, val_at_start and val_at_end false)"

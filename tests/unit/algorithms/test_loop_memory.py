@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from nemo_opd.algorithms import distillation, step_rollouts
+from nemo_opd.algorithms.resume import ROLLOUTS_AHEAD_KEY
 from nemo_opd.algorithms.rollout_pipeline import ProducedStep
-from nemo_opd.algorithms.setup import ROLLOUTS_AHEAD_KEY
 from nemo_opd.data.prompt_loader import PromptLoader
 from nemo_opd.rollouts import RolloutResult
 

@@ -11,7 +11,7 @@ import torch
 from nemo_opd.algorithms.step_rollouts import score_rollout
 from nemo_opd.config import load_config
 from nemo_opd.rollouts.multi_turn import RolloutResult
-from nemo_opd.teachers.base import TeacherScores
+from nemo_opd.scoring.base import TeacherScores
 from nemo_opd.teachers.in_process import InProcessTeacher
 
 CONFIGS = Path(__file__).resolve().parents[3] / "examples" / "configs"

@@ -116,6 +116,28 @@ def test_a_model_directory_without_weights(assets, tmp_path, capsys, section, ke
     assert f"error: {section}.model_name: {model} {missing}" in err
 
 
+@pytest.mark.parametrize("case", ["unknown_family", "logit_step"])
+def test_a_model_whose_output_head_is_not_known(assets, tmp_path, capsys, case):
+    # A teacher of a family nemo_opd does not reproduce (GPT-2), or a Qwen3 config carrying a
+    # logit scale its family's head ignores: refused by name before any worker starts.
+    import torch
+    from transformers import AutoConfig, GPT2Config, GPT2LMHeadModel
+
+    model = tmp_path / "model"
+    if case == "unknown_family":
+        vocab = AutoConfig.from_pretrained(assets.teacher).vocab_size
+        config = GPT2Config(vocab_size=vocab, n_embd=32, n_layer=1, n_head=2, n_positions=512)
+        GPT2LMHeadModel(config).to(torch.float32).save_pretrained(model)
+        refused = "error: teacher.model_name: model_type 'gpt2': its output head"
+    else:
+        shutil.copytree(assets.teacher, model)
+        config = json.loads((model / "config.json").read_text())
+        (model / "config.json").write_text(json.dumps({**config, "logits_scaling": 8.0}))
+        refused = "error: teacher.model_name: model_type 'qwen3' sets logits_scaling=8.0"
+    assert run(assets, tmp_path, f"teacher.model_name={model}") == 2
+    assert refused in capsys.readouterr().err
+
+
 def test_topk_larger_than_vocabulary(assets, tmp_path, capsys):
     assert run(assets, tmp_path, "distillation.topk_logits_k=100000") == 2
     assert "distillation.topk_logits_k (100000) exceeds the vocabulary size" in (
@@ -152,31 +174,51 @@ def test_megatron_student_on_cpu_must_train_in_fp32():
     check_megatron_training_precision(dtensor.policy, "cpu")  # DTensor's autocast trains on CPU
 
 
-def test_the_device_and_the_workers_are_said_at_start(assets, tmp_path, capsys):
+SAID_AT_START = {
+    "ray": (
+        "device: cpu (cluster.device is auto and Ray sees no GPU: every worker and vLLM run on "
+        "the CPU; set cluster.device=cuda to require GPUs)",
+        "workers: 1 training worker (each runs a rank of the student and of the teacher) on 1 "
+        "node, 1 {engine} engine (sharing the training workers' CPUs); where Ray placed each is "
+        "printed once they have started",
+    ),
+    "local": (
+        "device: cpu (cluster.device is auto and this process sees no GPU: every worker and "
+        "vLLM run on the CPU; set cluster.device=cuda to require GPUs)",
+        "workers: one process (cluster.executor local, no Ray): the student, the teacher, 1 "
+        "{engine} engine on 2 threads",  # the config's cluster.cpus_per_worker, in lockstep
+    ),
+}
+
+
+@pytest.mark.parametrize("executor", list(SAID_AT_START))
+@pytest.mark.parametrize(
+    ("backend", "engine"), [("vllm", "vLLM"), ("transformers", "transformers")]
+)
+def test_the_device_and_the_workers_are_said_at_start(
+    assets, tmp_path, capsys, executor, backend, engine
+):
     # cluster.device auto fell back to CPU without a word. A Megatron student in bf16 on CPU
     # is refused right after the device is known: the lines come before anything starts.
+    if backend == "vllm":
+        pytest.importorskip("vllm")
     config = Path(__file__).parents[3] / "examples/configs/distillation_tiny_megatron.yaml"
     code = main(
         [
             "--config",
             str(config),
             "cluster.device=auto",
+            f"cluster.executor={executor}",
             "policy.precision=bfloat16",
+            f"policy.generation.backend={backend}",
             f"logger.log_dir={tmp_path / 'logs'}",
             f"checkpointing.checkpoint_dir={tmp_path / 'ckpt'}",
         ]
     )
     assert code == 2
     out = capsys.readouterr().out
-    assert (
-        "device: cpu (cluster.device is auto and Ray sees no GPU: every worker and vLLM run on "
-        "the CPU; set cluster.device=cuda to require GPUs)"
-    ) in out
-    assert (
-        "workers: 1 training worker (each runs a rank of the student and of the teacher) on 1 "
-        "node, 1 vLLM engine (sharing the training workers' CPUs); where Ray placed each is "
-        "printed once they have started"
-    ) in out
+    for line in SAID_AT_START[executor]:
+        assert line.format(engine=engine) in out
 
 
 def _data_files(tmp_path, train_lines, val_rows=5):
@@ -239,13 +281,13 @@ def test_prompt_file_that_is_not_utf8(assets, tmp_path, capsys):
 
 def test_fewer_prompts_than_one_batch(assets, tmp_path, capsys):
     long_prompt = json.dumps({"prompt": "What is 2 + 3? " * 20, "answer": 5})
-    lines = [GOOD_ROW] * 5 + [long_prompt] * 2
+    lines = [GOOD_ROW] * 30 + [long_prompt] * 2  # rows enough for the pre-flight's count
     overrides = _data_files(tmp_path, lines)
     assert run(assets, tmp_path, *overrides, "data.max_input_seq_length=40") == 2
     assert (
-        "error: distillation.num_prompts_per_step is 32 but there are only 5 usable train prompts "
-        "(2 skipped as longer than 40 tokens): lower distillation.num_prompts_per_step to at "
-        "most 5, add prompts, or raise data.max_input_seq_length"
+        "error: distillation.num_prompts_per_step is 32 but there are only 30 usable train "
+        "prompts (2 skipped as longer than 40 tokens): lower distillation.num_prompts_per_step "
+        "to at most 30, add prompts, or raise data.max_input_seq_length"
     ) in capsys.readouterr().err
 
 
@@ -275,7 +317,7 @@ def test_tensor_parallel_needs_whole_heads_not_a_divisible_vocabulary():
 def test_seq_kd_on_gpus_is_refused_before_anything_waits(colocated):
     """The teacher's vLLM engine has no device of its own on CUDA: refused at once, where it
     used to wait for a GPU forever (non-colocated) with no time-out."""
-    from nemo_opd.algorithms.setup import _build_teacher_sampler
+    from nemo_opd.algorithms.setup_generation import build_teacher_sampler
     from nemo_opd.config import load_config
     from nemo_opd.config.worker_split import worker_split
     from nemo_opd.errors import SetupError
@@ -294,4 +336,4 @@ def test_seq_kd_on_gpus_is_refused_before_anything_waits(colocated):
     cfg = load_config(CONFIG, overrides)
     split = worker_split(cfg.cluster, cfg.policy.generation)
     with pytest.raises(SetupError, match="no devices to place it on"):
-        _build_teacher_sampler(cfg, "cuda", split, placement=None)
+        build_teacher_sampler(cfg, "cuda", split, placement=None)

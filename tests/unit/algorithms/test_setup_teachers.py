@@ -6,13 +6,13 @@ recorder, so no worker starts."""
 import pytest
 import torch
 
-from nemo_opd.algorithms import setup
+from nemo_opd.algorithms import setup_teachers
 from nemo_opd.config import load_config
 from nemo_opd.data.chat import ChatFormatter
 from nemo_opd.data.message_log import flatten_message_logs
-from nemo_opd.teachers.base import Rollouts, TeacherNeed
-from nemo_opd.teachers.cross_tokenizer import XTOK_COUNTS, TeacherRendering
-from nemo_opd.teachers.xtok_rows import COUNTS
+from nemo_opd.scoring.base import Rollouts, TeacherNeed
+from nemo_opd.scoring.rendering import XTOK_COUNTS, TeacherRendering
+from nemo_opd.scoring.xtok_rows import COUNTS
 
 K = 4
 
@@ -46,9 +46,9 @@ def test_in_process_teachers_with_another_tokenizer_render_in_their_workers(
     cfg = load_config(f"examples/configs/{config}")
     rendering = TeacherRendering(chat_tokenizer, ChatFormatter(chat_tokenizer))
     sections = ["teacher"] if cfg.teachers is None else [f"teachers.{n}" for n in cfg.teachers]
-    monkeypatch.setattr(setup, "Policy", RecordingPolicy)
+    monkeypatch.setattr(setup_teachers, "Policy", RecordingPolicy)
     monkeypatch.setattr(TeacherRendering, "teacher_rows", _not_on_the_driver)
-    teacher = setup._start_teachers(cfg, dict.fromkeys(sections, rendering), 1, None, None)
+    teacher = setup_teachers.start_teachers(cfg, dict.fromkeys(sections, rendering), 1, None, None)
 
     formatter = ChatFormatter(chat_tokenizer)
     logs = []

@@ -1,9 +1,13 @@
 """Which seed each generation request of a step gets: a function of (step, prompt, sample,
-turn) only. produce_step runs for real (multi-turn rollouts, stream_chunks parts, flattening)
-with a seeded sampler in place of vLLM whose every reply is its request's seed, and an
-environment that ends the first prompt's conversations after one turn and asks the others
-again. (That vLLM samples by the seeds it is given is tested in tests/unit/generation.)"""
+turn) only, shared by no other request of the run at any batch size. produce_step runs for
+real (multi-turn rollouts, stream_chunks parts, flattening) with a seeded sampler in place of
+vLLM whose every reply is its request's seed, and an environment that ends the first prompt's
+conversations after one turn and asks the others again. (That vLLM samples by the seeds it is
+given is tested in tests/unit/generation.)"""
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -15,6 +19,7 @@ from nemo_opd.config import load_config
 from nemo_opd.data.chat import ChatFormatter
 from nemo_opd.environments.base import EnvironmentStep
 from nemo_opd.generation.interface import GenerationOutput
+from nemo_opd.rollouts.multi_turn import request_seed
 
 ROOT = Path(__file__).resolve().parents[3]
 PROMPTS = 4
@@ -31,10 +36,11 @@ class SeedEcho:
         self.tokenizer = tokenizer
 
     def generate(self, prompts, *, max_new_tokens=None, greedy=False, seed=None, temperature=None):
-        seeds = seed if isinstance(seed, list) else [seed + i for i in range(len(prompts))]
+        if not isinstance(seed, list):
+            seed = [request_seed(seed, i, 0) for i in range(len(prompts))]
         out = GenerationOutput([], [], [])
-        for request_seed, budget in zip(seeds, max_new_tokens, strict=True):
-            ids = self.tokenizer(f"{request_seed}<|im_end|>", add_special_tokens=False)
+        for one_seed, budget in zip(seed, max_new_tokens, strict=True):
+            ids = self.tokenizer(f"{one_seed}<|im_end|>", add_special_tokens=False)
             ids = ids["input_ids"]
             out.token_ids.append(ids[:budget])
             out.logprobs.append([-1.0] * len(ids[:budget]))
@@ -116,9 +122,48 @@ def test_request_seeds_depend_only_on_step_prompt_sample_and_turn(chat_tokenizer
     assert [len(turns) for turns in whole] == [1] * COPIES + [TURNS] * (PROMPTS - 1) * COPIES
     # Streamed in parts, every row's turns sample with the seeds they have in the whole batch.
     assert seeds_by_row(chat_tokenizer, stream_chunks)[0] == whole
-    # The first turn keeps the step's seed plus the row (what single-turn runs always had).
-    assert [turns[0] for turns in whole] == [base + row for row in range(PROMPTS * COPIES)]
+    # Row r's turn t samples with request_seed(step seed, r, t).
+    assert whole == [
+        [request_seed(base, row, turn) for turn in range(len(turns))]
+        for row, turns in enumerate(whole)
+    ]
     # No request reuses another's seed (a later turn of its row, or of another row), not even
     # in the low 32 bits, all that a CPU generator reads of a seed.
     every = [seed for turns in whole for seed in turns]
     assert len({seed % 2**32 for seed in every}) == len(every)
+
+
+def test_no_two_requests_of_a_run_share_a_seed_at_ten_thousand_rows():
+    """NeMo-RL's math recipe makes 512 x 16 = 8,192 rows a step: at 10,000 rows a step (625
+    prompts x 16 samples), 3 turns each, steps 0 to 20 and the validation rows, every request
+    has a seed of its own, and in each step even its low 32 bits (what a CPU generator reads)
+    are its own."""
+    rows, turns, steps = 10_000, 3, range(21)
+    cfg = load_config(ROOT / "examples" / "configs" / "grpo_tiny.yaml")
+    seen = set()
+    for step in steps:
+        base = step_seed(cfg, step)
+        seeds = {request_seed(base, row, turn) for row in range(rows) for turn in range(turns)}
+        assert len({seed % 2**32 for seed in seeds}) == rows * turns, f"step {step}"
+        seen |= seeds
+    assert len(seen) == len(steps) * rows * turns
+    assert all(0 <= seed < 2**63 for seed in seen)  # an int64 for every generator
+
+
+def test_step_seeds_are_the_same_in_every_process():
+    """A hash of (seed, step), not Python's hash(): another process, with another string hash
+    seed, derives the same step seeds (a resumed run samples as an uninterrupted one)."""
+    cfg = load_config(ROOT / "examples" / "configs" / "grpo_tiny.yaml")
+    here = [step_seed(cfg, step) for step in range(5)]
+    code = (
+        "from nemo_opd.config import load_config; "
+        "from nemo_opd.algorithms.step_rollouts import step_seed; "
+        f"cfg = load_config({str(ROOT / 'examples' / 'configs' / 'grpo_tiny.yaml')!r}); "
+        "print([step_seed(cfg, step) for step in range(5)])"
+    )
+    for hash_seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+        shown = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+        )
+        assert shown.stdout.strip() == str(here)

@@ -85,17 +85,20 @@ def test_missing_and_malformed_files_exit_2(tmp_path):
 TRAINER = "nemo_opd.algorithms.distillation"
 
 
-def test_main_hands_the_validated_config_to_the_trainer(monkeypatch):
-    # With no Ray running, the command line starts one for the run and stops it afterwards.
+@pytest.mark.parametrize(("executor", "ray_runs"), [("auto", False), ("ray", True)])
+def test_main_hands_the_validated_config_to_the_trainer(monkeypatch, executor, ray_runs):
+    # The tiny config has one worker: auto runs it in this process, and Ray is never started.
+    # Under Ray, the command line starts one for the run and stops it afterwards.
     received = []
     fake = types.ModuleType(TRAINER)
     fake.run = lambda cfg: received.append((cfg, ray.is_initialized())) or 143
     monkeypatch.setitem(sys.modules, TRAINER, fake)
     assert not ray.is_initialized()
-    assert cli.main(["--config", str(TINY), "distillation.max_num_steps=7"]) == 143  # its status
+    overrides = ["distillation.max_num_steps=7", f"cluster.executor={executor}"]
+    assert cli.main(["--config", str(TINY), *overrides]) == 143  # its status
     [(cfg, ray_was_running)] = received
     assert cfg.distillation.max_num_steps == 7
-    assert ray_was_running and not ray.is_initialized()
+    assert ray_was_running == ray_runs and not ray.is_initialized()
 
 
 def test_setup_errors_go_to_stderr_and_exit_2(monkeypatch, capsys):

@@ -5,6 +5,7 @@ import pytest
 from config_errors import problems
 
 from nemo_opd.config import validate_config
+from nemo_opd.config.executor import run_executor
 
 
 @pytest.mark.parametrize("address", ["10.0.0.1:6379", "head-0.cluster.local:6380", "auto"])
@@ -48,3 +49,50 @@ def test_one_node_holds_any_group(minimal):
     minimal["cluster"] = {"num_nodes": 1, "gpus_per_node": 4, "device": "cpu"}
     minimal["policy"]["dtensor_cfg"] = {"tensor_parallel_size": 4}
     assert problems(minimal) == []
+
+
+def one_worker(minimal) -> dict:
+    minimal["cluster"] = {"num_nodes": 1, "gpus_per_node": 1, "device": "cpu"}
+    minimal["policy"]["train_micro_batch_size"] = 4
+    return minimal
+
+
+@pytest.mark.parametrize(
+    ("change", "executor"),
+    [
+        ({}, "local"),  # one worker, nothing else: the driver's process
+        ({"cluster": {"gpus_per_node": 2}}, "ray"),
+        ({"cluster": {"address": "10.0.0.1:6379"}}, "ray"),
+        ({"teacher": {"server": {"enabled": True}}}, "ray"),
+        ({"cluster": {"executor": "ray"}}, "ray"),
+    ],
+)
+def test_auto_runs_in_one_process_where_nothing_needs_ray(minimal, change, executor):
+    raw = one_worker(minimal)
+    for section, keys in change.items():
+        raw[section].update(keys)
+    assert run_executor(validate_config(raw), environ={}) == executor
+
+
+def test_a_ray_address_in_the_environment_makes_auto_pick_ray(minimal):
+    cfg = validate_config(one_worker(minimal))
+    assert run_executor(cfg, environ={"RAY_ADDRESS": "10.0.0.1:6379"}) == "ray"
+    local = validate_config({**one_worker(minimal), "cluster": {"executor": "local"}})
+    assert run_executor(local, environ={"RAY_ADDRESS": "10.0.0.1:6379"}) == "local"
+
+
+def test_local_with_what_needs_ray_is_refused_with_the_reason(minimal):
+    minimal["cluster"] = {
+        "num_nodes": 1,
+        "gpus_per_node": 2,
+        "device": "cpu",
+        "executor": "local",
+        "address": "10.0.0.1:6379",
+    }
+    assert problems(minimal) == [
+        "cluster.executor is local (every worker in this one process), but the run needs Ray: 2 "
+        "workers (cluster.num_nodes 1 x cluster.gpus_per_node 2), one process each; "
+        "cluster.address 10.0.0.1:6379 (a Ray cluster to attach to); set cluster.executor=auto "
+        "or ray"
+    ]
+    assert problems({**one_worker(minimal), "cluster": {"executor": "local"}}) == []

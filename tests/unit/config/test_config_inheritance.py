@@ -82,3 +82,19 @@ def test_interpolation_sees_the_merged_values(write_yaml, minimal):
         "  generation:\n    vllm_cfg:\n      max_model_len: 96\n",
     )
     assert load_config(child).teacher.max_total_sequence_length == 96
+
+
+@pytest.mark.parametrize("key", ["default", "defualts", "Defaults"])
+def test_a_misspelled_defaults_key_gets_the_same_suggestion_as_an_override(
+    write_yaml, minimal, key
+):
+    # It listed the schema's sections ("valid keys here: policy, teacher, ...") after a
+    # "required key is missing" for each section the parent would have given.
+    write_yaml("base.yaml", minimal)
+    child = write_yaml("child.yaml", f"{key}: base.yaml\n")
+    with pytest.raises(ConfigError) as error:
+        load_config(child)
+    assert str(error.value) == (
+        f"{child}: {key}: unknown key; did you mean 'defaults'? (the file or files this config "
+        "extends)"
+    )

@@ -4,7 +4,7 @@ import pytest
 from config_errors import error_of
 
 from nemo_opd.config import ConfigError, apply_overrides, validate_config
-from nemo_opd.config.schema import LORA_TARGETS
+from nemo_opd.config.model_schema import LORA_TARGETS
 
 
 def test_lora_is_off_by_default_and_set_by_overrides(minimal):

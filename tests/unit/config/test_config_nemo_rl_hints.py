@@ -15,8 +15,8 @@ from nemo_opd.config import ConfigError, load_config, validate_config
 from nemo_opd.config.errors import closest_key
 from nemo_opd.config.interpolation import resolve_interpolations
 from nemo_opd.config.loader import describe_validation_error, load_with_defaults
-from nemo_opd.config.nemo_rl_keys import CONVERTER, KEY_MAP, fate_of
 from nemo_opd.config.schema import DistillationConfig
+from nemo_opd.nemo_rl_keys import CONVERTER, KEY_MAP, fate_of
 
 TINY = Path(__file__).resolve().parents[3] / "examples" / "configs" / "distillation_tiny.yaml"
 

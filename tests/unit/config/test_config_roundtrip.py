@@ -4,6 +4,7 @@ that YAML would read as something else (numbers, booleans, nulls, dates, special
 from pathlib import Path
 
 import pytest
+from shipped_recipes import load_recipe
 
 from nemo_opd.config import load_config, to_dict, to_yaml
 
@@ -24,7 +25,7 @@ def reloaded(tmp_path: Path, cfg) -> dict:
 
 @pytest.mark.parametrize("config", sorted(p.name for p in CONFIGS.glob("*.yaml")))
 def test_every_shipped_config_round_trips(tmp_path, config):
-    cfg = load_config(CONFIGS / config)
+    cfg = load_recipe(CONFIGS / config)
     assert reloaded(tmp_path, cfg) == to_dict(cfg)
 
 

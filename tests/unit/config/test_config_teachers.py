@@ -118,3 +118,13 @@ def test_chat_template_kwargs_are_scalars(minimal):
     minimal["policy"]["tokenizer"]["chat_template_kwargs"] = {"tools": [{"name": "x"}]}
     with pytest.raises(ConfigError, match="chat_template_kwargs"):
         validate_config(minimal)
+
+
+def test_the_unrendered_share_of_a_teacher_is_a_share(minimal):
+    """teacher.max_unrendered_share (a teacher with another tokenizer: how many of a step's
+    conversations its template may fail to render before the run stops) is from 0 to 1."""
+    assert validate_config(minimal).teacher.max_unrendered_share == 0.1
+    minimal["teacher"]["max_unrendered_share"] = 1.5
+    assert "teacher.max_unrendered_share" in error_of(minimal)
+    cfg = validate_config(routed(minimal, math={"max_unrendered_share": 0.0}))
+    assert cfg.teachers["math"].max_unrendered_share == 0.0

@@ -3,8 +3,9 @@
 from pathlib import Path
 
 import pytest
+from shipped_recipes import OWN_MODEL_KEYS, SET_BY_THE_USER
 
-from nemo_opd.config import load_config, to_yaml
+from nemo_opd.config import ConfigError, load_config, to_yaml
 
 REPO = Path(__file__).resolve().parents[3]
 EXAMPLES = sorted((REPO / "examples" / "configs").glob("**/*.yaml"))
@@ -22,7 +23,7 @@ def test_examples_exist():
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda path: path.name)
 def test_example_config_is_valid(path, tmp_path):
-    cfg = load_config(path)
+    cfg = load_config(path, SET_BY_THE_USER.get(path.name, []))
     printed = tmp_path / "printed.yaml"
     printed.write_text(to_yaml(cfg))
     assert load_config(printed) == cfg
@@ -99,3 +100,28 @@ def test_rl_objective_configs():
         same_rate = cfg.policy.optimizer.model_copy(update={"lr": default.policy.optimizer.lr})
         assert same_rate == default.policy.optimizer
         assert cfg.policy.model_copy(update={"optimizer": same_rate}) == default.policy
+
+
+def test_the_own_model_recipe_names_each_key_a_user_must_set():
+    path = REPO / "examples/configs/own_model_cpu.yaml"
+    header = path.read_text().split("defaults:")[0]
+    for override in OWN_MODEL_KEYS:
+        key = override.split("=")[0]
+        assert key in header
+        with pytest.raises(ConfigError, match=rf"^{key}: mandatory value '\?\?\?' was never set"):
+            load_config(path, [o for o in OWN_MODEL_KEYS if o != override])
+
+
+def test_the_own_model_recipe_inherits_nothing_of_the_tiny_models():
+    # Extending distillation_tiny.yaml brought tiny:tokenizer, prompt_key: prompt and the tiny
+    # run's folders along with a user's models.
+    cfg = load_config(REPO / "examples/configs/own_model_cpu.yaml", OWN_MODEL_KEYS)
+    tiny = load_config(REPO / "examples/configs/distillation_tiny.yaml")
+    for model in (cfg.policy, cfg.teacher):
+        assert model.tokenizer.name == model.model_name
+    assert (cfg.data.prompt_key, cfg.data.answer_key) == ("problem", "answer")
+    assert cfg.data.dataset_name is None and cfg.data.response_key is None
+    assert cfg.checkpointing.checkpoint_dir != tiny.checkpointing.checkpoint_dir
+    assert cfg.logger.log_dir != tiny.logger.log_dir
+    assert cfg.cluster.device == "cpu" and cfg.cluster.world_size == 1
+    assert cfg.policy.generation.vllm_cfg.kv_cache_memory_bytes is not None

@@ -173,3 +173,28 @@ def test_marked_answers_only_through_the_workers(pool):
         assert report.verdicts == [False, True, True] and report.fast >= 1
     finally:
         strict.close()
+
+
+def test_a_replacement_started_from_a_thread_that_ends_grades_later_answers():
+    """Workers die with the thread that started them (PR_SET_PDEATHSIG): replacements that a
+    short-lived thread's call starts (the rollout producer's, which ends after the last step)
+    must outlive it and grade the final validation's answers."""
+    pool = GraderPool(2, TIMEOUT_S, 1000, "builtin", MEMORY_MB)
+    try:
+        for pid in pool.pids():
+            os.kill(pid, signal.SIGKILL)
+            psutil.Process(pid).wait(timeout=10)
+        reports = []
+
+        def producer():  # both workers replaced from this thread, which goes on a while
+            reports.append(pool.grade([r"\boxed{1}"] * 2, ["1"] * 2))
+            pool.wait_ready()
+
+        thread = threading.Thread(target=producer)
+        thread.start()
+        thread.join()
+        assert reports[0].crashes == 2
+        report = pool.grade([r"\boxed{12}", r"\boxed{13}", r"\boxed{5}"], ["12", "12", "5"])
+        assert report.verdicts == [True, False, True] and report.crashes == 0
+    finally:
+        pool.close()

@@ -19,6 +19,7 @@ from vllm_testing import (
 
 from nemo_opd.config import ClusterConfig, PolicyConfig
 from nemo_opd.generation import logprob_mismatch
+from nemo_opd.utils.seeds import request_seed
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None, reason="needs vllm (the cpu or gpu extra)"
@@ -57,20 +58,19 @@ def test_seeded_sampling_is_reproducible(generation):
 
 
 def test_seeds_do_not_depend_on_the_split(generation):
-    """Prompt i samples with seed + i wherever it runs: a sub-batch reproduces its rows."""
+    """Prompt i samples with request_seed(seed, i, 0) wherever it runs: a sub-batch seeded
+    with its first row's seed reproduces its rows."""
     prompts = random_prompts(6)
     full = generation.generate(prompts, seed=3)
-    tail = generation.generate(prompts[4:], seed=3 + 4)
+    tail = generation.generate(prompts[4:], seed=request_seed(3, 4, 0))
     assert tail.token_ids == full.token_ids[4:]
 
 
 def test_one_seed_per_prompt(generation):
     """Given one seed per prompt, each prompt samples as it does alone with that seed; a
-    later turn's seed (nemo_opd.rollouts.multi_turn.TURN_SEED_STRIDE apart) samples apart."""
-    from nemo_opd.rollouts.multi_turn import TURN_SEED_STRIDE
-
+    later turn's seed (nemo_opd.utils.seeds.request_seed) samples apart."""
     prompts = random_prompts(4, seed=4)
-    seeds = [101, 7, 3 * TURN_SEED_STRIDE + 7, TURN_SEED_STRIDE + 101]
+    seeds = [101, 7, request_seed(7, 0, 3), request_seed(101, 0, 1)]
     out = generation.generate(prompts, seed=seeds)
     for prompt, seed, ids in zip(prompts, seeds, out.token_ids, strict=True):
         assert generation.generate([prompt], seed=seed).token_ids == [ids]
@@ -90,7 +90,9 @@ def test_seeded_sampling_of_more_prompt_tokens_than_one_scheduler_step(generatio
     assert sum(map(len, prompts)) > 2 * CPU_STEP_TOKENS  # each engine gets half
     full = generation.generate(prompts, seed=11, max_new_tokens=2)
     assert all(1 <= len(t) <= 2 for t in full.token_ids)
-    tail = generation.generate(prompts[-3:], seed=11 + len(prompts) - 3, max_new_tokens=2)
+    tail = generation.generate(
+        prompts[-3:], seed=request_seed(11, len(prompts) - 3, 0), max_new_tokens=2
+    )
     assert tail.token_ids == full.token_ids[-3:]
 
 
@@ -316,7 +318,7 @@ def test_an_engine_that_raises_or_dies_ends_the_call_with_one_line_naming_it(
         assert message.startswith(f"{engine} raised ") and " while generating; " in message
         assert "\n" not in message
 
-        [actor] = generation.engines
+        [actor] = generation.engines.actors
         pid = ray.get(actor.__ray_call__.remote(lambda worker: os.getpid()))
         os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(psutil.NoSuchProcess):
@@ -330,3 +332,42 @@ def test_an_engine_that_raises_or_dies_ends_the_call_with_one_line_naming_it(
         assert "\n" not in message
     finally:
         generation.shutdown()
+
+
+def test_an_engine_in_this_process_serves_as_the_ray_engines_do(generation, model_dirs):
+    """The engine as an object of the test process (the local executor) samples the Ray
+    engines' tokens with their log-probs at the same seeds and thread count, refits from a dict
+    in place, and names a call it rejects in the same words."""
+    import torch
+
+    from nemo_opd.errors import RunError
+    from nemo_opd.generation import VllmGeneration
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the Ray engines' OMP_NUM_THREADS
+    local = VllmGeneration(
+        generation_config(), model_dirs["a"], None, device_type="cpu", executor="local"
+    )
+    try:
+        prompts = random_prompts(6, seed=12)
+        ours, theirs = local.generate(prompts, seed=7), generation.generate(prompts, seed=7)
+        assert ours.token_ids == theirs.token_ids
+        assert ours.logprobs == theirs.logprobs
+        assert local.score(prompts) == generation.score(prompts)
+        assert local.nodes() == [("local", "this process")]
+        [marks] = local.startup_marks()
+        assert "engine_ready" in marks
+        weights_b = full_state_dict(load_reference(model_dirs["b"]))
+        assert local.refit(weights_b, version=1) is True
+        assert local.refit(weights_b, version=1) is False  # the version it holds
+        assert local.score(prompts) != generation.score(prompts)
+        with pytest.raises(RunError) as raised:
+            local.generate(random_prompts(1, min_len=MAX_LEN + 1, max_len=MAX_LEN + 1))
+        engine = f"vLLM engine 0 (of 1, serving {model_dirs['a']})"
+        message = str(raised.value)
+        assert message.startswith(f"{engine} raised ") and " while generating; " in message
+        assert "\n" not in message
+        assert local.generate(prompts, seed=7).token_ids  # it serves the next call
+    finally:
+        local.shutdown()
+        torch.set_num_threads(threads)

@@ -3,7 +3,8 @@ loss of the whole logits, and their gradients with respect to the hidden states 
 weight, for every objective's loss (the top-k divergence of every kl_type, both tails and a
 temperature; the policy gradient with and without its top-k term; the NLL), with chunks that do
 not divide the positions, a padded vocabulary, and masked positions. The unchunked reference is
-float64, autograd through F.linear. Under no_grad (evaluation) it runs no backward and forms
+float64, autograd through F.linear (or through a model's head: its bias, scale or soft-cap,
+nemo_opd/models/output_head.py). Under no_grad (evaluation) it runs no backward and forms
 no weight gradient, with the same loss and metrics."""
 
 import pytest
@@ -17,6 +18,7 @@ from nemo_opd.losses import (
     TopkKLParams,
 )
 from nemo_opd.losses.chunked_head import chunked_head_loss, chunked_scores
+from nemo_opd.models.output_head import OutputHead
 
 B, S, H, V, V_PAD, K = 3, 11, 16, 37, 40, 5
 
@@ -115,9 +117,9 @@ def test_the_head_on_the_loss_masks_positions_only_equals_the_whole_logits(name,
     w = weight.clone().requires_grad_()
     projected = []
 
-    def project(rows, weight):
+    def project(rows, weight, bias):
         projected.append(rows.shape[0])
-        return torch.nn.functional.linear(rows, weight)
+        return torch.nn.functional.linear(rows, weight, bias)
 
     loss, metrics = chunked_head_loss(
         h, w, fields, lambda z, part: loss_fn(z, part, count), chunk=chunk, project=project,
@@ -131,6 +133,53 @@ def test_the_head_on_the_loss_masks_positions_only_equals_the_whole_logits(name,
     assert set(metrics) == set(ref_metrics)
     for key, value in metrics.items():
         torch.testing.assert_close(value.double(), ref_metrics[key].double(), rtol=1e-4, atol=1e-6)
+
+
+HEADS = {
+    "biased": OutputHead(biased=True),
+    "divided": OutputHead(divide_by=8.0),
+    "multiplied": OutputHead(multiply_by=0.25),
+    "softcapped": OutputHead(softcap=2.0),
+    "biased_softcapped": OutputHead(biased=True, softcap=2.0),
+}
+"""Model heads beyond the plain product (nemo_opd/models/output_head.py)."""
+
+
+@pytest.mark.parametrize("chunk", [4, 1000])
+@pytest.mark.parametrize("head_name", list(HEADS))
+@pytest.mark.parametrize("name", ["topk_reverse_bucket", "policy_gradient_with_topk", "nll"])
+def test_a_model_head_equals_its_whole_logits(name, head_name, chunk):
+    """A head with a bias and a scale or soft-cap: the product and its gradients by hand, the
+    head's transform by autograd (finish), equal the float64 reference that differentiates the
+    whole head's logits, the bias's gradient included; keep = the loss mask."""
+    loss_fn, model_head = LOSSES[name](), HEADS[head_name]
+    hidden, weight, fields = inputs(seed=11)
+    weight = weight * 6.0  # logits large enough for the soft-cap and the scales to matter
+    bias = torch.randn(V_PAD, generator=torch.Generator().manual_seed(12)) * 2.0
+    bias = bias if model_head.biased else None
+    count = fields["loss_mask"].sum()
+    h64, w64 = hidden.double().requires_grad_(), weight.double().requires_grad_()
+    b64 = bias.double().requires_grad_() if bias is not None else None
+    double = {k: v.double() if v.is_floating_point() else v for k, v in fields.items()}
+    ref_loss, _ = loss_fn(mask(model_head.logits(h64, w64, b64)), double, count)
+    ref_loss.backward()
+
+    h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    b = bias.clone().requires_grad_() if bias is not None else None
+    loss, _ = chunked_head_loss(
+        h, w, fields, lambda z, part: loss_fn(z, part, count), chunk=chunk,
+        project=model_head.project, finish=lambda raw: mask(model_head.transform(raw)), bias=b,
+        keep=fields["loss_mask"] != 0,
+    )  # fmt: skip
+    loss.backward()
+    close = torch.testing.assert_close
+    close(loss.double(), ref_loss.detach().double(), rtol=1e-5, atol=1e-7)
+    close(h.grad.double(), h64.grad, rtol=1e-4, atol=1e-6)
+    close(w.grad.double(), w64.grad, rtol=1e-4, atol=1e-6)
+    if bias is not None:
+        close(b.grad.double(), b64.grad, rtol=1e-4, atol=1e-6)
+    plain, _ = loss_fn(head(hidden, weight), fields, count)
+    assert (plain - loss).abs() > 1e-3  # the head's step changes the loss
 
 
 def test_with_nothing_kept_one_position_keeps_the_metrics_names():

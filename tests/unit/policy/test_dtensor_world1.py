@@ -4,7 +4,6 @@ world size 1, no Ray)."""
 
 import pytest
 import torch
-import torch.distributed as dist
 from conftest import make_batch, policy_config
 from torch.distributed.tensor import Replicate, distribute_tensor
 
@@ -13,7 +12,7 @@ from nemo_opd.config import OptimizerConfig
 from nemo_opd.data.batching import TensorBatch
 from nemo_opd.distributed.context_parallel import AttentionLayout
 from nemo_opd.distributed.parallel_dims import ParallelDims
-from nemo_opd.distributed.process_group import find_free_port, init_distributed
+from nemo_opd.distributed.process_group import init_local_process_group
 from nemo_opd.losses import DistillationLossFn, TopkKLParams
 from nemo_opd.policy.engines.dtensor import DTensorEngine, needs_fsdp
 from nemo_opd.policy.optim import build_optimizer
@@ -21,12 +20,12 @@ from nemo_opd.policy.optim import build_optimizer
 
 @pytest.fixture(scope="module")
 def world1():
-    """A one-rank gloo process group in this process, and its meshes."""
-    init_distributed(0, 1, "127.0.0.1", find_free_port(), "cpu", timeout_s=60)
+    """The process's one-rank gloo group (shared with every other model of the test process, as
+    in a run in one process), and its meshes."""
+    init_local_process_group("cpu")
     dims = ParallelDims(world_size=1, device_type="cpu")
     dims.build_mesh()
-    yield dims
-    dist.destroy_process_group()
+    return dims
 
 
 def test_only_one_float32_process_goes_unwrapped():

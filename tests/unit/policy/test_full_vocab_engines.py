@@ -84,8 +84,6 @@ def test_teacher_hidden_states_match_the_reference(layout, model_dirs, ray_sessi
 @pytest.mark.parametrize("support", ["full", "student_topk"])
 @pytest.mark.parametrize("layout", list(STUDENT_LAYOUTS))
 def test_student_loss_and_steps_match_the_reference(layout, support, model_dirs, ray_session):
-    if support == "student_topk" and layout != "tp2_odd_vocab":
-        pytest.skip("student_topk runs in one layout: the top-k loss has its own layout tests")
     prefix, workers, overrides = STUDENT_LAYOUTS[layout]
     student_dir, teacher_dir = model_dirs[f"{prefix}tied"], model_dirs[f"{prefix}untied"]
     reference = load_reference(student_dir)

@@ -16,8 +16,9 @@ from transformers import AutoModelForCausalLM
 from nemo_opd.data.chat import ChatFormatter
 from nemo_opd.data.message_log import flatten_message_logs
 from nemo_opd.policy.policy import Policy
-from nemo_opd.teachers.base import Rollouts, TeacherNeed
-from nemo_opd.teachers.cross_tokenizer import CrossTokenizerTeacher, TeacherRendering
+from nemo_opd.scoring.base import Rollouts, TeacherNeed
+from nemo_opd.scoring.rendering import TeacherRendering
+from nemo_opd.teachers.cross_tokenizer import CrossTokenizerTeacher
 from nemo_opd.teachers.in_process import InProcessTeacher
 
 RAY_CPUS = 2

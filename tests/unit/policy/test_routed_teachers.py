@@ -9,7 +9,7 @@ from conftest import cpu_cluster, make_batch, policy_config
 from nemo_opd.data.batching import TensorBatch
 from nemo_opd.distributed.cluster import WorkerResources, build_placement_group
 from nemo_opd.policy.policy import Policy
-from nemo_opd.teachers.base import Rollouts, TeacherNeed
+from nemo_opd.scoring.base import Rollouts, TeacherNeed
 from nemo_opd.teachers.in_process import InProcessTeacher
 from nemo_opd.teachers.routed import RoutedTeachers, route_rows
 

@@ -1,6 +1,6 @@
-"""WorkerGroup started in the background (wait=False): the constructor returns while the ranks
-start, every rank joins at rank 0's address, and a rank that fails to start is reported by
-wait_until_ready() with the group shut down."""
+"""RayWorkerGroup started in the background (wait=False): the constructor returns while the
+ranks start, every rank joins at rank 0's address, and a rank that fails to start is reported
+by wait_until_ready() with the group shut down."""
 
 import sys
 import time
@@ -10,7 +10,7 @@ import ray
 import ray.cloudpickle
 
 from nemo_opd.distributed.cluster import WorkerResources
-from nemo_opd.distributed.worker_group import WorkerError, WorkerGroup
+from nemo_opd.distributed.worker_group import WorkerError, start_workers
 
 # The actor classes below live in this test module, which Ray's workers cannot import.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -37,17 +37,28 @@ class SlowStarter:
         return self.joined
 
 
+def slow_group(worker_cls: type, workers: int, make_args, name: str):
+    """A Ray group of `workers` ranks started in the background, one CPU each."""
+    return start_workers(
+        "ray",
+        worker_cls,
+        workers,
+        make_args,
+        name=name,
+        wait=False,
+        reserve=WorkerResources("cpu", 1),
+    )
+
+
 def test_starts_in_the_background_and_joins_rank_0(ray_session):
     launched = time.perf_counter()
-    group = WorkerGroup(
-        SlowStarter, 2, WorkerResources("cpu", 1), lambda rank: (), name="slow", wait=False
-    )
+    group = slow_group(SlowStarter, 2, lambda rank: (rank,), "slow")
     returned = time.perf_counter() - launched
     try:
         assert returned < START_S  # the ranks are still starting
         group.wait_until_ready()
         assert time.perf_counter() - launched >= START_S
-        joined = group.run(lambda actor, rank: actor.joined_at.remote())
+        joined = group.run(SlowStarter.joined_at)
         assert joined == [("10.0.0.1", 4242), ("10.0.0.1", 4242)]
         group.wait_until_ready()  # a second call returns at once
     finally:
@@ -55,9 +66,7 @@ def test_starts_in_the_background_and_joins_rank_0(ray_session):
 
 
 def test_a_rank_that_fails_to_start_is_named_and_the_group_shut_down(ray_session):
-    group = WorkerGroup(
-        SlowStarter, 2, WorkerResources("cpu", 1), lambda rank: (1,), name="slow", wait=False
-    )
+    group = slow_group(SlowStarter, 2, lambda rank: (rank, 1), "slow")
     with pytest.raises(WorkerError, match="slow: worker rank 1 raised RuntimeError: engine build"):
         group.wait_until_ready()
     assert group.actors == []
@@ -69,9 +78,7 @@ class BrokenConstructor(SlowStarter):
 
 
 def test_a_constructor_that_raises_is_named_with_its_exception(ray_session):
-    group = WorkerGroup(
-        BrokenConstructor, 1, WorkerResources("cpu", 1), lambda rank: (), name="broken", wait=False
-    )
+    group = slow_group(BrokenConstructor, 1, lambda rank: (rank,), "broken")
     with pytest.raises(WorkerError) as caught:
         group.wait_until_ready()
     assert str(caught.value).startswith(

@@ -187,3 +187,43 @@ def test_unknown_task_is_named(chat_tokenizer):
             8,
         )
     assert torch.is_tensor(torch.zeros(1))
+
+
+class LongRetryEnv(RetryEnv):
+    """RetryEnv whose "try again" is `words` words long."""
+
+    def __init__(self, words: int):
+        super().__init__()
+        self.message = " ".join(["Try again."] * words)
+
+    def step(self, logs, metadata):
+        step = super().step(logs, metadata)
+        step.next_messages = [
+            None if m is None else {"role": "user", "content": self.message}
+            for m in step.next_messages
+        ]
+        return step
+
+
+def test_a_reply_that_does_not_fit_ends_the_episode_unappended(chat_tokenizer):
+    """However long an environment's reply, the conversation stays within max_seq_len: a
+    reply that would leave no room for another generated token ends the episode, truncated,
+    without being appended (it was appended, and the conversation outgrew the limit)."""
+    scripts = [["\\boxed{3}<|im_end|>", "\\boxed{2}<|im_end|>"]] * 2
+    formatter, logs, engine = _setup(chat_tokenizer, ["What is 1 + 1?", "Add 1 and 1."], scripts)
+    result = run_multi_turn_rollout(
+        engine, logs, [{"answer": "2"}] * 2, formatter, {"math": LongRetryEnv(40)}, 96, 3, 32
+    )
+    for log in result.message_logs:
+        assert [m["role"] for m in log] == ["user", "assistant"]
+        assert sum(len(m["token_ids"]) for m in log) <= 96
+    assert result.truncated.tolist() == [True, True]
+    assert result.rewards.tolist() == [0.0, 0.0]
+    assert len(engine.calls) == 1
+
+    formatter, logs, engine = _setup(chat_tokenizer, ["What is 1 + 1?"], scripts[:1])
+    result = run_multi_turn_rollout(
+        engine, logs, [{"answer": "2"}], formatter, {"math": LongRetryEnv(1)}, 96, 3, 32
+    )
+    assert [m["role"] for m in result.message_logs[0]] == ["user", "assistant"] * 2  # it fits
+    assert result.truncated.tolist() == [False] and result.rewards.tolist() == [1.0]

@@ -6,6 +6,9 @@
   its own template writes it, grades every student token that starts on one of its token
   boundaries with its top-k moved onto the student's ids, and its per-token log-probs of the
   student's text sum, per turn, to its log-probability of that text and its end of turn.
+- A conversation the teacher's template cannot render is left ungraded and counted, a bug in
+  the rendering or the alignment is raised, and more than teacher.max_unrendered_share of a
+  step's rows unrendered ends the run.
 """
 
 import math
@@ -17,10 +20,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from nemo_opd.data.chat import ChatFormatter
 from nemo_opd.data.message_log import flatten_message_logs
-from nemo_opd.errors import SetupError
+from nemo_opd.errors import RunError, SetupError
 from nemo_opd.losses import EMPTY_INDEX
-from nemo_opd.teachers.base import Rollouts, TeacherNeed, TeacherScores
-from nemo_opd.teachers.cross_tokenizer import CrossTokenizerTeacher, TeacherRendering
+from nemo_opd.scoring.base import Rollouts, TeacherNeed, TeacherScores
+from nemo_opd.scoring.rendering import TeacherRendering
+from nemo_opd.teachers.cross_tokenizer import CrossTokenizerTeacher
 from nemo_opd.tiny import resolve_pretrained
 
 PROMPTS = ["What is 12 + 7?", "Mia has 36 pens and gives away 5. How many pens are left?"]
@@ -259,3 +263,78 @@ def test_the_teacher_reads_the_students_text_whatever_its_template_does_to_conte
     silent.chat_template = BYTE_TEMPLATE.replace("{{ m['content'] }}", "")
     with pytest.raises(SetupError, match="does not write an assistant turn's content"):
         TeacherRendering(tiny, ChatFormatter(silent)).check()
+
+
+REFUSING_TEMPLATE = (  # the byte template, refusing a user message that says "refuse"
+    "{% for m in messages %}{% if 'refuse' in m['content'] %}"
+    "{{ raise_exception('this template refuses that message') }}{% endif %}"
+    "### {{ m['role'] }}:{{ '\\n' }}{{ m['content'] }}"
+    "{% if m['role'] == 'assistant' %}<eot>{% endif %}{{ '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}### assistant:{{ '\\n' }}{% endif %}"
+)
+
+
+def _with_user_text(log: list[dict], text: str) -> list[dict]:
+    """The conversation with its user message's text replaced (its student ids kept: what the
+    teacher renders is the text)."""
+    return [dict(m, content=text) if m["role"] == "user" else m for m in log]
+
+
+def _refusing_teacher(student, share: float) -> tuple[CrossTokenizerTeacher, list]:
+    """A cross-tokenizer teacher whose template refuses "refuse", and 8 conversations: the
+    two of the student fixture, each four times."""
+    tokenizer, _, rollouts = student
+    refusing = _byte_tokenizer()
+    refusing.chat_template = REFUSING_TEMPLATE
+    teacher = ModelTeacher(_random_model(len(refusing), seed=6))
+    rendering = TeacherRendering(tokenizer, ChatFormatter(refusing))
+    rendering.check()
+    crossed = CrossTokenizerTeacher(teacher, rendering, max_unrendered_share=share)
+    return crossed, rollouts.message_logs * 4
+
+
+def _score_logs(crossed: CrossTokenizerTeacher, logs: list, pad: int) -> TeacherScores:
+    batch = flatten_message_logs(logs, pad)
+    return crossed.score(Rollouts(batch, logs, [{}] * len(logs)), TeacherNeed(topk=4))
+
+
+def test_conversations_the_template_refuses_are_counted_and_too_many_end_the_run(student):
+    """Rows the template refuses (its raise_exception) and rows with text no tokenizer encodes
+    (a lone surrogate, as a tool result can echo) are ungraded and counted; up to
+    max_unrendered_share of a step's rows the run goes on, past it take_metrics ends it with
+    one line naming the key."""
+    pad = student[0].pad_token_id
+    crossed, logs = _refusing_teacher(student, share=0.25)
+    logs[1] = _with_user_text(logs[1], "please refuse")
+    logs[5] = _with_user_text(logs[5], "a lone \ud800 surrogate")
+    scores = _score_logs(crossed, logs, pad)
+    assert (
+        scores.topk_indices[1].eq(EMPTY_INDEX).all()
+        and scores.topk_indices[5].eq(EMPTY_INDEX).all()
+    )
+    assert scores.topk_indices[0].ne(EMPTY_INDEX).any()
+    assert crossed.take_metrics()["teacher/xtok_unrendered_rows"] == 2.0  # 2 of 8: the run goes on
+    logs[2] = _with_user_text(logs[2], "refuse this too")
+    _score_logs(crossed, logs[:4], pad)  # a step scored in two parts: 3 of 8 unrendered
+    _score_logs(crossed, logs[4:], pad)
+    with pytest.raises(RunError) as raised:
+        crossed.take_metrics()
+    message = str(raised.value)
+    assert "could not render 3 of the 8 conversations of this step (38%" in message
+    assert "teacher.max_unrendered_share 0.25" in message and "\n" not in message
+    crossed.shutdown()  # the Teacher interface: the inner teacher's workers stop
+
+
+def test_a_bug_in_the_alignment_is_raised_not_counted(student, monkeypatch):
+    """An exception that real text does not raise (here an IndexError put into the alignment)
+    ends the scoring where it happens, instead of leaving the rows ungraded."""
+    import nemo_opd.scoring.rendering as rendering
+
+    crossed, logs = _refusing_teacher(student, share=1.0)
+
+    def broken(*args):
+        raise IndexError("index 7 is out of bounds for axis 0 with size 7")
+
+    monkeypatch.setattr(rendering, "sources", broken)
+    with pytest.raises(IndexError, match="out of bounds"):
+        _score_logs(crossed, logs, student[0].pad_token_id)

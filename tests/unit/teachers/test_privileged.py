@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from nemo_opd.algorithms.prompts import encode_prompts
-from nemo_opd.algorithms.setup import _privileged_context
+from nemo_opd.algorithms.setup_teachers import privileged_context
 from nemo_opd.config import load_config
 from nemo_opd.data.chat import ChatFormatter
 from nemo_opd.data.message_log import flatten_message_logs
@@ -140,8 +140,8 @@ def test_a_served_teacher_with_its_own_prompt_must_fit_its_context(tokenizer):
     cfg = load_config(config, served)
     needed = cfg.policy.max_total_sequence_length + growth
     with pytest.raises(SetupError, match=rf"set teacher.max_total_sequence_length={needed} and"):
-        _privileged_context(cfg, formatter, [prompts])
+        privileged_context(cfg, formatter, [prompts])
     fits = load_config(config, [*served, f"teacher.max_total_sequence_length={needed}"])
-    assert _privileged_context(fits, formatter, [prompts]).template == TEMPLATE
+    assert privileged_context(fits, formatter, [prompts]).template == TEMPLATE
     in_process = load_config(config, [f"teacher.prompt_template='{TEMPLATE}'"])
-    assert _privileged_context(in_process, formatter, [prompts]) is not None  # not its limit
+    assert privileged_context(in_process, formatter, [prompts]) is not None  # not its limit

@@ -12,7 +12,7 @@ from nemo_opd.data.message_log import flatten_message_logs
 from nemo_opd.losses import DistillationLossFn
 from nemo_opd.policy.engines.self_teacher_weights import TEACHER_DIR
 from nemo_opd.policy.policy import Policy
-from nemo_opd.teachers.base import Rollouts, TeacherNeed
+from nemo_opd.scoring.base import Rollouts, TeacherNeed
 from nemo_opd.teachers.in_process import InProcessTeacher
 from nemo_opd.teachers.privileged import PrivilegedContext, PrivilegedTeacher
 from nemo_opd.teachers.self_teacher import SelfTeacher

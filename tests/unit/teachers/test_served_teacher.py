@@ -269,6 +269,6 @@ def test_the_api_key_is_sent_as_a_bearer_token_and_never_shown(monkeypatch):
     assert Records.seen[1].startswith("Basic ")
     for message in (str(scoring.value), str(checking.value)):
         assert "pass-9876" not in message and "http://***@127.0.0.1" in message
-    from nemo_opd.config.secrets import redact_text
+    from nemo_opd.secrets import redact_text
 
     assert redact_text(f"echo {key}") == "echo ***"  # registered: redacted wherever it shows

@@ -16,7 +16,7 @@ import torch
 
 from nemo_opd.data.chat import ChatFormatter
 from nemo_opd.losses import EMPTY_INDEX
-from nemo_opd.teachers.cross_tokenizer import TeacherRendering
+from nemo_opd.scoring.rendering import TeacherRendering
 
 K = 4
 

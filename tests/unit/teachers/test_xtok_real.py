@@ -19,8 +19,8 @@ from nemo_opd.algorithms.tokenizers import tokenizer_difference
 from nemo_opd.data.chat import ChatFormatter
 from nemo_opd.data.message_log import flatten_message_logs
 from nemo_opd.errors import SetupError
-from nemo_opd.teachers.base import Rollouts
-from nemo_opd.teachers.cross_tokenizer import TeacherRendering
+from nemo_opd.scoring.base import Rollouts
+from nemo_opd.scoring.rendering import TeacherRendering
 
 PAIRS = [("qwen3", "llama3"), ("qwen3", "tekken"), ("llama3", "qwen3"), ("mistral_sp", "qwen3")]
 """(student, teacher)."""

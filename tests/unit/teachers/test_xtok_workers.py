@@ -19,12 +19,9 @@ from nemo_opd.data.batching import TensorBatch
 from nemo_opd.data.chat import ChatFormatter
 from nemo_opd.data.message_log import flatten_message_logs
 from nemo_opd.policy.policy import joined, rendered_shards
-from nemo_opd.teachers.base import Rollouts, TeacherNeed, TeacherScores
-from nemo_opd.teachers.cross_tokenizer import (
-    CrossTokenizerTeacher,
-    TeacherRendering,
-    score_rendered,
-)
+from nemo_opd.scoring.base import Rollouts, TeacherNeed, TeacherScores
+from nemo_opd.scoring.rendering import TeacherRendering, score_rendered
+from nemo_opd.teachers.cross_tokenizer import CrossTokenizerTeacher
 
 PAIRS = [("qwen3", "llama3"), ("qwen3", "tekken"), ("llama3", "qwen3"), ("mistral_sp", "qwen3")]
 """(student, teacher)."""

@@ -110,3 +110,32 @@ class Echo(_Tool):
             raise KeyError("no such thing")
         print("a stray print", file=sys.stdout)
         return arguments["text"]
+
+
+class Limits(_Tool):
+    """Raises its soft memory and file limits to their hard ones, then reports both (JSON:
+    {"as": [soft, hard], "fsize": [soft, hard]})."""
+
+    name = "limits"
+
+    def __call__(self, arguments):
+        import json
+        import resource
+
+        out = {}
+        for key, which in (("as", resource.RLIMIT_AS), ("fsize", resource.RLIMIT_FSIZE)):
+            _, hard = resource.getrlimit(which)
+            resource.setrlimit(which, (hard, hard))
+            out[key] = list(resource.getrlimit(which))
+        return json.dumps(out)
+
+
+class Environ(_Tool):
+    """Returns the names of its environment variables (JSON list)."""
+
+    name = "environ"
+
+    def __call__(self, arguments):
+        import json
+
+        return json.dumps(sorted(os.environ))

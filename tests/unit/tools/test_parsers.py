@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from nemo_opd.tools import parsers
 from nemo_opd.tools.parsers import MAX_DEPTH, ParsedCall, parse_hermes, parse_llama3_json
 
 LIMIT = 1000
@@ -95,3 +96,28 @@ def test_a_parsed_call_round_trips_through_json():
     body = json.dumps({"name": "x", "arguments": {"k": [1, {"a": None}]}})
     [call] = parse_hermes(hermes(body), LIMIT)
     assert call == ParsedCall("x", {"k": [1, {"a": None}]})
+
+
+def test_llama3_depth_checks_read_a_turn_of_many_calls_once(monkeypatch):
+    """2,048 calls `{}` in one turn: the nesting checks read each character a bounded number
+    of times (checking the rest of the turn before each call read it ~2,048 times over)."""
+    read = []
+    for name in ("bracket_depth", "last_too_deep"):
+        if hasattr(parsers, name):
+            check = getattr(parsers, name)
+            monkeypatch.setattr(
+                parsers, name, lambda text, c=check: read.append(len(text)) or c(text)
+            )
+    text = "{}" * 2048
+    calls = parse_llama3_json(text, len(text))
+    assert len(calls) == 2048 and all('no "name"' in call.error for call in calls)
+    assert sum(read) <= 2 * len(text)
+
+
+def test_llama3_a_deep_call_is_refused_wherever_it_stands():
+    good = '{"name": "c", "parameters": {"e": "1"}}'
+    deep = '{"name": "c", "parameters": ' + "[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1) + "}"
+    assert parse_llama3_json(f"{good}; {good}", LIMIT) == [ParsedCall("c", {"e": "1"})] * 2
+    calls = parse_llama3_json(f"{good}; {deep}", LIMIT)
+    assert [call.error for call in calls] == [f"the call is nested deeper than {MAX_DEPTH} levels"]
+    assert parse_llama3_json(f"{deep}; {good}", LIMIT) == calls

@@ -20,7 +20,7 @@ from nemo_opd.data.message_log import flatten_message_logs
 from nemo_opd.environments.build import build_environments
 from nemo_opd.losses import DistillationLossFn, NLLLossFn, PolicyGradientLossFn, build_loss_mask
 from nemo_opd.rollouts import rollout_from_state, rollout_state, run_multi_turn_rollout
-from nemo_opd.teachers.cross_tokenizer import TeacherRendering
+from nemo_opd.scoring.rendering import TeacherRendering
 from nemo_opd.tiny.task import TinyMathConfig, build_tiny_math_splits
 from nemo_opd.tiny.tokenizer import build_tiny_tokenizer
 from nemo_opd.tiny.tool_task import calculator_schemas, corpus_texts

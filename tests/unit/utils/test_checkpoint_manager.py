@@ -76,8 +76,10 @@ def test_latest_ignores_and_cleans_half_written_leftovers(tmp_path):
     manager = make_manager(tmp_path)
     save(manager, 1)
     # What a killed process leaves: a temporary save, an interrupted delete, a step dir
-    # made by hand without training_state.json, and a checkpoint moved aside mid-overwrite.
-    for name in (".step_2.tmp-abc", ".step_0.deleting-1234"):
+    # made by hand without training_state.json, a checkpoint moved aside mid-overwrite, and
+    # a final export's folders (utils.export_folder around the engine's own).
+    leftovers = (".step_2.tmp-abc", ".step_0.deleting-1234", ".final_model.tmp-ab12")
+    for name in (*leftovers, "..final_model.tmp-ab12.tmp-cd34", ".final_model.tmp-ab.previous"):
         (manager.root / name).mkdir()
         (manager.root / name / STATE_FILE).write_text("{}")
     (manager.root / "step_9").mkdir()
@@ -237,3 +239,31 @@ def test_record_lists_every_file_with_size_and_checksum(tmp_path):
         "a/x.bin": {"bytes": 3, "sha256": hashlib.sha256(b"abc").hexdigest()},
         "top.json": {"bytes": 2, "sha256": hashlib.sha256(b"{}").hexdigest()},
     }
+
+
+def test_a_checkpoint_records_the_identity_of_the_run_that_saved_it(tmp_path):
+    identity = {"policy.model_name": {"policy.model_name": "tiny:student"}}
+    cfg = CheckpointingConfig(checkpoint_dir=str(tmp_path / "ckpt"))
+    path = CheckpointManager(cfg, identity=identity).save(1, write_weights)
+    assert CheckpointManager(cfg).load_state(path)["run"] == identity
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_a_checkpoint_has_the_permissions_of_any_new_folder_and_file(tmp_path, umask):
+    # safetensors writes its files owner-only (0600), and the folder was tempfile's (0700).
+    import torch
+    from safetensors.torch import save_file
+
+    def write(directory):
+        (directory / "policy").mkdir()
+        save_file({"w": torch.zeros(2)}, directory / "policy" / "model.safetensors")
+
+    previous = os.umask(umask)
+    try:
+        path = make_manager(tmp_path).save(1, write)
+    finally:
+        os.umask(previous)
+    for folder in (path, path / "policy"):
+        assert folder.stat().st_mode & 0o777 == 0o777 & ~umask, folder
+    for file in (path / STATE_FILE, path / "policy" / "model.safetensors"):
+        assert file.stat().st_mode & 0o777 == 0o666 & ~umask, file

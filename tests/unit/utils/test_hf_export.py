@@ -5,10 +5,13 @@ rounding. The run's own final export (Policy.export on live workers) is checked 
 tests/functional/test_nemo_rl_tiny.py.
 
 Before: the final model was the fp32 checkpoint (optimizer state beside the weights) and had no
-generation_config.json; a checkpoint could not be exported at all.
+generation_config.json; a checkpoint could not be exported at all. Then: an export into a folder
+of other files deleted them (exit 0), its model.safetensors was 0600 in a 0700 folder, and its
+generation_config.json sampled at the training temperature where the run validated greedily.
 """
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -36,6 +39,7 @@ def checkpoint(tmp_path_factory) -> Path:
     weights = {k: v for k, v in student.state_dict().items() if k != "lm_head.weight"}
     write_weights(policy, weights, student.config.to_dict())
     write_training_state(policy, {"state": {}}, None, [], 3)
+    (root / "training_state.json").write_text(json.dumps({"step": 3}))
     return root
 
 
@@ -62,7 +66,9 @@ def test_a_checkpoint_exports_as_users_load_it(checkpoint, tmp_path, precision, 
     generation = GenerationConfig.from_pretrained(out)
     tokenizer = AutoTokenizer.from_pretrained(out)
     assert tokenizer.eos_token_id in _ids(generation.eos_token_id)
-    assert generation.do_sample and generation.temperature == 1.0  # the run's sampling
+    # as the run validates: greedy, up to the rollouts' length (not the training sampling)
+    assert not generation.do_sample and generation.temperature is None
+    assert generation.max_new_tokens == 48
     assert (
         tokenizer.chat_template
         == AutoTokenizer.from_pretrained(resolve_pretrained("tiny:tokenizer")).chat_template
@@ -99,3 +105,49 @@ def test_what_is_not_a_model_is_refused(checkpoint, tmp_path, capsys):
         assert main(same) == 2
         assert "is the checkpoint itself" in capsys.readouterr().err
     assert (checkpoint / "policy" / "training_state.pt").exists()  # nothing was replaced
+
+
+def export(checkpoint: Path, out: Path) -> int:
+    return main(["--config", str(TINY), "--checkpoint", str(checkpoint), "-o", str(out)])
+
+
+def test_a_folder_of_other_files_is_refused_and_kept(checkpoint, tmp_path, capsys):
+    models = tmp_path / "models"
+    (models / "my_run").mkdir(parents=True)
+    (models / "notes.txt").write_text("mine")
+    assert export(checkpoint, models) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: the export folder {models} is not empty and is not a ")
+    assert "(it holds my_run, notes.txt)" in err and f"e.g. {models / 'model'}" in err
+    assert (models / "notes.txt").read_text() == "mine" and (models / "my_run").is_dir()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["models"]  # nothing left beside it
+    # A folder left by an interrupted replacement (<out>.previous) is no export's either.
+    (tmp_path / "out.previous").mkdir()
+    (tmp_path / "out.previous" / "data.csv").write_text("1,2")
+    assert export(checkpoint, tmp_path / "out") == 2
+    assert "out.previous is not empty" in capsys.readouterr().err
+    assert (tmp_path / "out.previous" / "data.csv").exists()
+
+
+def test_an_earlier_export_or_an_empty_folder_is_replaced(checkpoint, tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    assert export(checkpoint, out) == 0
+    marker = json.loads((out / "nemo_opd_export.json").read_text())
+    assert marker["exported_by"] == "nemo_opd"
+    assert marker["source"] == {"checkpoint": str(checkpoint), "step": 3}
+    (out / "README.md").write_text("an earlier export's own file")
+    assert export(checkpoint, out) == 0, capsys.readouterr().err  # replaced whole
+    assert not (out / "README.md").exists() and (out / "model.safetensors").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_exported_files_have_the_usual_permissions(checkpoint, tmp_path):
+    previous = os.umask(0o022)
+    try:
+        assert export(checkpoint, tmp_path / "out") == 0
+    finally:
+        os.umask(previous)
+    assert (tmp_path / "out").stat().st_mode & 0o777 == 0o755
+    for file in (tmp_path / "out").iterdir():
+        assert file.stat().st_mode & 0o777 == 0o644, file.name

@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 
 from nemo_opd.config import LoggerConfig
-from nemo_opd.config.secrets import register_secret
+from nemo_opd.secrets import register_secret
 from nemo_opd.utils.console import StepConsole
 from nemo_opd.utils.logger import WANDB_SETTINGS, Logger
 
@@ -105,7 +105,7 @@ def test_wandb_backend_gets_config_mode_and_metrics(tmp_path, monkeypatch):
 
 
 def test_rollouts_are_printed_and_dumped_every_period(tmp_path, capsys):
-    cfg = make_cfg(tmp_path, num_rollouts_to_log=1, rollout_dump_period=2)
+    cfg = make_cfg(tmp_path, num_rollouts_to_log=1, rollout_dump_period=2, rollouts_log_period=1)
     records = [{"prompt": f"q{i}\nline", "response": f"a{i}", "reward": i} for i in range(3)]
     with Logger(cfg) as logger:
         logger.log_rollouts(records, step=1)
@@ -118,6 +118,21 @@ def test_rollouts_are_printed_and_dumped_every_period(tmp_path, capsys):
     dumps = sorted(p.name for p in (tmp_path / "logs" / "rollouts").iterdir())
     assert dumps == ["step_2.jsonl"]
     assert read_lines(tmp_path / "logs" / "rollouts" / "step_2.jsonl") == records
+
+
+def test_sample_rollouts_show_at_the_first_step_then_every_period(tmp_path, capsys):
+    # They printed at every one of a run's 350 steps.
+    records = [{"prompt": "q", "response": "a", "reward": 1.0}]
+    with Logger(make_cfg(tmp_path, num_rollouts_to_log=1, rollouts_log_period=50)) as logger:
+        for step in range(176, 351):  # a run resumed after step 175
+            logger.log_rollouts(records, step=step)
+    shown = [line.split(" |")[0] for line in capsys.readouterr().out.splitlines()]
+    assert shown == ["rollout 176.0", "rollout 200.0", "rollout 250.0", "rollout 300.0"] + [
+        "rollout 350.0"
+    ]
+    with Logger(make_cfg(tmp_path, rollouts_log_period=0)) as logger:
+        logger.log_rollouts(records, step=1)
+    assert capsys.readouterr().out == ""
 
 
 def test_console_fallback_prints_one_line_per_step(tmp_path, capsys):

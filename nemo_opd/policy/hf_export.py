@@ -7,14 +7,18 @@
                                   trains in bf16), lm_head left out when tied
       tokenizer files             the run's tokenizer (tokenizer.json, tokenizer_config.json)
       chat_template.jinja         the chat template the run rendered with
-      generation_config.json      the base model's (when it has one), the tokenizer's EOS and
-                                  the run's stop token ids as eos_token_id, the run's sampling
+      generation_config.json      the base model's (when it has one), decoding as the run
+                                  validates: greedy, up to generation.max_new_tokens, stopping
+                                  at the tokenizer's EOS and the run's stop token ids
       adapter/                    a LoRA student only: its peft adapter
+      nemo_opd_export.json        written last: what was exported (utils.export_folder)
 
 Nothing of the training state (optimizer, scheduler, RNG, step): that stays in the checkpoint
 it came from (step_N/policy/training_state.pt and nemo_opd.json), which is what resuming reads.
 The weights are written by the engine (Policy.export) for the final model, and here, from a
-checkpoint's fp32 weights, for any checkpoint (export_checkpoint).
+checkpoint's fp32 weights, for any checkpoint (export_checkpoint). Either way the folder is
+written whole into a new folder or over an earlier export, never over anything else
+(nemo_opd.utils.export_folder).
 """
 
 import json
@@ -27,7 +31,8 @@ from nemo_opd.config import PolicyConfig
 from nemo_opd.errors import SetupError
 from nemo_opd.policy.engines.lora import ADAPTER_WEIGHTS_FILE
 from nemo_opd.policy.engines.training_state import WEIGHTS_FILE, write_weights
-from nemo_opd.utils.checkpoint import atomic_directory
+from nemo_opd.utils.checkpoint_manager import STATE_FILE
+from nemo_opd.utils.export_folder import export_directory
 
 POLICY_DIR = "policy"
 """The student's folder inside a checkpoint (step_N/policy)."""
@@ -43,21 +48,21 @@ def write_model_files(
 
 
 def generation_config(tokenizer: PreTrainedTokenizerBase, policy: PolicyConfig) -> GenerationConfig:
-    """The base model's generation config (a new one when it has none here), stopping where the
-    run stopped (the tokenizer's EOS and generation.stop_token_ids) and sampling as it sampled
-    (generation.temperature, top_p, top_k)."""
+    """The base model's generation config (a new one when it has none here), decoding as the
+    run's validation decodes, whose accuracy is the one the run reports: greedy (the base
+    model's sampling settings dropped) up to generation.max_new_tokens, stopping where the run
+    stopped (the tokenizer's EOS and generation.stop_token_ids). Sampling is for training
+    rollouts; a user who wants it sets do_sample and a temperature."""
     try:
         config = GenerationConfig.from_pretrained(policy.model_name)
     except (OSError, ValueError):  # no generation_config.json (or no network to fetch one)
         config = GenerationConfig()
     stops = _ids(config.eos_token_id) + _ids(tokenizer.eos_token_id)
-    sampling = policy.generation
-    if sampling is not None:
-        stops += list(sampling.stop_token_ids or [])
-        config.do_sample = sampling.temperature > 0
-        config.temperature = sampling.temperature if sampling.temperature > 0 else 1.0
-        config.top_p = sampling.top_p
-        config.top_k = sampling.top_k
+    config.do_sample = False
+    config.temperature = config.top_p = config.top_k = None  # sampling only
+    if policy.generation is not None:
+        stops += list(policy.generation.stop_token_ids or [])
+        config.max_new_tokens = policy.generation.max_new_tokens
     unique = list(dict.fromkeys(stops))
     config.eos_token_id = unique[0] if len(unique) == 1 else unique or None
     if tokenizer.bos_token_id is not None:
@@ -91,7 +96,7 @@ def checkpoint_weights_dir(path: Path) -> Path:
     )
 
 
-CHECKPOINT_FILES = ("training_state.pt", "nemo_opd.json", "training_state.json")
+CHECKPOINT_FILES = ("training_state.pt", "nemo_opd.json", STATE_FILE)
 """Files only a checkpoint holds: a folder with one of them is never replaced by an export."""
 
 
@@ -108,12 +113,26 @@ def export_checkpoint(
     checkpoint: Path, target: Path, tokenizer: PreTrainedTokenizerBase, policy: PolicyConfig
 ) -> Path:
     """Export a checkpoint's student as the final model is exported: its fp32 weights cast to
-    policy.precision, config, tokenizer, chat template, generation_config.json, atomically."""
+    policy.precision, config, tokenizer, chat template, generation_config.json, written whole
+    into a new folder or over an earlier export (SetupError for any other folder)."""
     source = checkpoint_weights_dir(checkpoint)
     _check_not_a_checkpoint(target, source)
     weights = load_file(source / WEIGHTS_FILE)
     hf_config = json.loads((source / "config.json").read_text())
-    with atomic_directory(target) as tmp:
+    record = {"checkpoint": str(checkpoint.resolve()), "step": checkpoint_step(source)}
+    with export_directory(target, record) as tmp:
         write_weights(tmp, weights, hf_config, policy.precision)
         write_model_files(tmp, tokenizer, policy)
     return target
+
+
+def checkpoint_step(weights_dir: Path) -> int | None:
+    """The step of the checkpoint whose weights are in `weights_dir` (step_N/policy): its
+    training_state.json's; None for a folder that is not in a checkpoint."""
+    for folder in (weights_dir, weights_dir.parent):
+        try:
+            step = json.loads((folder / STATE_FILE).read_text()).get("step")
+        except (OSError, ValueError, AttributeError):
+            continue
+        return step if isinstance(step, int) else None
+    return None

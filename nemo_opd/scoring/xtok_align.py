@@ -2,7 +2,7 @@
 tokenizer.
 
 The student sampled token ids; the teacher reads the same text in its own tokens. Each token
-is placed on the text's bytes by its own bytes (nemo_opd.teachers.xtok_vocab.token_bytes):
+is placed on the text's bytes by its own bytes (nemo_opd.scoring.xtok_vocab.token_bytes):
 token j of a sequence covers [starts[j], starts[j + 1]) where `starts` is the running sum of the
 token lengths. This holds for any ids, not only those the tokenizer would choose, and for a
 token that ends inside a multi-byte character (byte-level BPEs split characters over several

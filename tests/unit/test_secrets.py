@@ -1,9 +1,12 @@
-"""Redaction: URL user-info and registered secrets, in text and in plain data."""
+"""Redaction: URL user-info and registered secrets, in text and in plain data, and in the
+error lines that export and convert print."""
+
+from pathlib import Path
 
 import httpx
 import pytest
 
-from nemo_opd.config.secrets import redact, redact_text, redact_user_info, register_secret
+from nemo_opd.secrets import redact, redact_text, redact_user_info, register_secret
 
 
 @pytest.mark.parametrize(
@@ -19,6 +22,8 @@ from nemo_opd.config.secrets import redact, redact_text, redact_user_info, regis
         ("http://alice:p@ss-s3cr3t@host/v1", "http://***@host/v1"),
         ("at https://a:b@c@d@host:8000 and", "at https://***@host:8000 and"),
         ("'http://alice:pa?ss@host/v1'", "'http://***@host/v1'"),  # a ? or # in it too
+        # a path library's reading of a URL: the // after the scheme folded into one /
+        ("no such folder: http:/alice:s3cr3t@host/tok", "no such folder: http:/***@host/tok"),
     ],
 )
 def test_url_user_info(text, redacted):
@@ -63,3 +68,29 @@ def test_registered_secrets_are_redacted_wherever_they_appear():
     assert redact_text("ab stays") == "ab stays"
     data = {"a": ["x sk-test-0123456789", 3, None], "b": {"url": "http://u:p@h/"}}
     assert redact(data) == {"a": ["x ***", 3, None], "b": {"url": "http://***@h/"}}
+
+
+TINY = Path(__file__).resolve().parents[2] / "examples" / "configs" / "distillation_tiny.yaml"
+URL = "http://alice:s3cr3t@127.0.0.1:9"
+
+
+def test_export_prints_its_errors_redacted(tmp_path, capsys):
+    """A tokenizer named by a URL with user-info that cannot be loaded: the error names it
+    without the password."""
+    from nemo_opd.export import main
+
+    argv = ["--config", str(TINY), "--checkpoint", str(tmp_path), "-o", str(tmp_path / "out")]
+    assert main([*argv, f"policy.tokenizer.name={URL}/tokenizer"]) == 2
+    err = capsys.readouterr().err
+    assert "s3cr3t" not in err and "http://***@127.0.0.1:9/tokenizer" in err
+
+
+def test_convert_prints_its_errors_redacted(tmp_path, capsys):
+    """A NeMo-RL config whose interpolation inside a URL with user-info cannot resolve."""
+    from nemo_opd.convert.__main__ import main
+
+    source = tmp_path / "nemo_rl.yaml"
+    source.write_text(f'policy:\n  model_name: "{URL}/${{nothing.here}}"\n')
+    assert main(["nemo-rl", str(source), "-o", str(tmp_path / "out.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "s3cr3t" not in err and "http://***@127.0.0.1:9/" in err

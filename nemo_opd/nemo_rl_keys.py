@@ -1,6 +1,7 @@
-"""NeMo-RL's distillation keys and what each became here: one map, read by the config errors
-(an unknown key NeMo-RL users know says what it is here) and by the converter
-(`python -m nemo_opd.convert nemo-rl`, which also applies the conversions the notes describe).
+"""NeMo-RL's distillation keys and what each became here: the converter's key map
+(`python -m nemo_opd.convert nemo-rl`, which also applies the conversions the notes describe),
+read by the config errors too (an unknown key NeMo-RL users know says what it is here). It
+imports nothing of the package, so it stands below both: config/ below convert/, each reads it.
 
 A key's fate is one of:
     same      the same key, the same meaning

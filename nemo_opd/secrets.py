@@ -25,7 +25,9 @@ REDACTED = "***"
 # The user-info of a URL runs from the scheme to the last @ before the path: httpx sends
 # http://alice:p@ss@host/ as the password p@ss. A ? or # in it is taken in too (httpx refuses
 # such a URL, but its text is still a password); whitespace ends it, as it ends a URL in text.
-_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)[^\s/]*@")
+# A path library folds the // after the scheme into one / (Path("http://a:b@h") reads
+# "http:/a:b@h"): that form is a URL's user-info too.
+_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*:/{1,2})[^\s/]*@")
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
 _MIN_SECRET_CHARS = 4  # a shorter "secret" would redact ordinary text
 _secrets: set[str] = set()

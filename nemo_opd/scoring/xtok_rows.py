@@ -1,7 +1,7 @@
 """The teacher's rows of a batch and where its answers go in the student's positions.
 
 A teacher with another tokenizer scores the student's conversations rendered in its own tokens
-(nemo_opd.teachers.cross_tokenizer.TeacherRendering). `TeacherRows` holds those rows and, for
+(nemo_opd.scoring.rendering.TeacherRendering). `TeacherRows` holds those rows and, for
 every assistant turn, how its tokens align with the student's (`TurnPair`); its methods move
 the teacher's answers back: the top-k onto the student's positions and vocabulary
 (`topk_to_student`), sampled log-probs as each student token's share of its aligned group
@@ -18,8 +18,8 @@ import torch
 
 from nemo_opd.data.message_log import Message
 from nemo_opd.losses.checks import EMPTY_INDEX
-from nemo_opd.teachers.xtok_align import spread_over_groups
-from nemo_opd.teachers.xtok_vocab import VocabMap
+from nemo_opd.scoring.xtok_align import spread_over_groups
+from nemo_opd.scoring.xtok_vocab import VocabMap
 
 COUNTS = ("unrendered", "truncated", "predicting", "graded", "chained", "mapped_mass", "mapped")
 """The columns of TeacherRows.counts, per row: the row was not rendered; it was cut at the
@@ -187,7 +187,7 @@ class TeacherRows:
 
     def logprobs_to_student(self, logprobs: torch.Tensor, width: int) -> torch.Tensor:
         """[B, S_t] teacher log-probs (position t scores token t + 1) -> [B, width]: each
-        student token's share of its aligned group's log-probability (the cross_tokenizer
+        student token's share of its aligned group's log-probability (the rendering
         module docstring)."""
         out = np.zeros((len(self.turns), width))
         table = logprobs.float().numpy()

@@ -14,8 +14,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from nemo_opd.teachers import xtok_vocab
-from nemo_opd.teachers.xtok_align import (
+from nemo_opd.scoring import xtok_vocab
+from nemo_opd.scoring.xtok_align import (
     INSIDE,
     char_starts,
     group_ids,
@@ -23,7 +23,7 @@ from nemo_opd.teachers.xtok_align import (
     sources,
     spread_over_groups,
 )
-from nemo_opd.teachers.xtok_vocab import EMPTY_INDEX, VocabMap
+from nemo_opd.scoring.xtok_vocab import EMPTY_INDEX, VocabMap
 from nemo_opd.tiny import resolve_pretrained
 
 TEXTS = [

@@ -1,0 +1,60 @@
+"""Which executor runs a run's workers (cluster.executor): Ray actors, or objects in this process.
+
+    run_executor(cfg)      # "ray" or "local": what cluster.executor auto resolves to
+    ray_reasons(cfg)       # why the run needs Ray ([] when nothing does)
+
+A run needs Ray when it has more than one worker (cluster.num_nodes x cluster.gpus_per_node:
+the ranks of a model are processes that join one torch.distributed group), attaches to a
+cluster (cluster.address), or has a served teacher (its runs are Ray's). Otherwise auto picks
+"local": the student, the teacher and the generation engine in the driver's process, no Ray
+started or imported. The RAY_ADDRESS environment variable (`ray job submit` sets it) makes auto
+pick Ray too; an explicit "local" ignores it.
+"""
+
+import os
+from collections.abc import Mapping
+from typing import Literal
+
+from nemo_opd.config.schema import DistillationConfig
+
+RAY_ADDRESS_ENV = "RAY_ADDRESS"
+
+
+def ray_reasons(cfg: DistillationConfig) -> list[str]:
+    """What in the config needs Ray, one phrase each (empty when nothing does)."""
+    cluster = cfg.cluster
+    reasons = []
+    if cluster.world_size > 1:
+        reasons.append(
+            f"{cluster.world_size} workers (cluster.num_nodes {cluster.num_nodes} x "
+            f"cluster.gpus_per_node {cluster.gpus_per_node}), one process each"
+        )
+    if cluster.address:
+        reasons.append(f"cluster.address {cluster.address} (a Ray cluster to attach to)")
+    if cfg.teacher is not None and cfg.teacher.server.enabled:
+        reasons.append("a served teacher (teacher.server.enabled)")
+    return reasons
+
+
+def run_executor(
+    cfg: DistillationConfig, environ: Mapping[str, str] = os.environ
+) -> Literal["ray", "local"]:
+    """cluster.executor, with auto resolved: "local" when nothing needs Ray (ray_reasons) and
+    RAY_ADDRESS is unset in `environ`, else "ray"."""
+    chosen = cfg.cluster.executor
+    if chosen != "auto":
+        return chosen
+    needs_ray = ray_reasons(cfg) or environ.get(RAY_ADDRESS_ENV)
+    return "ray" if needs_ray else "local"
+
+
+def check_executor(cfg: DistillationConfig) -> list[str]:
+    """cluster.executor local runs one worker in the driver's process: no more than one worker,
+    no cluster.address, no served teacher."""
+    reasons = ray_reasons(cfg) if cfg.cluster.executor == "local" else []
+    if not reasons:
+        return []
+    return [
+        f"cluster.executor is local (every worker in this one process), but the run needs "
+        f"Ray: {'; '.join(reasons)}; set cluster.executor=auto or ray"
+    ]

@@ -1,0 +1,3 @@
+"""What the package knows about model families, below every floor that runs a model: the
+output head (output_head.py), which the losses' chunked head, the engines, the teacher's LM
+head and the setup checks all ask."""

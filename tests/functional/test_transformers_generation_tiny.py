@@ -1,0 +1,81 @@
+"""The whole loop on CPU with the transformers generation backend (policy.generation.backend
+transformers: HfWorker engines instead of vLLM, as on a machine without vLLM): the tiny
+default for a few lockstep steps, each refit checked against the student's own log-probs, and
+the tiny tool task, whose rollouts take tool turns (a call, its result, the answer).
+
+Both runs share this driver process (one import, one Ray instance)."""
+
+import json
+from pathlib import Path
+
+import pytest
+import ray
+from run_metrics import read_metrics
+from short_runs import LOCKSTEP, short_run_args
+
+from nemo_opd.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = ROOT / "examples" / "configs"
+STEPS = 3
+BACKEND = "policy.generation.backend=transformers"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_session():
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def test_the_tiny_default_runs_on_the_transformers_backend(tmp_path, capsys):
+    args = short_run_args(
+        CONFIGS / "distillation_tiny.yaml",
+        tmp_path,
+        STEPS,
+        BACKEND,
+        *LOCKSTEP,
+        "distillation.val_at_end=true",
+        "distillation.max_val_samples=32",
+        "distillation.val_batch_size=32",
+    )
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "1 transformers engine (sharing the training workers' CPUs)" in out
+    metrics = read_metrics(tmp_path)
+    assert sorted(metrics) == list(range(1, STEPS + 1))
+    for step in metrics.values():
+        # fp32 on both sides: the engine samples from the student's own distribution
+        assert step["generation/logprob_mismatch"] < 1e-4
+        assert step["rollout/mean_generated_tokens"] > 0
+    assert 0.0 <= metrics[STEPS]["validation/accuracy"] <= 1.0
+
+
+def test_tool_turns_run_on_the_transformers_backend(tmp_path):
+    from nemo_opd.tiny.assets import ensure_tiny_assets
+    from nemo_opd.tiny.recipe import tools_recipe
+
+    assets = ensure_tiny_assets(tools_recipe())
+    args = short_run_args(
+        CONFIGS / "distillation_tiny_tools.yaml",
+        tmp_path,
+        STEPS,
+        BACKEND,
+        *LOCKSTEP,
+        f"policy.model_name={assets.teacher}",  # a student that calls the calculator
+        "policy.generation.max_new_tokens=40",
+        "logger.rollout_dump_period=1",
+    )
+    assert main(args) == 0
+    metrics = read_metrics(tmp_path)
+    assert sorted(metrics) == list(range(1, STEPS + 1))
+    assert sum(metrics[step]["env/math/tool_calls"] for step in metrics) > 0
+    for step in metrics.values():
+        assert step["generation/logprob_mismatch"] < 1e-4
+    dump = tmp_path / "logs" / "rollouts" / "step_1.jsonl"
+    records = [json.loads(line) for line in dump.open()]
+    with_tools = [r for r in records if any(m["role"] == "tool" for m in r["messages"])]
+    assert with_tools
+    for record in with_tools:
+        roles = [m["role"] for m in record["messages"]]
+        assert "<tool_call>" in record["messages"][roles.index("tool") - 1]["content"]

@@ -1,0 +1,110 @@
+"""A Policy of one worker computes the same in the driver's process (the local executor) as in a
+Ray actor: the same training metrics, top-k, log-probs, gathered weights and checkpoint, for the
+DTensor engine, LoRA and Megatron, at the same thread count (one, as the Ray worker's
+cluster.cpus_per_worker). A worker's error reads the same under both."""
+
+import pytest
+import ray
+import torch
+import torch.distributed as dist
+from conftest import cpu_cluster, make_batch, policy_config
+
+from nemo_opd.distributed.process_group import init_local_process_group
+from nemo_opd.distributed.worker_group import WorkerError
+from nemo_opd.losses import DistillationLossFn
+from nemo_opd.policy.policy import Policy
+
+LAYOUTS = {
+    "dtensor": {},
+    "lora": {"lora__enabled": True, "lora__rank": 2, "lora__target_modules": ["q_proj"]},
+    "megatron": {"dtensor_cfg__enabled": False, "megatron_cfg__enabled": True},
+}
+
+
+@pytest.fixture
+def threads_kept():
+    """The test process's torch thread count, put back after the test (a local worker sets the
+    process's own)."""
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def run_policy(executor: str, cfg, tmp_path) -> dict:
+    """Train two steps, then score, gather and save: everything the loop asks of a policy."""
+    policy = Policy(cfg, cpu_cluster(1), name=f"policy_{executor}", executor=executor)
+    loss_fn = DistillationLossFn(implementation="torch")
+    try:
+        metrics = [policy.train(make_batch(8, seed=seed), loss_fn) for seed in (1, 2)]
+        batch = make_batch(4, seed=3, teacher=False)
+        handle = policy.full_weights_ref()
+        weights = ray.get(handle) if executor == "ray" else handle
+        policy.save(str(tmp_path / executor))
+        return {
+            "metrics": metrics,
+            "evaluated": policy.evaluate(make_batch(4, seed=4), loss_fn),
+            "topk": policy.get_topk_logits(batch, 4),
+            "logprobs": policy.get_logprobs(batch),
+            "weights": weights,
+            "step": policy.step,
+        }
+    finally:
+        policy.shutdown()
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_one_process_computes_as_a_ray_worker(
+    layout, model_dirs, ray_session, threads_kept, tmp_path
+):
+    cfg = policy_config(model_dirs["untied"], **LAYOUTS[layout])
+    ray_run = run_policy("ray", cfg, tmp_path)
+    local_run = run_policy("local", cfg, tmp_path)
+    assert local_run["metrics"] == ray_run["metrics"]
+    assert local_run["evaluated"] == ray_run["evaluated"]
+    assert local_run["step"] == ray_run["step"] == 4  # two batches of 8 rows, 4 per step
+    for name in ("topk", "logprobs"):
+        torch.testing.assert_close(local_run[name], ray_run[name], rtol=0, atol=0)
+    assert local_run["weights"].keys() == ray_run["weights"].keys()
+    for name, tensor in ray_run["weights"].items():
+        torch.testing.assert_close(local_run["weights"][name], tensor, rtol=0, atol=0)
+    for saved in (tmp_path / "ray").iterdir():
+        if saved.suffix == ".safetensors":
+            assert (tmp_path / "local" / saved.name).read_bytes() == saved.read_bytes()
+
+
+@pytest.mark.parametrize("layout", ["dtensor", "megatron"])
+def test_weights_handed_over_in_one_process_are_a_snapshot(layout, model_dirs, threads_kept):
+    """The tensors a local policy hands to generation stay as they were when the student trains
+    on (under Ray they are a copy in the object store)."""
+    cfg = policy_config(model_dirs["untied"], **LAYOUTS[layout])
+    policy = Policy(cfg, cpu_cluster(1), executor="local")
+    try:
+        before = {name: t.clone() for name, t in policy.full_weights_ref().items()}
+        handed = policy.full_weights_ref()
+        policy.train(make_batch(8, seed=1), DistillationLossFn(implementation="torch"))
+        for name, tensor in handed.items():
+            assert torch.equal(tensor, before[name]), name
+        now = policy.full_weights_ref()
+        assert any(not torch.equal(tensor, now[name]) for name, tensor in handed.items())
+    finally:
+        policy.shutdown()
+
+
+@pytest.mark.parametrize("executor", ["ray", "local"])
+def test_a_worker_error_reads_the_same(executor, model_dirs, ray_session, threads_kept, tmp_path):
+    policy = Policy(policy_config(model_dirs["tied"]), cpu_cluster(1), executor=executor)
+    try:
+        with pytest.raises(WorkerError, match=r"^policy: worker rank 0 raised FileNotFoundError"):
+            policy.load(str(tmp_path / "nowhere"))
+        assert policy.step == 0  # and the worker serves the next call
+    finally:
+        policy.shutdown()
+
+
+def test_every_model_of_the_process_shares_its_one_rank_group(threads_kept):
+    init_local_process_group("cpu")
+    group = dist.group.WORLD
+    init_local_process_group("cpu")  # a second model joins the same group
+    assert dist.group.WORLD is group and dist.get_world_size() == 1
+    with pytest.raises(RuntimeError, match="needs a one-rank nccl group"):
+        init_local_process_group("cuda")
