@@ -137,10 +137,13 @@ def score_as_teacher(engine, data, **need) -> dict[str, torch.Tensor]:
 
 
 def own_head(engine) -> TeacherHead:
-    """A detached copy of the LM head rows the engine's last forward used (this rank's
-    [V_pad / tp, H] in the compute precision) and the model's logit soft-cap."""
+    """A detached copy of the LM head rows (this rank's [V_pad / tp, H] in the compute
+    precision) and bias ([V_pad / tp] or None) the engine's last forward used, with the
+    model's own output head (its scale or soft-cap)."""
     weight = engine.output_weight().detach().clone()
-    return TeacherHead(weight, getattr(engine.hf_config, "final_logit_softcapping", None))
+    bias = engine.output_bias()
+    bias = bias.detach().clone() if bias is not None else None
+    return TeacherHead(weight, bias, engine.output_head)
 
 
 def gather_self_teacher(engine) -> dict[str, torch.Tensor] | None:
