@@ -8,7 +8,11 @@ from config_errors import error_of, problems
 
 from nemo_opd.config import ConfigError, load_config, validate_config
 from nemo_opd.config.checks import checkpoint_metrics
+from nemo_opd.errors import SetupError
 from nemo_opd.teacher_server import build_parser, settings_from_config
+from nemo_opd.utils.checkpoint_manager import CheckpointManager
+from nemo_opd.utils.run_dirs import with_absolute_paths
+from nemo_opd.utils.run_identity import check_run_folders, run_identity
 
 CONFIGS = Path(__file__).resolve().parents[3] / "examples" / "configs"
 SELF = {"source": "ema", "prompt_template": "{prompt} {answer}"}
@@ -92,3 +96,23 @@ def test_there_is_no_model_to_serve():
     args = build_parser().parse_intermixed_args(["--config", "distillation_tiny_self.yaml"])
     with pytest.raises(ConfigError, match="the student itself .* no teacher model to serve"):
         settings_from_config(load_config(CONFIGS / "distillation_tiny_self.yaml"), args)
+
+
+def test_checkpoints_of_another_source_are_refused_before_anything_starts(tmp_path):
+    """The average or snapshot a checkpoint holds belongs to its source: a run of another
+    source is refused by the run-identity check (before Ray or a model), naming both; the
+    decay and the refresh period may change."""
+    folders = [f"checkpointing.checkpoint_dir={tmp_path / 'ckpt'}"]
+    folders.append(f"logger.log_dir={tmp_path / 'logs'}")
+
+    def self_config(*overrides: str):
+        tiny_self = CONFIGS / "distillation_tiny_self.yaml"
+        return with_absolute_paths(load_config(tiny_self, [*folders, *overrides]))
+
+    saved = self_config("teacher.source=ema")
+    manager = CheckpointManager(saved.checkpointing, run_identity(saved))
+    manager.save(20, lambda d: (d / "weights").write_bytes(b"w"), state={"loader": {}})
+    with pytest.raises(SetupError) as caught:
+        check_run_folders(self_config("teacher.source=lagged"))
+    assert 'teacher.source: "ema" -> "lagged"' in str(caught.value)
+    assert check_run_folders(self_config("teacher.ema_decay=0.5")) is None
