@@ -1,16 +1,19 @@
 """Self-distillation in the loop: examples/configs/distillation_tiny_self.yaml, short runs with
 each teacher source (the student's live weights, an EMA of them, a lagged snapshot).
 
-- Straight through, all three sources in one driver process, and the other objectives (the
-  full-vocabulary divergence from the EMA's hidden states, the sampled-token reverse KL to the
-  live student): no teacher worker is started or placed (the student's one worker scores as
-  the teacher), every source grades step 1 with the initial weights (the same loss), the EMA
-  and the snapshot are saved in the checkpoints with the number of steps they hold, the live
-  student saves none.
-- A training worker SIGKILLed mid-run (ema, lagged): the run ends with one message, and the same
-  command resumes from the newest checkpoint and logs the uninterrupted run's metrics.
+- Straight through, all three sources in one driver process (the config's one worker: the
+  local executor, everything in that process), and the other objectives (the full-vocabulary
+  divergence from the EMA's hidden states, the sampled-token reverse KL to the live student):
+  no teacher model is built or started (the student's worker scores as the teacher), every
+  source grades step 1 with the initial weights (the same loss), the EMA and the snapshot are
+  saved in the checkpoints with the number of steps they hold, the live student saves none.
+- SIGKILL mid-run, then the same command: it resumes from the newest checkpoint and logs the
+  uninterrupted run's metrics. ema: the run's one process killed (the local executor: nothing
+  can clean up); lagged on Ray: the student's worker killed (the run ends with one message, no
+  teacher worker is placed). The executors log the same metrics (test_executors_tiny.py).
 """
 
+import itertools
 import json
 import math
 import os
@@ -20,6 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 from run_metrics import assert_resumed_like, read_metrics
 from run_process import Run, run_to_end
@@ -87,11 +91,17 @@ def straight(tmp_path_factory):
     return {name: (dirs[name], part) for name, part in zip(plan, output, strict=True)}
 
 
+def started(out: str) -> list[str]:
+    """The processes and parts the start-up report lists ("driver", "policy.0", "vllm.0")."""
+    report = out.split("start-up (s after the command started", 1)[1].splitlines()[1:]
+    return [line.split()[0] for line in itertools.takewhile(lambda x: x.startswith("  "), report)]
+
+
 def test_each_source_and_objective_runs_with_the_student_as_its_only_model(straight):
     for source, (run_dir, out) in straight.items():
-        assert "workers: 1 training worker (each runs a rank of the student)" in out, source
-        placed = json.loads((run_dir / "logs" / "placement.json").read_text())["workers"]
-        assert sorted(placed) == ["policy", "vllm"], (source, placed)  # no teacher worker
+        workers = "workers: one process (cluster.executor local, no Ray): the student, 1 vLLM"
+        assert workers in out, (source, out[:3000])  # "the student, the teacher, " with one
+        assert started(out) == ["driver", "policy.0", "vllm.0"], (source, started(out))
         metrics = read_metrics(run_dir)
         assert sorted(metrics) == list(range(1, STEPS + 1)), source
         assert all(math.isfinite(metrics[s]["train/loss"]) for s in metrics), source
@@ -119,17 +129,29 @@ def test_the_ema_and_the_snapshot_are_checkpointed(straight):
             assert state == {"source": source, "updates": step}
 
 
-@pytest.mark.slow  # two more runs per source: `pytest -m slow`
-@pytest.mark.parametrize("source", ["ema", "lagged"])
-def test_sigkill_of_the_student_resumes_like_the_straight_run(source, straight, tmp_path):
-    faulty = command(source, tmp_path, "checkpointing.save_period=1")
+@pytest.mark.slow  # two more runs per case: `pytest -m slow`
+@pytest.mark.parametrize("source, executor", [("ema", "local"), ("lagged", "ray")])
+def test_sigkill_mid_run_resumes_like_the_straight_run(source, executor, straight, tmp_path):
+    faulty = command(
+        source, tmp_path, "checkpointing.save_period=1", f"cluster.executor={executor}"
+    )
     run = Run(faulty, tmp_path)
     run.wait_for_checkpoint(2)
-    victim = run.policy_workers()[0]
-    os.kill(victim, signal.SIGKILL)
-    code, out, err = run.finish()
-    assert code == 1, err[-3000:]
-    assert re.search(rf"worker rank \d died \(pid {victim}", err), err[-3000:]
+    if executor == "local":  # the whole run is this one process
+        children = psutil.Process(run.process.pid).children(recursive=True)
+        os.kill(run.process.pid, signal.SIGKILL)
+        code, _, err = run.finish()
+        assert code == -signal.SIGKILL, err[-3000:]
+        _, alive = psutil.wait_procs(children, timeout=60)
+        assert not alive, [child.pid for child in alive]  # nothing it started outlives it
+    else:
+        placed = json.loads((tmp_path / "logs" / "placement.json").read_text())["workers"]
+        assert sorted(placed) == ["policy", "vllm"], placed  # no teacher worker
+        victim = run.policy_workers()[0]
+        os.kill(victim, signal.SIGKILL)
+        code, _, err = run.finish()
+        assert code == 1, err[-3000:]
+        assert re.search(rf"worker rank \d died \(pid {victim}", err), err[-3000:]
 
     out = run_to_end(faulty, tmp_path).stdout
     resumed = re.search(r"resumed from \S+step_(\d+) \(step \d+\)", out)
