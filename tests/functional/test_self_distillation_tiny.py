@@ -2,9 +2,10 @@
 each teacher source (the student's live weights, an EMA of them, a lagged snapshot).
 
 - Straight through, all three sources in one driver process (the config's one worker: the
-  local executor, everything in that process), and the other objectives (the full-vocabulary
-  divergence from the EMA's hidden states, the sampled-token reverse KL to the live student):
-  no teacher model is built or started (the student's worker scores as the teacher), every
+  local executor, everything in that process) with the config's objective (GRPO plus the
+  sampled-token reverse KL to the teacher), and the top-k divergence to the EMA from its top-k
+  and from its hidden states (the full vocabulary): no teacher model is built or started (the
+  student's worker scores as the teacher), every
   source grades step 1 with the initial weights (the same loss), the EMA and the snapshot are
   saved in the checkpoints with the number of steps they hold, the live student saves none.
 - SIGKILL mid-run, then the same command: it resumes from the newest checkpoint and logs the
@@ -46,7 +47,8 @@ SELF_OVERRIDES = [
     "~teacher.tokenizer",
     "teacher.prompt_template='{prompt} {answer}'",
 ]
-"""opd_rl_tiny.yaml's teacher model turned into the student itself."""
+"""distillation_tiny_100.yaml's teacher model turned into the student itself (its top-k
+objective)."""
 
 
 def args(source: str, run_dir: Path, *extra: str, config: Path = CONFIG) -> list[str]:
@@ -62,13 +64,14 @@ def command(source: str, run_dir: Path, *extra: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
-    """The three sources' uninterrupted runs, the full-vocabulary divergence with the EMA and
-    the sampled-token reverse KL with the live student, in one driver process: {name: (run
-    dir, its stdout)}."""
+    """The three sources' uninterrupted runs and the EMA's with the top-k objective (its top-k,
+    and its hidden states for the full vocabulary), in one driver process: {name: (run dir,
+    its stdout)}."""
     root = tmp_path_factory.mktemp("self_straight")
     plan = {source: (source, CONFIG, []) for source in SOURCES}
-    plan["ema_full_vocab"] = ("ema", CONFIG, ["loss_fn.support=full"])
-    plan["student_sampled"] = ("student", CONFIGS / "opd_rl_tiny.yaml", SELF_OVERRIDES)
+    topk = CONFIGS / "distillation_tiny_100.yaml"
+    plan["ema_topk"] = ("ema", topk, SELF_OVERRIDES)
+    plan["ema_full_vocab"] = ("ema", topk, [*SELF_OVERRIDES, "loss_fn.support=full"])
     dirs = {name: root / name for name in plan}
     spec = [
         {"args": args(source, dirs[name], "checkpointing.save_period=2", *extra, config=config)}
@@ -105,7 +108,7 @@ def test_each_source_and_objective_runs_with_the_student_as_its_only_model(strai
         metrics = read_metrics(run_dir)
         assert sorted(metrics) == list(range(1, STEPS + 1)), source
         assert all(math.isfinite(metrics[s]["train/loss"]) for s in metrics), source
-        kl = "train/forward_kl" if source != "student_sampled" else "train/sampled_reverse_kl"
+        kl = "train/sampled_reverse_kl" if source in SOURCES else "train/forward_kl"
         assert abs(metrics[1][kl]) > 1e-3, (source, metrics[1])  # the answer in view changes it
 
     # Step 1 is graded by the initial weights whatever the source: the same rollouts, scores
