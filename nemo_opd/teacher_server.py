@@ -71,6 +71,11 @@ def settings_from_config(cfg: DistillationConfig, args: argparse.Namespace) -> S
         )
     if cfg.teacher is None:
         raise ConfigError("the config has no teacher (teacher: null): nothing to serve")
+    if cfg.self_teacher is not None:
+        raise ConfigError(
+            f"the config's teacher is the student itself (teacher.source "
+            f"{cfg.teacher.source}): there is no teacher model to serve"
+        )
     vllm_cfg = cfg.policy.generation.vllm_cfg
     return ServerSettings(
         model=resolve_pretrained(cfg.teacher.model_name),

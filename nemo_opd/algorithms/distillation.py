@@ -569,7 +569,8 @@ def _recorded_teacher_accuracy(cfg: DistillationConfig) -> float | None:
     (a tiny teacher on tiny_math's held-out split); None otherwise."""
     data = cfg.data
     on_heldout = data.dataset_name == "tiny_math" and data.val_split in (None, "validation")
-    if cfg.teacher is None or not on_heldout or data.val_path or data.val_dataset_name:
+    has_model = "teacher" in cfg.named_teachers  # one teacher, a model of its own
+    if not has_model or not on_heldout or data.val_path or data.val_dataset_name:
         return None
     return recorded_heldout_accuracy(cfg.teacher.model_name)
 
@@ -589,7 +590,8 @@ def export_final_model(state: DistillationRun) -> Path:
     if metrics_file.exists():
         references = {}
         teacher = state.cfg.teacher
-        accuracy = recorded_heldout_accuracy(teacher.model_name) if teacher else None
+        has_model = teacher is not None and teacher.model_name is not None
+        accuracy = recorded_heldout_accuracy(teacher.model_name) if has_model else None
         if accuracy is not None:
             references["validation/accuracy"] = ("teacher, at its build", accuracy)
         plot_metrics(

@@ -34,6 +34,7 @@ from nemo_opd.algorithms.setup_generation import build_generation, build_teacher
 from nemo_opd.algorithms.setup_models import check_models, resolve_model_paths
 from nemo_opd.algorithms.setup_teachers import (
     privileged_context,
+    self_teacher,
     served_teacher,
     start_teachers,
     with_privileged_context,
@@ -147,14 +148,17 @@ def _build_run(cfg: DistillationConfig, lock: RunLock, marks: StartupMarks) -> D
             threads = overlap_threads(cfg, device)
             teacher = start_teachers(cfg, renderings, split.training, placement, threads)
             started.append(teacher)
-        teacher = with_privileged_context(teacher, context, formatter)
+        own = self_teacher(cfg, student)  # teacher.source student, ema or lagged
+        teacher = with_privileged_context(own or teacher, context, formatter)
         marks.note("workers_launched")
         environments = build_environments(cfg.env)
         started.extend(environments.values())
         wait_for_workers(marks, student, teacher, generation, teacher_sampler)
         if generation.shares_student:  # generates from the student's module: refit copies nothing
             generation.share_module(student.local_module())
-        if cfg.loss_fn.support != "teacher_topk":  # the student applies the teacher's head
+        if own is not None:  # the student's workers hold the teacher's weights
+            own.start(cfg.self_teacher)
+        elif cfg.loss_fn.support != "teacher_topk":  # the student applies the teacher's head
             student.load_teacher_head(cfg.teacher.model_name, cfg.teacher.precision)
     except BaseException:
         for part in started:

@@ -75,9 +75,10 @@ def check_models(
                 )
         check_tensor_parallel(teacher, teacher_config, section)
         check_model_family(teacher, teacher_config, section)
-    if cfg.loss_fn.support != "teacher_topk":
+    if cfg.loss_fn.support != "teacher_topk" and cfg.named_teachers:  # self: the same model
         _check_full_vocabulary(cfg, student_config, renderings)
-    if cfg.named_teachers and cfg.distillation.topk_logits_k > student_config.vocab_size:
+    has_teacher = cfg.named_teachers or cfg.self_teacher
+    if has_teacher and cfg.distillation.topk_logits_k > student_config.vocab_size:
         raise SetupError(
             f"distillation.topk_logits_k ({cfg.distillation.topk_logits_k}) exceeds the "
             f"vocabulary size ({student_config.vocab_size})"

@@ -1,7 +1,8 @@
 """The run's teacher: in-process workers (one Policy per named teacher, routed by data source),
-a served one (reached and checked), either given its own prompt (teacher.prompt_template), and
-a teacher with another tokenizer or chat template reading the student's text in its own
-tokens (its TeacherRendering, probed at setup)."""
+a served one (reached and checked), the student itself (teacher.source student, ema or lagged),
+any of them given its own prompt (teacher.prompt_template), and a teacher with another
+tokenizer or chat template reading the student's text in its own tokens (its TeacherRendering,
+probed at setup)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from nemo_opd.teachers.cross_tokenizer import CrossTokenizerTeacher
 from nemo_opd.teachers.in_process import InProcessTeacher
 from nemo_opd.teachers.privileged import PrivilegedContext, PrivilegedTeacher
 from nemo_opd.teachers.routed import RoutedTeachers
+from nemo_opd.teachers.self_teacher import SelfTeacher
 from nemo_opd.teachers.served import ServedTeacher
 from nemo_opd.teachers.served_checks import check_served_teacher, server_api_key
 
@@ -161,6 +163,13 @@ def start_teachers(
             teacher = CrossTokenizerTeacher(teacher, rendering, policy, share, section)
         teachers[name] = teacher
     return teachers["teacher"] if cfg.teachers is None else RoutedTeachers(teachers)
+
+
+def self_teacher(cfg: DistillationConfig, student: Policy) -> SelfTeacher | None:
+    """The student as its own teacher (teacher.source student, ema or lagged): its workers
+    score the rollouts, no teacher model is loaded; None with a teacher model of its own. Its
+    weights are held once the workers are up (SelfTeacher.start)."""
+    return SelfTeacher(student) if cfg.self_teacher is not None else None
 
 
 def served_teacher(cfg: DistillationConfig, tokenizer: PreTrainedTokenizerBase) -> Teacher:

@@ -17,6 +17,7 @@ from nemo_opd.config.errors import show, suggest
 from nemo_opd.config.executor import check_executor
 from nemo_opd.config.model_schema import PolicyConfig
 from nemo_opd.config.schema import DistillationConfig
+from nemo_opd.config.self_teacher_checks import check_self_teacher
 from nemo_opd.config.templates import check_privileged_teacher, check_prompt_file
 from nemo_opd.config.worker_split import check_generation_placement, worker_split
 from nemo_opd.tools.base import BUILTIN_TOOLS
@@ -309,7 +310,7 @@ def check_objective(cfg: DistillationConfig) -> list[str]:
     """A teacher is configured exactly when an objective term uses one; a policy-gradient
     objective has a nonzero advantage term and samples at a temperature above 0; GRPO and RLOO
     have at least 2 generations per prompt; topk_kl and sft use no policy-gradient key."""
-    objective, teachers = cfg.objective, cfg.teacher_sections
+    objective, teachers = cfg.objective, cfg.teacher_sections or cfg.self_teacher
     problems = []
     if objective.uses_teacher and not teachers:
         problems.append(
@@ -581,7 +582,7 @@ def checkpoint_metrics(cfg: DistillationConfig) -> list[str]:
     k = cfg.distillation.val_samples_per_prompt
     if k:
         names += [f"validation/accuracy_avg@{k}", f"validation/pass@{k}"]
-    if cfg.named_teachers:
+    if cfg.named_teachers or cfg.self_teacher:
         names += [f"validation/{name}" for name in VALIDATION_DIVERGENCE]
     for teacher in cfg.teachers or {}:
         names += [
@@ -674,6 +675,7 @@ CHECKS: tuple[Callable[[DistillationConfig], list[str]], ...] = (
     check_loss_support,
     check_overlap,
     check_tools,
+    check_self_teacher,
 )
 
 

@@ -460,9 +460,11 @@ class DistillationConfig(Section):
     """The student: the model that generates rollouts and is trained."""
     teacher: TeacherConfig | None = None
     """The frozen teacher that grades every token of the rollouts (the policy's schema plus
-    `server` and `prompt_template`; optimizer, scheduler and generation are null, lora off).
-    Null when no objective term uses a teacher (a reward-only baseline such as GRPO): then no
-    teacher is started."""
+    `server`, `prompt_template` and `source`; optimizer, scheduler and generation are null,
+    lora off). Its model_name, tokenizer and max_total_sequence_length are required with
+    `source` model; with student, ema or lagged the teacher is the student itself, they are
+    null and no teacher model is loaded (docs/self_distillation.md). Null when no objective
+    term uses a teacher (a reward-only baseline such as GRPO): then no teacher is started."""
     teachers: dict[str, TeacherConfig] | None = None
     """Several frozen teachers by name, instead of `teacher`: each prompt is scored by the one
     its record names in data.teacher_key (routing by data source; docs/gkd.md). Each entry has
@@ -488,14 +490,21 @@ class DistillationConfig(Section):
 
     @property
     def named_teachers(self) -> dict[str, TeacherConfig]:
-        """Every teacher by name: `teachers`, or {"teacher": teacher}, or {} without one."""
+        """Every teacher with a model of its own by name: `teachers`, or {"teacher": teacher},
+        or {} without one (a teacher that is the student itself is `self_teacher`)."""
         if self.teachers is not None:
-            return dict(self.teachers)
-        return {"teacher": self.teacher} if self.teacher is not None else {}
+            return {name: t for name, t in self.teachers.items() if not t.is_self}
+        has_model = self.teacher is not None and not self.teacher.is_self
+        return {"teacher": self.teacher} if has_model else {}
+
+    @property
+    def self_teacher(self) -> TeacherConfig | None:
+        """`teacher` when it is the student itself (source student, ema or lagged), else None."""
+        return self.teacher if self.teacher is not None and self.teacher.is_self else None
 
     @property
     def teacher_sections(self) -> dict[str, TeacherConfig]:
         """Every teacher by its key path: {"teacher": ...}, {"teachers.<name>": ...}, or {}."""
         if self.teachers is not None:
-            return {f"teachers.{name}": teacher for name, teacher in self.teachers.items()}
+            return {f"teachers.{name}": teacher for name, teacher in self.named_teachers.items()}
         return dict(self.named_teachers)

@@ -189,6 +189,22 @@ class Policy:
         )
         return joined(outputs, size)
 
+    def hold_self_teacher(self, source: str, decay: float = 0.0, refresh_steps: int = 1) -> None:
+        """Make this student its own teacher (teacher.source; docs/self_distillation.md): every
+        worker holds the teacher's weights from now on: "student" the live ones, "ema" an
+        average updated after each train() call with `decay`, "lagged" a snapshot taken again
+        every `refresh_steps` train() calls; checkpoints save them and load restores them."""
+        self.workers.run(PolicyWorker.hold_self_teacher, source, decay, refresh_steps)
+
+    def score_as_teacher(self, data: Mapping, **need) -> dict[str, torch.Tensor]:
+        """score(data, **need) with the self-teacher's weights (hold_self_teacher first), no
+        gradient; with hidden=True the workers keep that pass's LM head as the teacher's."""
+        shards, size = even_shards(data, self.dims.dp)
+        outputs = self._run_on_replicas(
+            PolicyWorker.score_as_teacher, [dict(shard) for shard in shards], need
+        )
+        return joined(outputs, size)
+
     def load_teacher_head(self, model_dir: str, precision: str) -> None:
         """Give every worker its rows of a teacher's LM head (frozen, in `precision`): the loss
         then reads the teacher's hidden states (loss_fn.support full or student_topk)."""

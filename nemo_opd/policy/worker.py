@@ -15,6 +15,7 @@ from nemo_opd.distributed.process_group import (
     init_local_process_group,
     node_address,
 )
+from nemo_opd.policy.engines.self_teacher_weights import hold_self_teacher, score_as_teacher
 from nemo_opd.scoring.base import TeacherNeed, TeacherScores
 from nemo_opd.scoring.rendering import TeacherRendering, score_rendered
 from nemo_opd.utils.startup import StartupMarks
@@ -152,6 +153,12 @@ class PolicyWorker:
 
     def load_teacher_head(self, model_dir: str, precision: str) -> None:
         self.engine.load_teacher_head(model_dir, precision)
+
+    def hold_self_teacher(self, source: str, decay: float, refresh_steps: int) -> None:
+        hold_self_teacher(self.engine, source, decay, refresh_steps)
+
+    def score_as_teacher(self, data: dict, need: dict) -> dict:
+        return score_as_teacher(self.engine, TensorBatch(data), **need)
 
     def save(self, path: str) -> None:
         self.engine.save(path)

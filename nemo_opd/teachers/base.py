@@ -20,8 +20,9 @@ metrics since it was last asked.
 
 The kinds: InProcessTeacher (a Policy of Ray workers: DTensor or Megatron), ServedTeacher
 (vLLM's OpenAI-compatible server over HTTP), RoutedTeachers (several teachers, each row scored
-by its prompt's), PrivilegedTeacher (any teacher, given its own prompt). A new kind of teacher
-is one more class with these methods.
+by its prompt's), PrivilegedTeacher (any teacher, given its own prompt), SelfTeacher (the
+student's own workers: teacher.source student, ema or lagged). A new kind of teacher is one
+more class with these methods.
 """
 
 from __future__ import annotations

@@ -54,6 +54,7 @@ IDENTITY_KEYS = (
     "teacher.tokenizer.name",
     "teacher.tokenizer.chat_template",
     "teacher.prompt_template",
+    "teacher.source",
     "teachers.*.model_name",
     "teachers.*.tokenizer.name",
     # the data

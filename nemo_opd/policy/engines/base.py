@@ -47,6 +47,12 @@ from nemo_opd.policy.engines.microbatches import (
     split_rows,
     token_budget,
 )
+from nemo_opd.policy.engines.self_teacher_weights import (
+    SelfTeacherWeights,
+    gather_self_teacher,
+    load_self_teacher,
+    write_self_teacher,
+)
 from nemo_opd.policy.engines.teacher_head import TeacherHead, load_teacher_head
 from nemo_opd.policy.engines.teacher_scores import score_positions
 from nemo_opd.policy.engines.training_state import (
@@ -103,6 +109,7 @@ class Engine(ABC):
         self.optimizer: torch.optim.Optimizer | None = None  # set by the backend when training
         self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         self.teacher_head: TeacherHead | None = None  # load_teacher_head (support full)
+        self.self_teacher: SelfTeacherWeights | None = None  # teacher.source student/ema/lagged
 
     # ---------------------------------------------------------------- primitives (backends)
 
@@ -227,10 +234,13 @@ class Engine(ABC):
         optimizer = self.gather_optimizer_state() if self.optimizer is not None else None
         scheduler = self.scheduler.state_dict() if self.scheduler is not None else None
         rng = gather_rng_states()
+        teacher = gather_self_teacher(self)
         if dist.get_rank() == 0:
             with atomic_directory(path) as tmp:
                 self.write_weights(tmp, weights)
                 write_training_state(tmp, optimizer, scheduler, rng, self.step)
+                if teacher is not None:
+                    write_self_teacher(self, tmp, teacher)
         dist.barrier()
 
     def write_weights(self, tmp: Path, weights: dict[str, torch.Tensor]) -> None:
@@ -259,6 +269,7 @@ class Engine(ABC):
                 self.scheduler.load_state_dict(state["scheduler"])
             restore_rng(state["rng"])
         self.step = read_step(root, self.step)
+        load_self_teacher(self, root)
         dist.barrier()
 
     # ---------------------------------------------------------------- process groups
@@ -319,6 +330,8 @@ class Engine(ABC):
             metrics.update(self.optimizer_step())
             for name, value in metrics.items():
                 history.setdefault(name, []).append(value)
+        if self.self_teacher is not None:  # one call is one loop step's training
+            self.self_teacher.after_training()
         return history
 
     @torch.no_grad()
