@@ -3,6 +3,7 @@ distillation_train() drives it, and how it stops."""
 
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -69,7 +70,9 @@ class DistillationRun:
         """Stop every worker (generation first: it holds the most memory), the environments
         and the placement group (under Ray), then close the logger and release the run's lock.
         Each is stopped even when one before it raises; the first error is raised after all of
-        them, the others' noted on it."""
+        them, the others' noted on it. What setup froze (utils/gc_pause.py) is unfrozen first,
+        so that the parts' memory held in reference cycles is collected as they stop."""
+        gc.unfreeze()
         parts = [self.generation, self.teacher_sampler, self.student, self.teacher]
         stops = [part.shutdown for part in parts if part is not None]
         stops += [env.shutdown for env in self.environments.values()]
