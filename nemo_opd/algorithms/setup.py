@@ -126,6 +126,7 @@ def _build_run(cfg: DistillationConfig, lock: RunLock, marks: StartupMarks) -> D
         environments = build_environments(cfg.env, wait=False)  # start while vLLM loads
         started.extend(environments.values())
         prompts = start_loading_prompts(cfg, tokenizer)
+        marks.note("prompts_rendered")
         generation = build_generation(cfg, device, split, placement)
         started.append(generation)
         teacher_sampler = build_teacher_sampler(cfg, device, split, placement)
