@@ -18,7 +18,6 @@ thread of the pool's own (they die with the thread that starts them, so not from
 which may end first) with a minimal environment (nemo_opd.utils.worker_processes).
 """
 
-import contextlib
 import json
 import os
 import selectors
@@ -31,7 +30,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from nemo_opd.environments.math_verify import Grader, response_window
-from nemo_opd.utils.worker_processes import WorkerStarter, worker_environment
+from nemo_opd.utils.worker_processes import WorkerStarter, stop_process, worker_environment
 
 READY_TIMEOUT_S = 60.0
 """How long a new grader worker may take to load its engine (docs/generation.md has the time
@@ -244,21 +243,8 @@ class GraderPool:
 
 
 def _stop(worker: _Worker, kill: bool) -> None:
-    """End a worker: kill it, or close its stdin and give it _STOP_TIMEOUT_S to exit; then reap
-    it and close its files."""
-    process = worker.process
-    if not kill:
-        try:
-            process.stdin.close()
-            process.wait(timeout=_STOP_TIMEOUT_S)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-    if process.poll() is None:
-        process.kill()
-        process.wait(timeout=_STOP_TIMEOUT_S)
-    for stream in (process.stdin, process.stdout, worker.stderr):
-        with contextlib.suppress(OSError):
-            stream.close()
+    """End a worker (utils/worker_processes.stop_process)."""
+    stop_process(worker.process, worker.stderr, kill, _STOP_TIMEOUT_S)
 
 
 def _stop_all(workers: list[_Worker], starter: WorkerStarter) -> None:

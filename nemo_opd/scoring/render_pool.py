@@ -51,7 +51,7 @@ from nemo_opd.errors import ServiceError
 from nemo_opd.scoring.base import Rollouts, TeacherNeed, TeacherScores
 from nemo_opd.scoring.rendering import XTOK_COUNTS, TeacherRendering, rendered_fields
 from nemo_opd.scoring.xtok_rows import COUNTS
-from nemo_opd.utils.worker_processes import WorkerStarter, worker_environment
+from nemo_opd.utils.worker_processes import WorkerStarter, stop_process, worker_environment
 
 READY_TIMEOUT_S = 300.0
 """How long a new worker may take to import its libraries and read the rendering (both
@@ -427,20 +427,9 @@ def _cpus() -> int:
 
 
 def _stop(worker: _Worker) -> None:
-    """Close a worker's stdin and give it _STOP_TIMEOUT_S to exit, then kill it; reap it and
-    close its files."""
-    process = worker.process
-    try:
-        process.stdin.close()
-        process.wait(timeout=_STOP_TIMEOUT_S)
-    except (OSError, subprocess.TimeoutExpired):
-        pass
-    if process.poll() is None:
-        process.kill()
-        process.wait(timeout=_STOP_TIMEOUT_S)
-    for stream in (process.stdout, worker.stderr):
-        with contextlib.suppress(OSError):
-            stream.close()
+    """Close a worker's stdin, give it _STOP_TIMEOUT_S to exit, then kill it
+    (utils/worker_processes.stop_process)."""
+    stop_process(worker.process, worker.stderr, timeout_s=_STOP_TIMEOUT_S)
 
 
 def _stop_all(workers: list[_Worker], starter: WorkerStarter, folders: dict[str, str]) -> None:

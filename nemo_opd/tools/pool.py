@@ -29,7 +29,6 @@ environment (the driver's secrets stay in the driver; pass_env names what a tool
 pattern is the math grader's (nemo_opd.environments.grader_pool).
 """
 
-import contextlib
 import json
 import math
 import os
@@ -44,7 +43,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from nemo_opd.tools.base import ERROR_KINDS, ToolCall, ToolResult
-from nemo_opd.utils.worker_processes import WorkerStarter, worker_environment
+from nemo_opd.utils.worker_processes import WorkerStarter, stop_process, worker_environment
 
 READY_TIMEOUT_S = 60.0
 """How long a new worker may take to load its tools (the calculator imports sympy)."""
@@ -312,21 +311,8 @@ def _decode(line: bytes) -> str | ToolResult | None:
 
 
 def _stop(worker: _Worker, kill: bool) -> None:
-    """End a worker: kill it, or close its stdin and give it _STOP_TIMEOUT_S to exit; then reap
-    it and close its files."""
-    process = worker.process
-    if not kill:
-        try:
-            process.stdin.close()
-            process.wait(timeout=_STOP_TIMEOUT_S)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-    if process.poll() is None:
-        process.kill()
-        process.wait(timeout=_STOP_TIMEOUT_S)
-    for stream in (process.stdin, process.stdout, worker.stderr):
-        with contextlib.suppress(OSError):
-            stream.close()
+    """End a worker (utils/worker_processes.stop_process)."""
+    stop_process(worker.process, worker.stderr, kill, _STOP_TIMEOUT_S)
 
 
 def _stop_all(workers: list[_Worker], starter: WorkerStarter) -> None:

@@ -14,6 +14,7 @@ to run (worker_environment), never the driver's secrets (API keys, tokens, crede
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import subprocess
@@ -21,6 +22,7 @@ import threading
 from collections.abc import Iterable
 from concurrent.futures import Future
 from pathlib import Path
+from typing import IO
 
 import nemo_opd
 
@@ -91,3 +93,23 @@ def _serve(requests: queue.SimpleQueue) -> None:
             started.set_result(subprocess.Popen(command, **kwargs))
         except Exception as error:  # the caller's to handle, in its own thread
             started.set_exception(error)
+
+
+def stop_process(
+    process: subprocess.Popen, stderr: IO | None, kill: bool = False, timeout_s: float = 5.0
+) -> None:
+    """End a worker process of a pool: kill it, or close its stdin and give it `timeout_s` to
+    exit, killing it after that; then reap it and close its pipes and `stderr` (its log)."""
+    if not kill:
+        try:
+            process.stdin.close()
+            process.wait(timeout=timeout_s)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    if process.poll() is None:
+        process.kill()
+        process.wait(timeout=timeout_s)
+    for stream in (process.stdin, process.stdout, stderr):
+        if stream is not None:
+            with contextlib.suppress(OSError):
+                stream.close()
