@@ -26,14 +26,27 @@ Mistral SentencePiece <- Qwen3; the tokenizers built offline by tests/real_token
              ("join": the same for a teacher of the student's own tokenizer) and counted.
              Ray's own transport (the copy into its object store, the answers' way back) is
              not in it.
+  served     the driver's thread CPU (time.thread_time, the brief's figure), its process's CPU
+             (all its threads: the tokenizer's Rust core runs on threads of its own) and the
+             wall seconds per step of --step-rows responses of --length tokens with a served
+             teacher, whose every row the run renders, has scored and maps: on the driver's
+             thread ("thread", teacher.server.render_workers 0) and in --render-workers render
+             workers ("pool", nemo_opd.scoring.render_pool), the answers then read once (a
+             first touch of each of their pages, which the pool's mapped answers pay on the
+             driver). The teacher's answers come from _CannedTeacher (the same top-k at every
+             row, at no cost), so the server's own part (its replies read, in the workers with
+             the pool) is not in it; the pool's answers are checked equal to the thread's, bit
+             for bit; the workers' peak resident memory (VmHWM, Linux).
   graded     the share of the student's response positions that get a teacher distribution.
 
     uv run --extra cpu python benchmarks/bench_xtok.py    # --rows 16 --step-rows 512 --length 4096
+    uv run --extra cpu python benchmarks/bench_xtok.py --sections served --pairs qwen3:llama3
 """
 
 import argparse
 import gc
 import json
+import os
 import pickle
 import random
 import sys
@@ -43,15 +56,18 @@ from pathlib import Path
 import psutil
 import torch
 
+HERE = str(Path(__file__).resolve().parent)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import real_tokenizers  # noqa: E402
+from harness import run_meta  # noqa: E402
 
 from nemo_opd.data.chat import ChatFormatter  # noqa: E402
 from nemo_opd.data.message_log import flatten_message_logs  # noqa: E402
 from nemo_opd.distributed.parallel_dims import ParallelDims  # noqa: E402
 from nemo_opd.policy.policy import Policy, joined  # noqa: E402
-from nemo_opd.scoring.base import Rollouts, TeacherNeed  # noqa: E402
+from nemo_opd.scoring.base import Rollouts, TeacherNeed, TeacherScores  # noqa: E402
+from nemo_opd.scoring.render_pool import RenderPool  # noqa: E402
 from nemo_opd.scoring.rendering import TeacherRendering  # noqa: E402
 from nemo_opd.scoring.xtok_rows import COUNTS  # noqa: E402
 from nemo_opd.teachers.cross_tokenizer import CrossTokenizerTeacher  # noqa: E402
@@ -199,6 +215,87 @@ class _OfflinePolicy(Policy):
         return self.answers
 
 
+def _served(rendering: TeacherRendering, logs, k: int, workers: int) -> dict:
+    """A served teacher's step on the driver's thread and in the pool (module docstring)."""
+    rows = flatten_message_logs(logs, 0)
+    rollouts = Rollouts(rows, logs, [{}] * len(logs))
+    need = TeacherNeed(topk=k, sampled=True)
+    vocab = len(rendering.teacher)
+    # the workers import this module by name to read its teacher (not as __main__)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [HERE, os.environ.get("PYTHONPATH")]))
+    from bench_xtok import _CannedTeacher
+
+    in_thread = CrossTokenizerTeacher(_CannedTeacher(vocab, k), rendering)
+    thread, expected = _timed_score(in_thread, rollouts, need)
+    pool = RenderPool(rendering, [_CannedTeacher(vocab, k) for _ in range(workers)])
+    pooled = CrossTokenizerTeacher(_CannedTeacher(vocab, k), rendering, pool=pool)
+    try:
+        pooled.score(rollouts.select(torch.arange(min(workers, len(logs)))), need)  # started
+        in_pool, got = _timed_score(pooled, rollouts, need)
+        workers_rss = [_peak_rss(pid) for pid in pool.pids()]
+    finally:
+        pooled.shutdown()
+    same = all(torch.equal(got.tensors()[n], t) for n, t in expected.tensors().items())
+    out = {"render_workers": workers, "pool_equals_thread": same}
+    for name, (thread_cpu, process_cpu, wall) in (("thread", thread), ("pool", in_pool)):
+        out[f"served_{name}_driver_thread_cpu_s"] = round(thread_cpu, 3)
+        out[f"served_{name}_driver_process_cpu_s"] = round(process_cpu, 3)
+        out[f"served_{name}_wall_s"] = round(wall, 2)
+    out["served_pool_worker_peak_rss_mib"] = round(max(workers_rss) / 2**20)
+    return out
+
+
+def _peak_rss(pid: int) -> int:
+    """A process's peak resident set so far (VmHWM), bytes."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    line = next(line for line in status.splitlines() if line.startswith("VmHWM:"))
+    return int(line.split()[1]) * 1024
+
+
+def _timed_score(teacher, rollouts, need) -> tuple[tuple[float, float, float], TeacherScores]:
+    """(the driver thread's CPU, its process's CPU, wall) seconds of one score() and a first
+    read of every page of its answers; the answers."""
+    thread, process, wall = time.thread_time(), time.process_time(), time.perf_counter()
+    scores = teacher.score(rollouts, need)
+    for tensor in scores.tensors().values():
+        tensor.view(-1)[:: 4096 // tensor.element_size()].sum()  # one element per page
+    teacher.take_metrics()
+    spent = (time.thread_time() - thread, time.process_time() - process)
+    return (*spent, time.perf_counter() - wall), scores
+
+
+class _CannedTeacher:
+    """A teacher that answers any rows at no cost: the same descending top-k log-probs and the
+    same random ids at every position (its memory one row's), log-probs of -1. Run by the
+    pool's workers too, which import it from this module."""
+
+    def __init__(self, vocab_size: int, k: int) -> None:
+        self.vocab_size, self.k = vocab_size, k
+        self._ids = torch.zeros(0, k, dtype=torch.int32)
+
+    def score(self, rollouts: Rollouts, need: TeacherNeed) -> TeacherScores:
+        rows, width = rollouts.batch["input_ids"].shape
+        if self._ids.shape[0] < width:
+            gen = torch.Generator().manual_seed(0)
+            ids = torch.randint(0, self.vocab_size, (width, self.k), generator=gen)
+            self._ids = ids.to(torch.int32)
+        levels = torch.log_softmax(torch.arange(self.k + 1, 0, -1).float(), -1)[: self.k]
+        return TeacherScores(
+            topk_logprobs=levels.expand(rows, width, self.k) if need.topk else None,
+            topk_indices=self._ids[:width].expand(rows, width, self.k) if need.topk else None,
+            logprobs=torch.full((rows, width), -1.0) if need.sampled else None,
+        )
+
+    def take_metrics(self) -> dict[str, float]:
+        return {}
+
+    def longest_wait_s(self, rows: int) -> float:
+        return 0.0
+
+    def shutdown(self) -> None:
+        pass
+
+
 class _Clock:
     """Wall and CPU (this process, all threads) seconds since the last lap."""
 
@@ -219,22 +316,37 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=4096, help="student tokens per response")
     parser.add_argument("--k", type=int, default=64)
     parser.add_argument("--dp", type=int, default=2, help="the teacher's data-parallel workers")
+    parser.add_argument("--render-workers", type=int, default=2, help="the served step's pool")
+    parser.add_argument(
+        "--sections", default="work,driver,served", help="which of work, driver, served to run"
+    )
+    parser.add_argument(
+        "--pairs",
+        default=",".join(f"{s}:{t}" for s, t in PAIRS),
+        help="student:teacher pairs, comma-separated",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    sections = set(args.sections.split(","))
     torch.set_num_threads(1)  # CPU time per position without the thread pool's spinning
     results = []
-    for student_name, teacher_name in PAIRS:
+    for pair in args.pairs.split(","):
+        student_name, teacher_name = pair.split(":")
         student, teacher = real_tokenizers.load(student_name), real_tokenizers.load(teacher_name)
-        rendering, setup = _setup(student, teacher)
-        work = _work(rendering, _logs(student, args.rows, args.length), args.k)
+        rendering, result = _setup(student, teacher)
+        result = {"student": student_name, "teacher": teacher_name, **result}
+        if "work" in sections:
+            result.update(_work(rendering, _logs(student, args.rows, args.length), args.k))
         step = _logs(student, args.step_rows, args.length)
-        driver = _driver(rendering, step, args.k, args.dp)
+        if "driver" in sections:
+            result.update(_driver(rendering, step, args.k, args.dp))
+        if "served" in sections:
+            result.update(_served(rendering, step, args.k, args.render_workers))
         del step
-        result = {"student": student_name, "teacher": teacher_name, **setup, **work, **driver}
         results.append(result)
         print(json.dumps(result), flush=True)
     if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
+        args.json.write_text(json.dumps({"meta": run_meta(), "results": results}, indent=1))
 
 
 if __name__ == "__main__":

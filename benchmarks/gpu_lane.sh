@@ -5,9 +5,11 @@
 #   bash benchmarks/gpu_lane.sh --dry-run   # the same steps on a CPU: tiny shapes, Triton's
 #                                           # interpreter (the test suite runs this)
 #   bash benchmarks/gpu_lane.sh b_topk d_engine   # only these steps (a rerun)
+#   bash benchmarks/gpu_lane.sh env g_loop h_shapes   # the loop steps: a device call of their own
 #
 # The steps' time limits add up to 8 minutes (env 45 s, a 110, b 100, c 80, d 110, e 35);
-# f_full (150 s) runs when named (`bash benchmarks/gpu_lane.sh f_full`) or with --all.
+# f_full (150 s) runs when named (`bash benchmarks/gpu_lane.sh f_full`) or with --all, and so do
+# the loop steps (env 45 s, g 240, h 190: another 8 minutes).
 # Steps, in order, each time-boxed (`timeout`) and each writing its log and results before the
 # next starts, so a step that fails or runs long never costs the others:
 #   env       the device, the versions, and the imports every later step needs
@@ -22,6 +24,12 @@
 #   e_mcore   megatron-core on the GPU (no CPU shim): the same tiny-model parity
 #   f_full    benchmarks/bench_scale.py's exact full-vocabulary path (loss_fn.support full)
 #             beside the chunked top-k path, at V = 151936, H = 1024 and 2048
+#   g_loop    benchmarks/bench_loop.py tiny: the tiny default end to end on the GPU in one
+#             process (local executor, transformers engine, no Ray, no vLLM, lockstep): its time
+#             and held-out accuracy against the same command's on a CPU (TINY_CPU_ACCURACY)
+#   h_shapes  benchmarks/bench_loop.py shapes: the single-GPU recipe's models (Qwen3-1.7B-Base
+#             and Qwen3-8B shapes, random weights) through refit, generation, the teacher and
+#             training: seconds and peak memory per phase, tokens/s
 #
 # Carried wheels (benchmarks/gpu_wheels.py builds them into .whl/) are installed first when
 # present. Results: $OUT/summary.md (a table of the steps, then each step's own table) and
@@ -35,7 +43,9 @@ if [[ "${1:-}" == "--dry-run" ]]; then DRY=1; shift; fi
 ALL=0
 if [[ "${1:-}" == "--all" ]]; then ALL=1; shift; fi
 ONLY=" $* "  # the steps to run; the default ones when none is named
-OPTIONAL=" f_full "  # run only when named, or with --all
+OPTIONAL=" f_full g_loop h_shapes "  # run only when named, or with --all
+TINY_CPU_ACCURACY=${TINY_CPU_ACCURACY:-0.596}  # the same command's held-out accuracy on a CPU
+# (bench_loop.py tiny --device cpu, docs/benchmarks.md); g_loop passes within 2 points of it
 OUT=${OUT:-$ROOT/runs/gpu_lane}
 PY=${PYTHON:-python3}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu_lane.XXXXXX")
@@ -106,6 +116,9 @@ if [[ $DRY == 1 ]]; then
         --chunk 32 --repeats 1)
     FULL_ARGS=(--device cpu --vocab 4096 --tokens 64 --k 16 --chunk 32 --repeats 1)
     FULL_HIDDEN=(64)
+    LOOP_ARGS=(--device cpu --steps 2 --val-samples 8 --deadline-s 220)
+    SHAPES_ARGS=(--device cpu --student tiny --teacher tiny --rows 8 --prompt-len 16
+        --new-tokens 16 --warmup 0 --steps 1 --threads 2 --copy-refit)
     XDIST=()
 else
     DEVICE=cuda
@@ -120,6 +133,9 @@ else
     FULL_ARGS=(--device cuda --vocab 151936 --tokens 4096 16384 --k 64 --chunk 1024 --repeats 3
         --memory-gb 0)
     FULL_HIDDEN=(1024 2048)
+    LOOP_ARGS=(--device cuda --reference-accuracy "$TINY_CPU_ACCURACY" --deadline-s 220)
+    SHAPES_ARGS=(--device cuda --student qwen3-1.7b-base --teacher qwen3-8b --rows 64
+        --prompt-len 256 --new-tokens 512 --warmup 1 --steps 2 --copy-refit)
     XDIST=(-n 8)
 fi
 
@@ -168,6 +184,17 @@ step f_full 150 40 bash -c "
         '$PY' benchmarks/bench_scale.py ${FULL_ARGS[*]} --hidden \$hidden --impls chunked full \
             --json '$RES'/full_vocab_h\$hidden.json
     done"
+
+step g_loop 240 14 bash -c "
+    '$PY' benchmarks/bench_loop.py tiny ${LOOP_ARGS[*]} --run-dir '$WORK/loop_tiny' \
+        --json '$RES/loop_tiny.json'
+    status=\$?  # the run's metrics and output kept (its checkpoints are not)
+    cp '$WORK/loop_tiny/logs/metrics.jsonl' '$RES/loop_tiny_metrics.jsonl' 2> /dev/null
+    cp '$WORK/loop_tiny/command.log' '$WORK/logs/g_loop_command.log' 2> /dev/null
+    exit \$status"
+
+step h_shapes 190 16 "$PY" benchmarks/bench_loop.py shapes "${SHAPES_ARGS[@]}" --tmp "$WORK" \
+    --json "$RES/loop_shapes.json"
 
 echo "lane finished in $(($(date +%s) - LANE_START))s"
 cat "$SUMMARY"

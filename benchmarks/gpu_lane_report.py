@@ -4,7 +4,8 @@
     python benchmarks/gpu_lane_report.py junit RESULTS.xml
 
 env: the Python, the device and the versions the lane depends on, then the imports of every
-later step (nemo_opd's config, losses and both engines); exit status 1 when one fails.
+later step (nemo_opd's config, losses, both engines, the loop and the transformers generation
+engine); exit status 1 when one fails.
 junit: pytest's JUnit XML as a pass/fail table, one line per test function (its parametrized
 cases counted together), then every case that did not pass with the first line of its message.
 """
@@ -66,6 +67,7 @@ LANE_MODULES = (
     "omegaconf",
     "hydra",
     "megatron.core",
+    "math_verify",
     "pytest",
 )
 NEMO_OPD_MODULES = (
@@ -73,6 +75,8 @@ NEMO_OPD_MODULES = (
     "nemo_opd.losses",
     "nemo_opd.policy.engines.dtensor",
     "nemo_opd.policy.engines.megatron",
+    "nemo_opd.algorithms.distillation",
+    "nemo_opd.generation.hf_worker",
 )
 
 

@@ -16,6 +16,7 @@ The wheels land in --dest (ignored by git; the device call names it in `carry`).
 """
 
 import argparse
+import importlib.metadata
 import os
 import shutil
 import subprocess
@@ -31,22 +32,54 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parent.parent
-LANE_PACKAGES = ("pydantic", "omegaconf", "hydra-core", "megatron-core")
+LANE_PACKAGES = ("pydantic", "omegaconf", "hydra-core", "megatron-core", "math-verify")
 """What the lane imports that the device lacks: nemo_opd.config (pydantic, omegaconf, hydra's
-override grammar) and the Megatron engine."""
+override grammar), the Megatron engine, and the math environment's grader (math-verify: the
+loop steps run the tiny task)."""
 DEVICE_PACKAGES = frozenset(
     canonicalize_name(name)
     for name in (
-        "torch", "triton", "transformers", "tokenizers", "safetensors", "huggingface-hub",
-        "peft", "accelerate", "numpy", "packaging", "pyyaml", "typing-extensions", "filelock",
-        "fsspec", "jinja2", "markupsafe", "networkx", "sympy", "mpmath", "regex", "requests",
-        "tqdm", "pytest", "pytest-xdist", "pytest-timeout", "rich", "pygments", "psutil",
-        "setuptools", "pip", "wheel", "six", "httpx", "anyio", "h11", "httpcore", "idna",
-        "certifi", "sniffio",
+        "absl-py", "accelerate", "aiofiles", "aiohappyeyeballs", "aiohttp", "aiosignal",
+        "annotated-doc", "anyio", "attrs", "botorch", "build", "certifi", "charset-normalizer",
+        "chex", "click", "cloudpickle", "cmake", "colorama", "contourpy", "coverage",
+        "cuda-bindings", "cuda-core", "cuda-pathfinder", "cuda-toolkit", "cupy-cuda13x",
+        "cycler", "cython", "diffrax", "e3nn", "einops", "equinox", "etils", "execnet",
+        "filelock", "flatbuffers", "flax", "fonttools", "formulaic", "frozenlist", "fsspec",
+        "gpytorch", "grpcio", "h11", "h5py", "hf-xet", "httpcore", "httpx", "huggingface-hub",
+        "humanize", "hypothesis", "idna", "imageio", "iniconfig", "interface-meta", "jax",
+        "jax-cuda13-pjrt", "jax-cuda13-plugin", "jaxlib", "jaxtyping", "jinja2", "joblib",
+        "kiwisolver", "lazy-loader", "lightning", "lightning-utilities", "linear-operator",
+        "lineax", "llvmlite", "lxml", "markdown", "markdown-it-py", "markupsafe", "matplotlib",
+        "mdurl", "meson", "ml-dtypes", "mpi4py", "mpmath", "msgpack", "multidict",
+        "multipledispatch", "mypy-extensions", "nanobind", "narwhals", "networkx", "ninja",
+        "numba", "numba-cuda", "numpy", "numpyro", "nvidia-cublas", "nvidia-cuda-cupti",
+        "nvidia-cuda-nvrtc", "nvidia-cuda-runtime", "nvidia-cudnn-cu13", "nvidia-cufft",
+        "nvidia-cufile", "nvidia-curand", "nvidia-cusolver", "nvidia-cusparse",
+        "nvidia-cusparselt-cu13", "nvidia-ml-py", "nvidia-nccl-cu13", "nvidia-nvjitlink",
+        "nvidia-nvshmem-cu13", "nvidia-nvtx", "onnx", "onnx-ir", "onnxruntime", "onnxscript",
+        "opencv-python-headless", "optax", "opt-einsum", "opt-einsum-fx", "optimistix",
+        "orbax-checkpoint", "packaging", "pandas", "pathspec", "patsy", "peft", "pillow", "pip",
+        "pluggy", "portalocker", "prometheus-client", "propcache", "protobuf", "psutil",
+        "pyarrow", "pybind11", "py-cpuinfo", "pygments", "pyparsing", "pyproject-hooks",
+        "pyre-extensions", "pytest", "pytest-benchmark", "pytest-cov", "pytest-mock",
+        "pytest-timeout", "pytest-xdist", "python-dateutil", "pytorch-lightning", "pyyaml",
+        "regex", "requests", "rich", "sacrebleu", "safetensors", "scikit-build-core",
+        "scikit-image", "scikit-learn", "scipy", "seaborn", "sentencepiece",
+        "sentence-transformers", "setuptools", "shellingham", "simplejson", "six",
+        "sortedcontainers", "statsmodels", "sympy", "tabulate", "tensorboard",
+        "tensorboard-data-server", "tensorstore", "threadpoolctl", "tifffile", "tiktoken",
+        "timm", "tokenizers", "toolz", "torch", "torchaudio", "torchdiffeq", "torch-geometric",
+        "torchmetrics", "torchvision", "tqdm", "transformers", "treescope", "triton", "typer",
+        "typing-extensions", "typing-inspect", "urllib3", "uvloop", "wadler-lindig", "werkzeug",
+        "wheel", "wrapt", "xarray", "xxhash", "yarl", "zipp",
     )
 )  # fmt: skip
-"""Installed on the device machines (the device tool's package list): never carried."""
-DEVICE_DEPENDENCIES = ("typing-extensions", "pyyaml", "packaging")
+"""Installed on the device machines (the device tool's list of the image's packages, read
+2026-11-17): never carried."""
+NOT_ON_THE_DEVICE = frozenset({"ray", "vllm"})
+"""nemo_opd's requirements that cannot travel there (too large, another torch): a run on the
+device uses the local executor and the transformers generation backend instead."""
+DEVICE_DEPENDENCIES = ("typing-extensions", "pyyaml", "packaging", "sympy")
 """The device's packages the torch-free part of the bundle imports (check_install)."""
 PYTHON = "3.12"
 MARKER_ENV = {
@@ -98,6 +131,58 @@ def wheel_requirements(wheel: Path) -> list[Requirement]:
         if req.marker is None or Marker(str(req.marker)).evaluate(MARKER_ENV):
             requirements.append(req)
     return requirements
+
+
+def installed_closure() -> set[str]:
+    """What build_bundle carries, read from this environment's installed metadata instead of
+    downloaded wheels (no network): LANE_PACKAGES and their requirements for Python 3.12 on
+    Linux, recursively, less DEVICE_PACKAGES (canonical names)."""
+    return _requirement_closure([Requirement(name) for name in LANE_PACKAGES]) - DEVICE_PACKAGES
+
+
+def project_requirements(
+    imported: set[str] | None = None, pyproject: Path = ROOT / "pyproject.toml"
+) -> set[str]:
+    """nemo_opd's requirements on the device (its dependencies and the gpu extra for Python
+    3.12, less what the device cannot run: NOT_ON_THE_DEVICE) and theirs, recursively, as this
+    environment's metadata gives them; a device package's own requirements are the device's
+    (not followed). With `imported` (canonical names of the packages a run imported), only
+    those, reached through those: what that run needs. Canonical names."""
+    project = tomllib.loads(pyproject.read_text())["project"]
+    texts = [*project["dependencies"], *project["optional-dependencies"]["gpu"]]
+    wanted = [Requirement(text) for text in texts]
+    wanted = [req for req in wanted if canonicalize_name(req.name) not in NOT_ON_THE_DEVICE]
+    roots = [req for req in wanted if _applies(req)]
+    return _requirement_closure(roots, stop=DEVICE_PACKAGES, only=imported)
+
+
+def _requirement_closure(
+    roots: list[Requirement], stop: frozenset = frozenset(), only: set[str] | None = None
+) -> set[str]:
+    """The roots and, except below a name in `stop`, their installed requirements (each with
+    the extras asked of it), recursively; with `only`, no name outside it."""
+    queue, found = list(roots), set()
+    while queue:
+        req = queue.pop()
+        name = canonicalize_name(req.name)
+        if name in found or (only is not None and name not in only):
+            continue
+        found.add(name)
+        if name in stop:
+            continue
+        try:
+            requires = importlib.metadata.requires(name) or []
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        queue.extend(r for r in map(Requirement, requires) if _applies(r, req.extras))
+    return found
+
+
+def _applies(req: Requirement, extras: set[str] | frozenset = frozenset()) -> bool:
+    """Whether `req` is required on the device, with `extras` asked of its parent."""
+    if req.marker is None:
+        return True
+    return any(req.marker.evaluate({**MARKER_ENV, "extra": e}) for e in ("", *extras))
 
 
 def wheel_name(path: Path) -> str:
@@ -189,7 +274,7 @@ def check_install(dest: Path) -> None:
         options = ["--no-index", "--no-deps", "--no-compile", "--target", str(site)]
         subprocess.run([*pip, *options, *wheels], check=True, timeout=600)
         code = (
-            "import pydantic, pydantic_core, omegaconf, hydra, antlr4\n"
+            "import pydantic, pydantic_core, omegaconf, hydra, antlr4, math_verify\n"
             "from hydra.core.override_parser.overrides_parser import OverridesParser\n"
             "OverridesParser.create().parse_overrides(['a.b=1'])\n"
             "print('imports ok: pydantic', pydantic.VERSION, 'omegaconf', omegaconf.__version__)"

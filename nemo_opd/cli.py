@@ -20,6 +20,8 @@ from nemo_opd.algorithms.preflight import check_inputs
 from nemo_opd.config import ConfigError, DistillationConfig, load_config, to_yaml
 from nemo_opd.errors import RunError, SetupError
 from nemo_opd.secrets import redact_text
+from nemo_opd.utils.cpu_waits import prefer_passive_waits
+from nemo_opd.utils.gc_pause import collection_paused
 from nemo_opd.utils.import_ahead import ImportAhead
 from nemo_opd.utils.wheel_tags import repair_installed_tags
 
@@ -51,6 +53,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None, description: str | None = None) -> int:
     """Parse the command line, load the config, then print it or run distillation."""
+    prefer_passive_waits()  # before torch loads: idle CPU threads sleep (utils/cpu_waits.py)
     args = build_parser(description).parse_intermixed_args(argv)
     for line in repair_installed_tags():
         print(
@@ -86,7 +89,8 @@ def _train(cfg: DistillationConfig) -> int:
         print(finished)
         return 0
     if run_executor(cfg) == "local":
-        from nemo_opd.algorithms.distillation import run
+        with collection_paused():  # the loop's imports: torch, transformers (gc_pause)
+            from nemo_opd.algorithms.distillation import run
 
         return run(cfg)
     # Read by Ray at import time: under `uv run`, Ray would otherwise build a fresh virtual
@@ -100,6 +104,7 @@ def _train(cfg: DistillationConfig) -> int:
     ahead = ImportAhead(LOOP_HEAVY_IMPORTS)
     with ray_session(cfg.cluster):
         ahead.join()
-        from nemo_opd.algorithms.distillation import run
+        with collection_paused():
+            from nemo_opd.algorithms.distillation import run
 
         return run(cfg)

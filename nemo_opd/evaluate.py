@@ -29,6 +29,7 @@ from pathlib import Path
 from nemo_opd.config import ConfigError, load_config
 from nemo_opd.errors import RunError, SetupError
 from nemo_opd.secrets import redact_text
+from nemo_opd.utils.cpu_waits import prefer_passive_waits
 
 EXIT_BAD_INPUT = 2
 EXIT_RUN_FAILED = 1
@@ -64,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    prefer_passive_waits()  # before torch loads: idle CPU threads sleep (utils/cpu_waits.py)
     args = build_parser().parse_intermixed_args(argv)
     try:
         cfg, out_dir = _evaluation_config(args)

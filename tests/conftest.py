@@ -8,6 +8,12 @@ import secrets
 # workers use this venv as is. The command line sets the same (nemo_opd.cli).
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 
+# Idle OpenMP threads sleep instead of spinning (nemo_opd/utils/cpu_waits.py, which the command
+# line applies too): read when torch loads, and inherited by every worker process the tests
+# start. Spinning threads of the test process and of its workers otherwise take the cores
+# from one another.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 # One authentication mode and token for every Ray instance of the suite. Ray 2.60 turns token
 # authentication on for each new local instance anyway (with ~/.ray/auth_token), but a driver
 # takes its mode from the environment when it imports ray, and a driver whose mode differs from

@@ -44,6 +44,7 @@ import time
 from collections import defaultdict
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -72,6 +73,7 @@ from nemo_opd.data.batching import TensorBatch
 from nemo_opd.data.message_log import flatten_generation_logprobs
 from nemo_opd.errors import RunError, ServiceError
 from nemo_opd.generation import logprob_mismatch
+from nemo_opd.generation.interface import IN_PLACE
 from nemo_opd.losses import build_loss_mask
 from nemo_opd.losses.reduction import metric_reduction
 from nemo_opd.policy.hf_export import write_model_files
@@ -151,7 +153,7 @@ def _start_pipeline(state: DistillationRun) -> StepPipeline:
         partial(produce_step, state),
         state.cfg.distillation.max_staleness,
         start_version=state.step,
-        start_weights=state.student.full_weights_ref() if stale_engine else None,
+        start_weights=_weights_ref(state) if stale_engine else None,
     )
 
 
@@ -226,7 +228,7 @@ def _publish(state: DistillationRun, pipeline: StepPipeline, step: int) -> None:
         step + 1, min(step + 1 + cfg.distillation.max_staleness, cfg.distillation.max_num_steps) + 1
     )
     needed = any(is_on_policy_step(cfg, t) and scheduled_version(cfg, t) == step for t in later)
-    pipeline.publish(step, state.student.full_weights_ref() if needed else None)
+    pipeline.publish(step, _weights_ref(state) if needed else None)
 
 
 def _end_on_service_error(
@@ -356,8 +358,16 @@ def _refit_if_stale(state: DistillationRun) -> None:
     """Push the student's weights into vLLM when they changed since the last push."""
     version = state.step
     if version != state.generation_version:
-        state.generation.refit(state.student.full_weights_ref(), version)
+        state.generation.refit(_weights_ref(state), version)
         state.generation_version = version
+
+
+def _weights_ref(state: DistillationRun) -> Any:
+    """What a refit reads: a handle on the student's gathered weights (Policy.full_weights_ref),
+    or IN_PLACE where the engine generates from the student's own module (nothing to gather)."""
+    if state.generation.shares_student:
+        return IN_PLACE
+    return state.student.full_weights_ref()
 
 
 def _logprob_mismatch(state: DistillationRun, batch: TensorBatch, rollout: RolloutResult) -> float:
@@ -452,7 +462,9 @@ def _validate_greedy(state: DistillationRun, timers: Timers, responses: list | N
     samples = state.val_prompts.samples
     rewards, graded, lengths = [], [], []
     env_metrics: dict[str, float] = defaultdict(float)
-    evaluation = StudentEvaluation(state, background=not state.generation.colocated)
+    # Not beside generation on the same module (a shared one): it switches its attention.
+    background = not (state.generation.colocated or state.generation.shares_student)
+    evaluation = StudentEvaluation(state, background=background)
     try:
         for start in range(0, len(samples), loop.val_batch_size):
             chunk = samples[start : start + loop.val_batch_size]

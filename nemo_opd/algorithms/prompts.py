@@ -1,6 +1,7 @@
 """Prompt samples for the loop: dataset records rendered into tokenized message logs, with
 prompts that are too long skipped and counted."""
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
@@ -29,10 +30,27 @@ def encode_prompts(
 ) -> PromptSet:
     """Render every record; records whose prompt exceeds max_tokens are skipped (not an error:
     real datasets have a few outliers). Raises SetupError when nothing is left."""
-    samples, skipped = [], 0
-    logs = formatter.prompt_logs(
+    return start_encoding_prompts(records, formatter, max_tokens, where)()
+
+
+def start_encoding_prompts(
+    records: list[dict], formatter: ChatFormatter, max_tokens: int, where: str
+) -> Callable[[], PromptSet]:
+    """encode_prompts in two halves: the records are rendered now and tokenized in a thread of
+    their own (ChatFormatter.start_prompt_logs); the returned function waits for that and
+    returns what encode_prompts returns."""
+    logs = formatter.start_prompt_logs(
         [record["prompt"] for record in records], [record.get("messages") for record in records]
     )
+    return lambda: _usable_prompts(records, logs(), max_tokens, where)
+
+
+def _usable_prompts(
+    records: list[dict], logs: list[list], max_tokens: int, where: str
+) -> PromptSet:
+    """The records' samples, those longer than max_tokens skipped and counted; SetupError
+    when nothing is left."""
+    samples, skipped = [], 0
     for record, log in zip(records, logs, strict=True):
         if log_length(log) > max_tokens:
             skipped += 1
@@ -80,6 +98,16 @@ def load_prompts(
     """The chat formatter and the train and validation prompts, rendered with the chat template
     and tokenized (too-long prompts skipped and counted; no validation prompts when the run
     never validates); SetupError on bad data."""
+    return start_loading_prompts(cfg, tokenizer)()
+
+
+def start_loading_prompts(
+    cfg: DistillationConfig, tokenizer: PreTrainedTokenizerBase
+) -> Callable[[], tuple[ChatFormatter, PromptSet, PromptSet]]:
+    """load_prompts in two halves: the records are read and rendered now (SetupError on bad
+    data), and tokenized in threads of their own while the caller goes on (setup builds vLLM
+    meanwhile: the tokenizer's Rust code runs beside it); the returned function waits for them
+    and returns what load_prompts returns. The caller must not use `tokenizer` until then."""
     formatter = ChatFormatter(
         tokenizer,
         read_text_file(cfg.data.prompt_file, "data.prompt_file"),
@@ -89,12 +117,23 @@ def load_prompts(
     )
     max_prompt = cfg.data.max_input_seq_length or cfg.policy.max_total_sequence_length - 1
     records = load_prompt_records(cfg.data, "train", **record_options(cfg, "train"))
-    train = encode_prompts(records, formatter, max_prompt, "train")
-    val = PromptSet([], 0)  # a run that never validates needs no validation data
+    train = start_encoding_prompts(records, formatter, max_prompt, "train")
+    val = lambda: PromptSet([], 0)  # noqa: E731 - a run that never validates needs no data
     if cfg.distillation.validates:
         options = record_options(cfg, "validation")
         val_records = load_prompt_records(cfg.data, "validation", **options)
-        val = encode_prompts(val_records, formatter, max_prompt, "validation")
+        val = start_encoding_prompts(val_records, formatter, max_prompt, "validation")
+    return lambda: _loaded_prompts(cfg, formatter, train(), val(), max_prompt)
+
+
+def _loaded_prompts(
+    cfg: DistillationConfig,
+    formatter: ChatFormatter,
+    train: PromptSet,
+    val: PromptSet,
+    max_prompt: int,
+) -> tuple[ChatFormatter, PromptSet, PromptSet]:
+    """load_prompts' answer once the prompts are tokenized: printed and checked."""
     if cfg.distillation.max_val_samples is not None:
         val.samples = val.samples[: cfg.distillation.max_val_samples]
     print(

@@ -3,6 +3,7 @@ distillation_train() drives it, and how it stops."""
 
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -66,11 +67,16 @@ class DistillationRun:
     """time.time() when the driver process started (progress/elapsed_s counts from it)."""
 
     def shutdown(self) -> None:
-        """Stop every worker (generation first: it holds the most memory), the environments
-        and the placement group (under Ray), then close the logger and release the run's lock.
-        Each is stopped even when one before it raises; the first error is raised after all of
-        them, the others' noted on it."""
-        parts = [self.generation, self.teacher_sampler, self.student, self.teacher]
+        """Stop every worker, the environments and the placement group (under Ray), then close
+        the logger and release the run's lock. Each is stopped even when one before it raises;
+        the first error is raised after all of them, the others' noted on it.
+
+        In one process, what setup froze (utils/gc_pause.py) is collected once at the end
+        (_collect_frozen). The generation engines stop after the student and the teacher:
+        vLLM's engine unfreezes the process's objects and runs full collections at its own
+        shutdown, so stopped last, its collections free the other parts' memory too, and
+        every collection before it walks only the objects made since setup."""
+        parts = [self.student, self.teacher, self.teacher_sampler, self.generation]
         stops = [part.shutdown for part in parts if part is not None]
         stops += [env.shutdown for env in self.environments.values()]
         if self.placement is not None:
@@ -79,6 +85,7 @@ class DistillationRun:
         if self.logger is not None:
             stops.append(self.logger.close)
         stops.append(self.lock.release)
+        stops.append(_collect_frozen)
         errors = []
         for stop in stops:
             try:
@@ -89,3 +96,11 @@ class DistillationRun:
             for later in errors[1:]:
                 errors[0].add_note(f"also while shutting down: {type(later).__name__}: {later}")
             raise errors[0]
+
+
+def _collect_frozen() -> None:
+    """What setup froze back to the collector, collected once (the stopped parts' memory held
+    in reference cycles); nothing to do where the generation engine's shutdown did it."""
+    if gc.get_freeze_count():
+        gc.unfreeze()
+        gc.collect()

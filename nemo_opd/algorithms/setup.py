@@ -11,10 +11,10 @@ its own:
     3. executor     Ray actors or one process (cluster.executor: config.executor.run_executor);
                     under Ray, start it and reserve one placement bundle per worker on the
                     chosen nodes, checked to see the run's paths (setup_workers)
-    4. workers      launch vLLM, whose start-up is the longest (setup_generation); load and
-                    tokenize the data while it loads (prompts); launch the student's and the
-                    teachers' workers (setup_teachers) and the environments; wait for them
-                    all, each wait with a time-out
+    4. workers      start the environments' grader processes; read and render the data, and
+                    tokenize it in a thread while vLLM, whose start-up is the longest, loads
+                    (prompts, setup_generation); launch the student's and the teachers'
+                    workers (setup_teachers); wait for them all, each wait with a time-out
     5. the run      the losses (objective), the checkpoints; restore the newest checkpoint
                     that verifies (resume)
     6. report       start-up times and placement; the logger
@@ -27,7 +27,7 @@ import torch
 
 from nemo_opd.algorithms.model_checks import check_megatron_training_precision
 from nemo_opd.algorithms.objective import build_loss, distillation_loss, print_temperatures
-from nemo_opd.algorithms.prompts import load_prompts
+from nemo_opd.algorithms.prompts import start_loading_prompts
 from nemo_opd.algorithms.resume import restore_latest
 from nemo_opd.algorithms.run_state import DistillationRun
 from nemo_opd.algorithms.setup_generation import build_generation, build_teacher_sampler
@@ -61,10 +61,11 @@ from nemo_opd.distributed.cluster import (
     release_placement,
     resolve_device_type,
 )
-from nemo_opd.environments.build import build_environments
+from nemo_opd.environments.build import build_environments, wait_for_environments
 from nemo_opd.errors import SetupError
 from nemo_opd.policy.policy import Policy
 from nemo_opd.utils.checkpoint_manager import CheckpointManager
+from nemo_opd.utils.gc_pause import collection_paused
 from nemo_opd.utils.logger import Logger
 from nemo_opd.utils.run_dirs import RunLock, check_writable, with_absolute_paths
 from nemo_opd.utils.run_identity import check_run_folders, record_log_owner, run_identity
@@ -79,7 +80,8 @@ def setup(cfg: DistillationConfig) -> DistillationRun:
     cfg = with_absolute_paths(cfg)  # the workers' working directory is not the driver's
     lock = _claim_directories(cfg)
     try:
-        return _build_run(cfg, lock, marks)
+        with collection_paused():  # what setup builds lives as long as the run (gc_pause)
+            return _build_run(cfg, lock, marks)
     except BaseException:
         lock.release()
         raise
@@ -118,16 +120,21 @@ def _build_run(cfg: DistillationConfig, lock: RunLock, marks: StartupMarks) -> D
     # 3. executor: cluster.executor "ray" or "local" from here on; Ray's placement group
     cfg, device, split = _choose_executor(cfg, marks)
     placement = reserve_workers(cfg, device) if cfg.cluster.executor == "ray" else None
-    # 4. workers: vLLM first, the data while it loads, then student, teachers, environments
-    started = []
+    # 4. workers: the graders' processes, the data's rendering, then vLLM, which loads while
+    # the data are tokenized; then student and teachers
+    started = [] if served is None else [served]  # a served teacher's render workers
     try:
+        environments = build_environments(cfg.env, wait=False)  # start while vLLM loads
+        started.extend(environments.values())
+        prompts = start_loading_prompts(cfg, tokenizer)
+        marks.note("prompts_rendered")
         generation = build_generation(cfg, device, split, placement)
         started.append(generation)
         teacher_sampler = build_teacher_sampler(cfg, device, split, placement)
         if teacher_sampler is not None:
             started.append(teacher_sampler)
         marks.note("vllm_launched")
-        formatter, train, val = load_prompts(cfg, tokenizer)
+        formatter, train, val = prompts()
         context = privileged_context(cfg, formatter, [train, val])
         marks.note("data")
         student = Policy(
@@ -151,9 +158,11 @@ def _build_run(cfg: DistillationConfig, lock: RunLock, marks: StartupMarks) -> D
         own = self_teacher(cfg, student)  # teacher.source student, ema or lagged
         teacher = with_privileged_context(own or teacher, context, formatter)
         marks.note("workers_launched")
-        environments = build_environments(cfg.env)
-        started.extend(environments.values())
         wait_for_workers(marks, student, teacher, generation, teacher_sampler)
+        if generation.shares_student:  # generates from the student's module: refit copies nothing
+            generation.share_module(student.local_module())
+        wait_for_environments(environments)
+        marks.note("environments_ready")
         if own is not None:  # the student's workers hold the teacher's weights
             own.start(cfg.self_teacher)
         elif cfg.loss_fn.support != "teacher_topk":  # the student applies the teacher's head

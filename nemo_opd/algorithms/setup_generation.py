@@ -11,6 +11,7 @@ from nemo_opd.config.worker_split import WorkerSplit
 from nemo_opd.distributed.placement import generation_bundles
 from nemo_opd.errors import SetupError
 from nemo_opd.generation import VllmGeneration
+from nemo_opd.generation.backends import shares_student_module
 
 if TYPE_CHECKING:
     from ray.util.placement_group import PlacementGroup
@@ -29,10 +30,13 @@ def build_generation(
     bundle when colocated (next to student and teacher), a whole bundle of its own otherwise.
     On CPU: one per node that generates, with no reservation, on as many threads as the
     training workers of a node hold CPUs (it time-shares the cores with training, which waits
-    while it generates), half of them with max_staleness > 0 (overlap_threads)."""
+    while it generates), half of them with max_staleness > 0 (overlap_threads). The student's
+    engine in its own process loads no copy where it can generate from the student's module
+    (shares_student_module; setup hands it over once the student has started)."""
     gen_cfg = cfg.policy.generation
     colocated = device == "cuda" and gen_cfg.colocated.enabled
     cores = cfg.cluster.cpus_per_worker * cfg.cluster.gpus_per_node
+    share_student = model is None and shares_student_module(cfg)
     model = model or cfg.policy
     bundles = generation_bundles(cfg.cluster, split, gen_cfg, device)
     return VllmGeneration(
@@ -49,6 +53,7 @@ def build_generation(
         bundles=bundles,
         wait=False,
         executor=cfg.cluster.executor,
+        share_student=share_student,
     )
 
 

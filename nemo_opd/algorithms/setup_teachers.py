@@ -17,6 +17,7 @@ from nemo_opd.config import DistillationConfig
 from nemo_opd.data.chat import ChatFormatter, read_text_file
 from nemo_opd.errors import SetupError
 from nemo_opd.policy.policy import Policy
+from nemo_opd.scoring.render_pool import RenderPool
 from nemo_opd.scoring.rendering import TeacherRendering
 from nemo_opd.teachers.base import Teacher
 from nemo_opd.teachers.cross_tokenizer import CrossTokenizerTeacher
@@ -196,6 +197,9 @@ def served_teacher(cfg: DistillationConfig, tokenizer: PreTrainedTokenizerBase) 
     print(f"teacher: served by {teacher.shown_url} (model {teacher.model!r})")
     if rendering is None:
         return teacher
+    pool = None
+    if server.render_workers:  # rendered, scored and mapped off the driver's thread
+        pool = RenderPool(rendering, teacher.split(server.render_workers))
     return CrossTokenizerTeacher(
-        teacher, rendering, max_unrendered_share=cfg.teacher.max_unrendered_share
+        teacher, rendering, max_unrendered_share=cfg.teacher.max_unrendered_share, pool=pool
     )

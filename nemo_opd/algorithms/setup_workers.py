@@ -17,7 +17,7 @@ from nemo_opd.config.worker_split import WorkerSplit
 from nemo_opd.distributed.cluster import WorkerResources, build_placement_group
 from nemo_opd.distributed.placement import bundle_node_slots, generation_bundles
 from nemo_opd.generation import VllmGeneration
-from nemo_opd.generation.backends import ENGINE_NAMES, resolve_backend
+from nemo_opd.generation.backends import ENGINE_NAMES, resolve_backend, shares_student_module
 from nemo_opd.policy.policy import Policy
 from nemo_opd.teachers.base import Teacher
 from nemo_opd.utils.startup import StartupMarks
@@ -89,9 +89,10 @@ def describe_workers(cfg: DistillationConfig, device: str, split: WorkerSplit) -
         teacher = (
             ("the teacher, " if cfg.teachers is None else "each teacher, ") if teachers else ""
         )
+        shared = " generating from the student's module" if shares_student_module(cfg) else ""
         return (
             f"workers: one process (cluster.executor local, no Ray): the student, {teacher}"
-            f"{_count(engines, engine)} on {_count(torch.get_num_threads(), 'thread')}"
+            f"{_count(engines, engine)}{shared} on {_count(torch.get_num_threads(), 'thread')}"
         )
     models = "the student"
     if teachers:

@@ -4,9 +4,8 @@ and a teacher's server.
 
     PolicyConfig    model, tokenizer, batch sizes, backend (dtensor_cfg or megatron_cfg),
                     microbatching, optimizer, scheduler, generation, lora
-    TeacherConfig   a PolicyConfig plus `server` (a teacher scored over HTTP),
-                    `prompt_template` (its own prompt) and `source` (a model of its own, or
-                    the student itself: its live weights, an EMA of them, a lagged snapshot)
+    TeacherConfig   a PolicyConfig plus `server` (scored over HTTP), `prompt_template` (its
+                    own prompt) and `source` (a model of its own, or the student itself)
 """
 
 from collections.abc import Callable
@@ -196,6 +195,8 @@ class TransformersConfig(Section):
     """Most tokens one batch decodes at once, counted as rows x (its longest prompt + its
     largest token budget): bounds the KV cache and the prefill's activations (the prompts of a
     call are sorted by length and cut into batches of at most this size)."""
+    share_student: bool = True
+    """In one process, lockstep, DTensor: generate from the student's module (no refit copy)."""
 
 
 class ResourcesConfig(Section):
@@ -284,6 +285,9 @@ class TeacherServerConfig(Section):
     """The first retry's wait; each further retry waits twice as long, at most 60 s."""
     rows_per_request: int = Field(8, ge=1, le=MAX_ROWS)
     """Rows sent in one request."""
+    render_workers: int = Field(2, ge=0, le=64)
+    """Processes that render, send and map a teacher's rows of another tokenizer off the
+    driver's thread, sharing max_concurrency (docs/cross_tokenizer.md); 0: on the driver."""
     api_key_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
     """The name of an environment variable holding the server's API key (e.g. VLLM_API_KEY),
     sent as `Authorization: Bearer` as OpenAI-compatible clients do; null: none. The key
@@ -450,41 +454,30 @@ SELF_SOURCES = ("student", "ema", "lagged")
 
 class TeacherConfig(PolicyConfig):
     """The frozen teacher: a model like the policy (optimizer, scheduler and generation null),
-    scored by its backend's Ray workers, or by a copy served over HTTP (server); or, with
-    `source` student, ema or lagged, the student itself (docs/self_distillation.md): then the
-    student's workers score with its own settings, and only `source`, `ema_decay`,
-    `refresh_steps` and `prompt_template` of this section are read."""
+    scored by its backend's workers or served over HTTP (server); or, with `source` student,
+    ema or lagged, the student itself, scored by its workers (docs/self_distillation.md)."""
 
     model_name: str | None = Field(None, min_length=1)
-    """Hub name or local path of the teacher's model, or "tiny:teacher" / "tiny:student" for the
-    embedded ones; required with source model, null with the other sources."""
+    """Hub name or local path of the teacher's model ("tiny:teacher": the embedded one);
+    required with source model, null with the others."""
     tokenizer: TokenizerConfig | None = None
-    """The teacher's tokenizer; required with source model, null with the other sources (the
-    student's)."""
+    """The teacher's tokenizer; required with source model, null with the others."""
     max_total_sequence_length: int | None = Field(None, gt=0, le=MAX_TOKENS)
     """Longest sequence the teacher scores; required with source model."""
     source: TeacherSource = "model"
-    """Where the teacher's weights come from. model: a model of its own (model_name), loaded
-    beside the student. student: the student's live weights; its own workers score the rollouts
-    (with prompt_template: on-policy self-distillation), no second copy in memory. ema: an
-    exponential moving average of the student's weights (ema_decay), held by the student's
-    workers. lagged: a snapshot of the student's weights, taken again every refresh_steps
-    steps. The last three need distillation.max_staleness 0 (docs/self_distillation.md)."""
+    """model: a model of its own (model_name). student: the student's live weights, no second
+    copy. ema: a moving average of them (ema_decay). lagged: a snapshot every refresh_steps."""
     ema_decay: float = Field(0.9, ge=0, lt=1)
-    """source ema: after each step's training, ema = ema_decay x ema + (1 - ema_decay) x the
-    student's weights (it starts as the student's initial weights; 0 is the live student)."""
+    """source ema: ema = ema_decay x ema + (1 - ema_decay) x student, after each step."""
     refresh_steps: int = Field(10, ge=1, le=MAX_STEPS)
-    """source lagged: steps between snapshots (the first is the initial weights; after step n x
-    refresh_steps the snapshot is the weights of that step; 1 is the live student)."""
+    """source lagged: steps between snapshots (the first: the initial weights)."""
     server: TeacherServerConfig = Field(default_factory=TeacherServerConfig)
     """Score with a model served by vLLM's OpenAI-compatible server instead of Ray workers."""
     prompt_template: str | None = Field(None, min_length=1, max_length=100_000)
     """Privileged context: the teacher's own user message, a Python format string over the
     record's {prompt}, {answer} and {response} (data.response_key), e.g. "{prompt} (a correct
-    solution: {response})". The teacher scores the student's conversation after it instead of
-    after the student's prompt (docs/gkd.md); with the student as the teacher (source student,
-    ema or lagged) this is on-policy self-distillation. Null: the teacher sees the student's
-    prompt."""
+    solution: {response})", before the student's conversation (docs/gkd.md); with a self
+    source, on-policy self-distillation. Null: the teacher sees the student's prompt."""
     max_unrendered_share: float = Field(0.1, ge=0, le=1)
     """With a tokenizer or chat template other than the student's (docs/cross_tokenizer.md):
     the largest share of a step's conversations that the teacher's template may fail to render
@@ -502,14 +495,10 @@ class TeacherConfig(PolicyConfig):
 
     @model_validator(mode="after")
     def _model_keys_match_the_source(self) -> "Self":
-        """A model of its own names its model, tokenizer and length; the student itself names
-        none (it has the student's) and is not served."""
+        """A model of its own names its model, tokenizer and length; the student, none."""
         if not self.is_self:
-            missing = [
-                key
-                for key in ("model_name", "tokenizer", "max_total_sequence_length")
-                if getattr(self, key) is None
-            ]
+            keys = ("model_name", "tokenizer", "max_total_sequence_length")
+            missing = [key for key in keys if getattr(self, key) is None]
             if missing:
                 raise ValueError(
                     f"{', '.join(missing)} must be set for a teacher model of its own "

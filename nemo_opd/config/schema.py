@@ -1,7 +1,6 @@
 """The configuration schema of a run: one pydantic model per section.
 
-A component receives only its own section: `Policy(cfg.policy)`,
-`DistillationLossFn.from_config(cfg.loss_fn)`.
+A component receives only its own section (`Policy(cfg.policy)`).
 
     DistillationConfig
       policy, teacher   PolicyConfig, TeacherConfig (model_schema.py): model, tokenizer, batch
@@ -462,10 +461,8 @@ class DistillationConfig(Section):
     teacher: TeacherConfig | None = None
     """The frozen teacher that grades every token of the rollouts (the policy's schema plus
     `server`, `prompt_template` and `source`; optimizer, scheduler and generation are null,
-    lora off). Its model_name, tokenizer and max_total_sequence_length are required with
-    `source` model; with student, ema or lagged the teacher is the student itself, they are
-    null and no teacher model is loaded (docs/self_distillation.md). Null when no objective
-    term uses a teacher (a reward-only baseline such as GRPO): then no teacher is started."""
+    lora off; no model is loaded with a self source). Null when no objective term uses a
+    teacher (a reward-only baseline such as GRPO): then no teacher is started."""
     teachers: dict[str, TeacherConfig] | None = None
     """Several frozen teachers by name, instead of `teacher`: each prompt is scored by the one
     its record names in data.teacher_key (routing by data source; docs/gkd.md). Each entry has

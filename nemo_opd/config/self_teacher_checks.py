@@ -1,9 +1,5 @@
 """Cross-field checks of a teacher that is the student itself (teacher.source student, ema or
-lagged; docs/self_distillation.md), run with the others of nemo_opd.config.checks.
-
-The student's own workers score the rollouts as its teacher, between its training calls, so a
-self-teacher needs the loop in lockstep and a teacher that nothing else must load or sample.
-"""
+lagged): its workers score between their training calls, so the loop runs in lockstep."""
 
 from nemo_opd.config.schema import DistillationConfig
 

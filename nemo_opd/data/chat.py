@@ -22,6 +22,9 @@ are read as text, broken by a zero-width space after their first character
 (nemo_opd.data.text_only), so that a model cannot forge turns by writing them.
 """
 
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
 from transformers import PreTrainedTokenizerBase
 
 from nemo_opd.config.templates import template_problem
@@ -79,14 +82,38 @@ class ChatFormatter:
         prompts at setup). conversations: per prompt, its chat-format messages when the
         dataset gives them (a `messages` column: the opening as written, after the system
         prompt unless it has its own), else None."""
+        openings, texts = self._render_openings(prompts, conversations)
+        return _with_token_ids(openings, encode_unique(self.tokenizer, texts))
+
+    def start_prompt_logs(
+        self, prompts: list[str], conversations: list[list[Message] | None] | None = None
+    ) -> Callable[[], list[list[Message]]]:
+        """prompt_logs in two halves: the template renders every prompt now, in this thread,
+        and the tokenizer encodes the texts in a thread of its own (encode_in_background),
+        beside whatever this thread does next (setup builds vLLM meanwhile). The returned
+        function waits for the encoding and returns what prompt_logs returns."""
+        openings, texts = self._render_openings(prompts, conversations)
+        encoded = encode_in_background(self.tokenizer, texts)
+        return lambda: _with_token_ids(openings, encoded())
+
+    def _render_openings(
+        self, prompts: list[str], conversations: list[list[Message] | None] | None
+    ) -> tuple[list[list[Message]], list[str]]:
+        """The opening messages of each prompt and the text the template adds for each of
+        them, in order (a dataset's prompts repeat: equal prompts are rendered once)."""
         conversations = conversations or [None] * len(prompts)
-        openings = [
-            self._opening(prompt) if messages is None else self._conversation(messages)
-            for prompt, messages in zip(prompts, conversations, strict=True)
-        ]
-        texts = [text for messages in openings for text in self._new_texts([], messages)]
-        token_ids = iter(self._encode_many(texts))
-        return [[dict(m, token_ids=next(token_ids)) for m in messages] for messages in openings]
+        openings, texts, rendered = [], [], {}
+        for prompt, messages in zip(prompts, conversations, strict=True):
+            if messages is None:
+                opening = self._opening(prompt)
+                if prompt not in rendered:
+                    rendered[prompt] = self._new_texts([], opening)
+                texts += rendered[prompt]
+            else:
+                opening = self._conversation(messages)
+                texts += self._new_texts([], opening)
+            openings.append(opening)
+        return openings, texts
 
     def _opening(self, prompt: str) -> list[Message]:
         text = self.prompt_template.format(prompt) if self.prompt_template else prompt
@@ -212,6 +239,35 @@ class ChatFormatter:
 
     def _encode_many(self, texts: list[str]) -> list[list[int]]:
         return encode_texts(self.tokenizer, texts)
+
+
+def encode_unique(tokenizer: PreTrainedTokenizerBase, texts: list[str]) -> list[list[int]]:
+    """encode_texts with each distinct text encoded once (each text still gets a list of its
+    own)."""
+    unique = list(dict.fromkeys(texts))
+    ids = dict(zip(unique, encode_texts(tokenizer, unique), strict=True))
+    return [list(ids[text]) for text in texts]
+
+
+def encode_in_background(
+    tokenizer: PreTrainedTokenizerBase, texts: list[str]
+) -> Callable[[], list[list[int]]]:
+    """encode_unique in a thread of its own: a fast tokenizer's Rust code runs without holding
+    Python's GIL, so the encoding goes on beside the calling thread's own work. The returned
+    function waits for it and returns the ids (raising what the encoding raised). The caller
+    must not use the tokenizer until then."""
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="encode-prompts")
+    try:
+        future = pool.submit(encode_unique, tokenizer, texts)
+    finally:
+        pool.shutdown(wait=False)
+    return future.result
+
+
+def _with_token_ids(openings: list[list[Message]], ids: list[list[int]]) -> list[list[Message]]:
+    """Each opening's messages with their token ids (`ids`: one list per message, in order)."""
+    token_ids = iter(ids)
+    return [[dict(m, token_ids=next(token_ids)) for m in messages] for messages in openings]
 
 
 def encode_texts(tokenizer: PreTrainedTokenizerBase, texts: list[str]) -> list[list[int]]:

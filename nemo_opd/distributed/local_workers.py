@@ -21,7 +21,6 @@ other forever. Their init_distributed(None) joins the process's one-rank group
 (process_group.init_local_process_group), shared by every model of the process.
 """
 
-import gc
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -139,8 +138,9 @@ class LocalWorkerGroup:
         return [LOCAL_NODE] * self.size
 
     def shutdown(self) -> None:
-        """Drop the workers; their memory is freed once nothing else holds them (collected
-        now: an engine's objects refer to each other)."""
+        """Drop the workers; their memory is freed once nothing else holds them. An engine's
+        objects refer to each other, so what frees them is a garbage collection: the caller
+        that drops several groups runs one after the last (DistillationRun.shutdown), instead
+        of one per group (each walks every object of the process)."""
         self.workers = []
         self._locks = []
-        gc.collect()

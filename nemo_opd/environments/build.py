@@ -10,9 +10,10 @@ from nemo_opd.tools.parsers import PARSERS
 from nemo_opd.tools.pool import ToolPool
 
 
-def build_environments(cfg: EnvConfig) -> dict[str, Environment]:
-    """The environments by task (their worker processes started and ready)."""
-    math = MathEnvironment(cfg.math)
+def build_environments(cfg: EnvConfig, wait: bool = True) -> dict[str, Environment]:
+    """The environments by task, their worker processes started (and ready; with wait=False
+    the grader workers start in the background: wait_for_environments waits for them)."""
+    math = MathEnvironment(cfg.math, wait=wait)
     tools = cfg.tools
     if not tools.names:
         return {"math": math}
@@ -33,3 +34,11 @@ def build_environments(cfg: EnvConfig) -> dict[str, Environment]:
         raise
     limits = ToolLimits(tools.max_call_chars, tools.max_calls_per_turn)
     return {"math": ToolEnvironment(math, pool, names, PARSERS[tools.format], limits)}
+
+
+def wait_for_environments(environments: dict[str, Environment]) -> None:
+    """Return once the grader workers of environments built with wait=False are ready."""
+    for environment in environments.values():
+        math = environment.inner if isinstance(environment, ToolEnvironment) else environment
+        if isinstance(math, MathEnvironment):
+            math.wait_ready()

@@ -107,7 +107,10 @@ class GraderPool:
         grader: Grader,
         memory_mb: int,
         marked_only: bool = False,
+        wait: bool = True,
     ):
+        """wait: return once every worker is ready (else they start in the background;
+        wait_ready() or the first grade() waits for them, each with the same time-out)."""
         self.timeout_s = timeout_s
         self._command = worker_command(grader, max_answer_chars, memory_mb, marked_only)
         self._selector = selectors.DefaultSelector()
@@ -117,7 +120,8 @@ class GraderPool:
         self._finalizer = weakref.finalize(self, _stop_all, self._workers, self._starter)
         for _ in range(num_workers):
             self._workers.append(self._start())
-        self.wait_ready()
+        if wait:
+            self.wait_ready()
 
     def wait_ready(self) -> None:
         """Return once every worker (replacements included) has loaded its engine."""

@@ -34,7 +34,8 @@ class MathEnvironment:
     the answers graded, those the fast path settled, time-outs and crashes.
     """
 
-    def __init__(self, cfg: MathEnvConfig):
+    def __init__(self, cfg: MathEnvConfig, wait: bool = True):
+        """wait: return once the grader workers are ready (else wait_ready() waits)."""
         self.cfg = cfg
         self._pool = GraderPool(
             cfg.num_workers,
@@ -43,7 +44,13 @@ class MathEnvironment:
             cfg.grader,
             cfg.worker_memory_mb,
             cfg.require_marked_answer,
+            wait=wait,
         )
+
+    def wait_ready(self) -> None:
+        """Return once every grader worker has loaded its engine (GraderPoolError if one fails
+        to within its time-out)."""
+        self._pool.wait_ready()
 
     def verify_batch(self, responses: list[str], references: list[str]) -> GradeReport:
         """Whether each response's final answer matches its reference, in batch order."""

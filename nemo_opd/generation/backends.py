@@ -9,7 +9,7 @@ settings section.
 import importlib.util
 from typing import Any, Literal
 
-from nemo_opd.config import GenerationConfig
+from nemo_opd.config import DistillationConfig, GenerationConfig
 from nemo_opd.errors import SetupError
 
 Backend = Literal["vllm", "transformers"]
@@ -48,4 +48,22 @@ def engine_worker(cfg: GenerationConfig) -> tuple[type, dict[str, Any]]:
         return VllmWorker, cfg.vllm_cfg.model_dump()
     from nemo_opd.generation.hf_worker import HfWorker
 
-    return HfWorker, cfg.transformers_cfg.model_dump()
+    return HfWorker, cfg.transformers_cfg.model_dump(exclude={"share_student"})  # the run's
+
+
+def shares_student_module(cfg: DistillationConfig) -> bool:
+    """Whether the run's generation engine generates from the student's own module
+    (transformers_cfg.share_student), so that a refit copies nothing: the transformers engine
+    in the student's process (the local executor, cluster.executor resolved), in lockstep
+    (max_staleness 0: the module never trains while the engine reads it), beside the DTensor
+    engine (whose model is a transformers module) computing in the same precision (a copy in
+    another dtype would sample another distribution)."""
+    gen = cfg.policy.generation
+    return (
+        gen.transformers_cfg.share_student
+        and cfg.cluster.executor == "local"
+        and cfg.distillation.max_staleness == 0
+        and cfg.policy.backend == "dtensor"
+        and gen.transformers_cfg.precision == cfg.policy.precision
+        and resolve_backend(gen.backend) == "transformers"
+    )

@@ -14,8 +14,8 @@ either one (splitting prompts over engines, per-prompt seeds and budgets, refit)
   lives only inside a generate call).
 
 Where the worker shares the process with the trainer, it can serve from the trainer's own
-module instead of a copy (share_module): refit then copies nothing. See share_module for when
-that is safe.
+module instead of a copy (share_module; started without a model_path it loads none and waits
+for one): refit then copies nothing. See share_module for when that is safe.
 
 The model is loaded with AutoModelForCausalLM in transformers_cfg.precision, on the one CUDA
 device the process sees, else on the CPU (its threads: the process's OMP_NUM_THREADS).
@@ -32,19 +32,18 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from nemo_opd.generation.hf_decode import Row, Stopping, decode, token_batches
 from nemo_opd.generation.hf_sampling import is_greedy, logits_warpers, row_generators
 from nemo_opd.generation.interface import GenerationOutput
+from nemo_opd.generation.shared_module import serving
 from nemo_opd.utils.startup import StartupMarks
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-GENERATION_ATTENTION = "sdpa"
-"""The attention a shared module generates with: a training attention may ignore the padding
-mask or the KV cache (the project's segment attention reads its own layout)."""
 
 
 class HfWorker:
     """One transformers model on one device, answering VllmWorker's calls.
 
     Args:
-        model_path: Hugging Face checkpoint directory (or hub name) of the model.
+        model_path: Hugging Face checkpoint directory (or hub name) of the model; None loads
+            none: the engine serves only once share_module has given it the trainer's.
         tokenizer_path: tokenizer to load; None skips it (token ids in and out only: no EOS from
             the tokenizer, no stop strings).
         engine_cfg: TransformersConfig.model_dump(): precision (the weights' dtype) and
@@ -56,7 +55,7 @@ class HfWorker:
 
     def __init__(
         self,
-        model_path: str,
+        model_path: str | None,
         tokenizer_path: str | None,
         engine_cfg: dict[str, Any],
         seed: int = 0,
@@ -74,12 +73,13 @@ class HfWorker:
             None if tokenizer_path is None else AutoTokenizer.from_pretrained(tokenizer_path)
         )
         self.shared = False
-        if module is None:
+        self.model: torch.nn.Module | None = None
+        if module is not None:
+            self.share_module(module)
+        elif model_path is not None:
             dtype = DTYPES[engine_cfg["precision"]]
             model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
             self.model = model.to(self.device).eval().requires_grad_(False)
-        else:
-            self.share_module(module)
         self.start_time_s = time.perf_counter() - started
         self.startup.note("engine_ready")
         self.asleep = False
@@ -91,10 +91,11 @@ class HfWorker:
 
         Safe only in lockstep: the module must not be training (nor its optimizer stepping)
         while a generate or score call runs, since those read its parameters as they are. Each
-        call switches it to eval mode and to sdpa attention and puts both back afterwards;
-        it runs on the module's own device and dtype. Sleep and wake-up leave it alone (the
-        trainer owns its memory). Logits past config.vocab_size (rows a trainer padded the
-        vocabulary with) are never sampled.
+        call switches it to eval mode and to sdpa attention, with an FSDP2 module's parameters
+        gathered for the call, and puts all of it back afterwards (shared_module.serving); it
+        runs on the module's own device and in its compute precision (transformers_cfg's is
+        not applied). Sleep and wake-up leave it alone (the trainer owns its memory). Logits
+        past config.vocab_size (rows a trainer padded the vocabulary with) are never sampled.
         """
         self.model = module
         self.shared = True
@@ -240,24 +241,28 @@ class HfWorker:
         stops = set(sampling.get("stop_token_ids") or ())
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             stops.add(self.tokenizer.eos_token_id)
+        self._check_model()
         eos = self.model.generation_config.eos_token_id if self.model.generation_config else None
         stops.update([eos] if isinstance(eos, int) else eos or [])
         return Stopping(frozenset(stops), strings, self.tokenizer)
 
     @contextmanager
     def _serving(self):
-        """The model ready to generate (awake, eval mode, generation attention); a shared
-        module gets its mode and attention back afterwards."""
+        """The model ready to generate: awake; a shared module made ready and put back
+        afterwards (shared_module.serving)."""
         if self.asleep:
             raise RuntimeError("the generation engine is asleep: call wake_up() first")
-        model = self.model
-        training, attention = model.training, model.config._attn_implementation
-        model.eval()
-        if self.shared and attention != GENERATION_ATTENTION:
-            model.set_attn_implementation(GENERATION_ATTENTION)
-        try:
+        self._check_model()
+        if not self.shared:
+            yield self.model
+            return
+        with serving(self.model) as model:
             yield model
-        finally:
-            if self.shared and attention != GENERATION_ATTENTION:
-                model.set_attn_implementation(attention)
-            model.train(training)
+
+    def _check_model(self) -> None:
+        """RuntimeError when the engine has no model yet (started for a shared module)."""
+        if self.model is None:
+            raise RuntimeError(
+                "this generation engine was started without a model, to serve the trainer's "
+                "own module, and has not been given it (share_module)"
+            )

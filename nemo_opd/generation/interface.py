@@ -9,6 +9,11 @@ import torch
 
 FinishReason = Literal["stop", "length"]
 
+IN_PLACE = "in place"
+"""What a refit is handed where the engine generates from the student's own module
+(VllmGeneration.shares_student): the weights are already where it reads them, so nothing is
+gathered and nothing copied; the refit records the version."""
+
 
 @dataclass
 class GenerationOutput:

@@ -43,6 +43,13 @@ put there (Policy.full_weights_ref), so the tensors never pass through the drive
 put by the driver. Colocated on CUDA the same call runs between training and wake-up: refit
 wakes sleeping engines first, since a sleeping engine's weights are not on the device.
 
+Refit that copies nothing (share_student): in one process (the local executor), with the
+transformers backend and one engine, the engine can generate from the student's own module
+instead of a copy. It starts without a model, share_module hands it the student's (after the
+student has started), and refit then only records the version: the loop hands it IN_PLACE
+instead of gathered weights. Lockstep only (distillation.max_staleness 0): the module must not
+train while the engine generates from it (setup decides: backends.shares_student_module).
+
 An engine that dies in a call (vLLM out of memory, the OOM killer, a crash) or raises ends
 the run with a RunError of one line naming the engine, its process and the call; the run's
 checkpoints are untouched, so the same command resumes from the newest.
@@ -58,7 +65,8 @@ from nemo_opd.config import GenerationConfig
 from nemo_opd.distributed.worker_group import Executor, WorkerError, start_workers
 from nemo_opd.errors import RunError
 from nemo_opd.generation.backends import engine_worker
-from nemo_opd.generation.interface import EngineWorker, GenerationOutput
+from nemo_opd.generation.hf_worker import HfWorker
+from nemo_opd.generation.interface import IN_PLACE, EngineWorker, GenerationOutput
 from nemo_opd.generation.vllm_worker import ENGINE_ENV, VllmWorker
 from nemo_opd.utils.seeds import request_seed
 
@@ -90,6 +98,9 @@ class VllmGeneration:
         bundles: the bundle of each engine (num_engines of them); default 0, 1, 2, ...
         wait: block until every engine has started (see wait_until_ready).
         executor: "ray" (an actor per engine) or "local" (the engines in this process).
+        share_student: the one engine loads no model and generates from the student's own
+            module once share_module gives it (the transformers backend in this process only);
+            a refit then copies nothing.
         The engine workers' class (an EngineWorker) is cfg.backend's (generation/backends.py).
     """
 
@@ -109,6 +120,7 @@ class VllmGeneration:
         bundles: Sequence[int] | None = None,
         wait: bool = True,
         executor: Executor = "ray",
+        share_student: bool = False,
     ) -> None:
         if device_type not in ("cpu", "cuda"):
             raise ValueError(f"device_type must be 'cpu' or 'cuda', got {device_type!r}")
@@ -122,6 +134,15 @@ class VllmGeneration:
         self.loaded_version: int | None = None
         self.last_refit_time_s = 0.0
         worker_cls, engine_cfg = engine_worker(cfg)  # VllmWorker, or HfWorker (backends.py)
+        if share_student and (
+            worker_cls is not HfWorker or executor != "local" or num_engines != 1
+        ):
+            raise ValueError(
+                "share_student needs the transformers backend's one engine in this process "
+                f"(got {worker_cls.__name__}, executor {executor}, {num_engines} engines)"
+            )
+        self.shares_student = share_student
+        engine_model = None if share_student else model_path
         options = _actor_options(
             device_type,
             self.colocated,
@@ -140,7 +161,7 @@ class VllmGeneration:
                 executor,
                 worker_cls,
                 num_engines,
-                lambda i: (model_path, tokenizer_path, engine_cfg, seed + i, self.colocated),
+                lambda i: (engine_model, tokenizer_path, engine_cfg, seed + i, self.colocated),
                 name=self.engine_name,
                 rendezvous=False,
                 wait=False,
@@ -230,12 +251,25 @@ class VllmGeneration:
         )
         return [row for rows in results for row in rows]
 
+    def share_module(self, module: torch.nn.Module) -> None:
+        """Give the engine started with share_student the student's own module (the model of
+        the student's worker in this process: Policy.local_module) to generate from."""
+        if not self.shares_student:
+            raise ValueError("share_module: this generation was not started with share_student")
+        self._on_every_engine(HfWorker.share_module, "taking the student's module", module)
+
     def refit(self, weights: dict[str, torch.Tensor] | Any, version: int) -> bool:
         """Push `weights` (full tensors, HF names, lm_head included even when tied), or a
         handle on them (Policy.full_weights_ref), to every engine unless `version` is already
-        loaded. Returns whether weights were pushed."""
+        loaded. Returns whether weights were pushed. An engine that shares the student's module
+        (share_student) only records `version`: pass IN_PLACE (no weights gathered)."""
         if version == self.loaded_version:
             return False
+        if self.shares_student:
+            self.loaded_version = version
+            return False
+        if weights is IN_PLACE:
+            raise ValueError("refit: IN_PLACE is for an engine that shares the student's module")
         self.prepare_for_generation()  # a sleeping engine's weights are not on the device
         started = time.perf_counter()
         # One copy where every engine reads it.

@@ -37,6 +37,7 @@ stop strings are set.
 On CPU, vLLM 0.32's attention kernels reject head_dim 16 at the first forward (32 works).
 """
 
+import gc
 import json
 import logging
 import os
@@ -192,6 +193,10 @@ class VllmWorker:
         from vllm import LLM  # after set_engine_env and quiet_vllm_logs, on purpose
 
         self.startup.note("vllm_imported")
+        # vLLM's engine start runs full collections (gc.collect) several times, then freezes
+        # what it built; freezing what exists now (the modules just imported) first spares those
+        # collections from walking every object of the process again (utils/gc_pause.py).
+        gc.freeze()
 
         self.device_type = "cuda" if torch.cuda.is_available() else "cpu"
         # Eager means eager: vLLM still compiles (inductor) the helper that ranks sampled

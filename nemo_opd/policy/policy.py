@@ -101,6 +101,7 @@ class Policy:
             reserve=resources,
         )
         self.leaders = [r for r in range(world) if answers_for_its_replica(self.dims, r)]
+        self.executor = executor
 
     def wait_until_ready(self) -> None:
         """Block until every worker has built its engine (see `wait`); a worker that failed
@@ -298,6 +299,17 @@ class Policy:
         through the driver (run_and_put: under Ray an ObjectRef that rank 0 put into the object
         store; in one process the tensors themselves)."""
         return self.workers.run_and_put(PolicyWorker.full_weights)[0]
+
+    def local_module(self) -> torch.nn.Module:
+        """The model of this policy's one worker, which runs in this process (the local
+        executor): the DTensor engine's transformers module itself, for a generation engine to
+        read in place (VllmGeneration.share_module). ValueError under Ray or another engine."""
+        if self.executor != "local" or self.workers.size != 1:
+            raise ValueError(
+                "local_module: the model lives in this process only under the local executor "
+                "with one worker"
+            )
+        return self.workers.run(PolicyWorker.module)[0]
 
     def nodes(self) -> list[tuple[str, str]]:
         """(node id, node address) of each worker, by rank, as the executor placed them."""

@@ -180,6 +180,13 @@ class PolicyWorker:
         weights = dict(self.engine.iter_weights())
         return weights if self.rank == 0 else None
 
+    def module(self) -> torch.nn.Module:
+        """The DTensor engine's transformers module (Policy.local_module); ValueError for the
+        Megatron engine, whose model is not a transformers module."""
+        if self.cfg.backend != "dtensor":
+            raise ValueError(f"the {self.cfg.backend} engine holds no transformers module")
+        return self.engine.model
+
     def step(self) -> int:
         """Optimizer steps taken."""
         return self.engine.step

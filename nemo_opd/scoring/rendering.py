@@ -38,9 +38,10 @@ trained) are 0, as past a row's end.
 Where it runs (`score_rendered`): a teacher with workers of its own (in process) renders,
 scores and maps in each data-parallel worker, on that worker's rows (Policy.score_rendered), so
 that the driver only ships conversations and collects answers; a served teacher's rows are
-rendered and mapped on the driver (CrossTokenizerTeacher, nemo_opd.teachers.cross_tokenizer).
-The answers are the same either way, bit for bit. This module stands below both the policy's
-workers and the teachers, which import it.
+rendered, scored and mapped by a pool of render workers (nemo_opd.scoring.render_pool), or on
+the driver's thread (CrossTokenizerTeacher, nemo_opd.teachers.cross_tokenizer). The answers are
+the same wherever it runs, bit for bit. This module stands below both the policy's workers and
+the teachers, which import it.
 
     rendering = TeacherRendering(student_tokenizer, teacher_formatter, teacher_vocab_size)
     rows = rendering.teacher_rows(message_logs)
@@ -419,6 +420,12 @@ def _decoder_strips_a_space(tokenizer: PreTrainedTokenizerBase) -> bool:
     """Whether decoding drops the leading space of a text (SentencePiece's Strip decoder)."""
     decoder = repr(getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None))
     return "Strip(" in decoder
+
+
+def rendered_fields(message: Message) -> Message:
+    """A message without its generation log-probs (one per token, never read by a teacher):
+    what a worker that renders is sent."""
+    return {key: value for key, value in message.items() if key != "generation_logprobs"}
 
 
 XTOK_COUNTS = "xtok_counts"

@@ -2,8 +2,9 @@
 the student's positions and vocabulary.
 
 It renders the student's rollouts in the teacher's tokens and maps the teacher's answers back
-(nemo_opd.scoring.rendering: TeacherRendering, score_rendered), on the driver for a served
-teacher, or in the teacher's own workers (Policy.score_rendered). It keeps the metrics of the
+(nemo_opd.scoring.rendering: TeacherRendering, score_rendered): in the teacher's own workers
+(Policy.score_rendered), in a pool of render workers that also send a served teacher's
+requests (nemo_opd.scoring.render_pool), or on the driver's thread. It keeps the metrics of the
 rows it scored (teacher/xtok_*), and when more than teacher.max_unrendered_share of the rows
 scored for a step are unrendered, the run stops with a RunError (`take_metrics`): a teacher
 that cannot read the run's conversations would leave an empty loss.
@@ -16,10 +17,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from nemo_opd.data.message_log import Message
 from nemo_opd.errors import RunError
 from nemo_opd.scoring.base import Rollouts, TeacherNeed, TeacherScores
-from nemo_opd.scoring.rendering import XTOK_COUNTS, TeacherRendering, score_rendered
+from nemo_opd.scoring.render_pool import RenderPool
+from nemo_opd.scoring.rendering import (
+    XTOK_COUNTS,
+    TeacherRendering,
+    rendered_fields,
+    score_rendered,
+)
 from nemo_opd.scoring.xtok_rows import COUNTS
 from nemo_opd.teachers.base import Teacher
 
@@ -37,10 +43,13 @@ class CrossTokenizerTeacher:
         workers: the inner teacher's own workers, when it runs them (an in-process teacher):
             each data-parallel replica then renders, scores and maps its own rows
             (Policy.score_rendered), and the driver only ships conversations and collects
-            answers. None: the driver renders and maps (a served teacher).
+            answers. None: the pool renders and maps, or else the driver's thread.
         max_unrendered_share: the largest share of the rows scored for a step that may be
             unrendered (teacher.max_unrendered_share); more ends the run (take_metrics).
         name: the teacher's config section, named in that error.
+        pool: render workers, each with a teacher of its own (a served teacher's client),
+            that render, score and map the rows off the driver's thread; its teachers'
+            metrics are reported with the inner teacher's, and shutdown() closes it.
     """
 
     def __init__(
@@ -50,8 +59,10 @@ class CrossTokenizerTeacher:
         workers: Policy | None = None,
         max_unrendered_share: float = 1.0,
         name: str = "teacher",
+        pool: RenderPool | None = None,
     ) -> None:
         self.inner = inner
+        self.pool = pool
         self.max_unrendered_share = max_unrendered_share
         self.name = name
         self.rendering = rendering
@@ -69,7 +80,9 @@ class CrossTokenizerTeacher:
         # The teacher's rows are its own rendering: every position of them is scored, and the
         # alignment picks what lands on the student's trained positions.
         need = replace(need, trained_only=False)
-        if self._workers is None:
+        if self.pool is not None:
+            answer = self.pool.score(rollouts.batch, rollouts.message_logs, need)
+        elif self._workers is None:
             answer = score_rendered(
                 self.rendering,
                 rollouts.batch,
@@ -90,7 +103,7 @@ class CrossTokenizerTeacher:
             self._workers_render = True
         return self._workers.score_rendered(
             rollouts.batch,
-            [[_rendered_fields(m) for m in log] for log in rollouts.message_logs],
+            [[rendered_fields(m) for m in log] for log in rollouts.message_logs],
             topk=need.topk,
             temperature=need.temperature,
             logprobs=need.sampled,
@@ -122,6 +135,8 @@ class CrossTokenizerTeacher:
         than max_unrendered_share of those rows could not be rendered."""
         self._check_unrendered()
         metrics = self.inner.take_metrics()
+        for key, value in (self.pool.take_metrics() if self.pool is not None else {}).items():
+            metrics[key] = metrics.get(key, 0.0) + value
         if self._mapped:
             metrics["teacher/xtok_mapped_mass"] = sum(self._mapped) / len(self._mapped)
             self._mapped = []
@@ -151,10 +166,6 @@ class CrossTokenizerTeacher:
         )
 
     def shutdown(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
         self.inner.shutdown()
-
-
-def _rendered_fields(message: Message) -> Message:
-    """A message without its generation log-probs (one per token, never read by a teacher):
-    what a teacher's worker is sent."""
-    return {key: value for key, value in message.items() if key != "generation_logprobs"}

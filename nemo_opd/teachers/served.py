@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -121,6 +122,31 @@ class ServedTeacher:
 
     def shutdown(self) -> None:
         pass  # nothing of the server's is this run's to stop
+
+    # ---------------------------------------------------------------- render workers
+
+    def split(self, parts: int) -> list[ServedTeacher]:
+        """`parts` copies of this client, one per render worker (nemo_opd.scoring.render_pool),
+        that share max_concurrency between them (at least one request each), with retries
+        counted from 0."""
+        copies = []
+        for part in range(parts):
+            piece = copy.copy(self)
+            share = self.max_concurrency // parts + (part < self.max_concurrency % parts)
+            piece.max_concurrency = max(1, share)
+            piece.retries = piece._retries_reported = 0
+            copies.append(piece)
+        return copies
+
+    def longest_wait_s(self, rows: int) -> float:
+        """The most seconds scoring `rows` rows can wait on the server before the retries run
+        out (ServedTeacherError): its requests in rounds of max_concurrency, each request every
+        attempt's wait (the connection and the answer may each take timeout_s) and the backoffs
+        between them."""
+        requests = -(-rows // self.rows_per_request)
+        rounds = -(-requests // self.max_concurrency)
+        backoffs = sum(backoff(self.backoff_s, attempt) for attempt in range(self.max_retries))
+        return rounds * ((self.max_retries + 1) * 2 * self.timeout_s + backoffs)
 
     # ---------------------------------------------------------------- scoring
 

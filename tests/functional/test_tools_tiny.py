@@ -1,4 +1,4 @@
-"""Tool turns in the whole loop on CPU (vLLM, Ray, DTensor, the tool worker process): the tiny
+"""Tool turns in the whole loop on CPU (vLLM, DTensor, the tool worker process): the tiny
 tool config with a student that calls the calculator (tiny:tools_teacher's weights, so that
 calls happen from the first step), overlapped (distillation.max_staleness 1, so each checkpoint
 holds the next step's conversations, tool turns and all). The uninterrupted run logs tool calls
@@ -6,9 +6,9 @@ and trains on the student's tokens only; a second run, started from a copy of it
 checkpoint in a fresh run directory, trains on the saved conversations and logs the
 uninterrupted run's metrics.
 
-Both runs share this driver process (one import, one Ray instance; each run starts and stops
-its own workers and its own tool worker process). A training worker killed mid-run is not
-repeated here: tests/functional/test_distillation_tiny.py::
+Both runs share this driver process (one import; with one worker each runs there, on the
+local executor, and starts and stops its own engines and its own tool worker process). A
+training worker killed mid-run is not repeated here: tests/functional/test_distillation_tiny.py::
 test_a_worker_killed_with_rollouts_ahead_resumes_exactly kills one with rollouts ahead and
 resumes; what is particular to tools, conversations with tool turns saved with a checkpoint
 and trained on after resuming, is what this module checks.
@@ -20,7 +20,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-import ray
 from run_metrics import assert_resumed_like, read_metrics
 from short_runs import short_run_args
 
@@ -40,13 +39,6 @@ ROLLOUT_METRICS = (
     "rollout/mean_turns",
     "rollout/weights_version",
 )
-
-
-@pytest.fixture(scope="module", autouse=True)
-def ray_session():
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -3,13 +3,12 @@ transformers: HfWorker engines instead of vLLM, as on a machine without vLLM): t
 default for a few lockstep steps, each refit checked against the student's own log-probs, and
 the tiny tool task, whose rollouts take tool turns (a call, its result, the answer).
 
-Both runs share this driver process (one import, one Ray instance)."""
+Both runs share this driver process (one import) and run there: with one worker, the
+executor is local (no Ray), as on a one-GPU machine without vLLM or Ray."""
 
 import json
 from pathlib import Path
 
-import pytest
-import ray
 from run_metrics import read_metrics
 from short_runs import LOCKSTEP, short_run_args
 
@@ -19,13 +18,6 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "examples" / "configs"
 STEPS = 3
 BACKEND = "policy.generation.backend=transformers"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def ray_session():
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 def test_the_tiny_default_runs_on_the_transformers_backend(tmp_path, capsys):
@@ -41,7 +33,8 @@ def test_the_tiny_default_runs_on_the_transformers_backend(tmp_path, capsys):
     )
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert "1 transformers engine (sharing the training workers' CPUs)" in out
+    assert "workers: one process (cluster.executor local, no Ray)" in out
+    assert "1 transformers engine generating from the student's module on " in out  # lockstep
     metrics = read_metrics(tmp_path)
     assert sorted(metrics) == list(range(1, STEPS + 1))
     for step in metrics.values():

@@ -4,12 +4,15 @@ Build steps: register the segment-causal attention -> load the model with from_p
 (with policy.lora: peft's adapters injected, lora.py) -> pad the vocabulary rows of the
 embedding and lm_head (vocab_padding.py) -> apply tensor parallel over "tp" -> activation
 checkpointing -> FSDP2 over "dp_cp" -> optimizer and scheduler (with LoRA: over the adapters
-only, the rest frozen). One process training in float32 (world size 1, no CPU offload) skips
-FSDP: there is nothing to shard, gather or reduce, and its mixed-precision cast would be the
-identity, so the plain module computes the same step without FSDP's and DTensor's per-layer
-hooks and dispatch (docs/benchmarks.md). Every other layout, and a lone process in bf16 (whose
-fp32 master weights FSDP keeps), is wrapped; the rest of the engine serves both. Weights,
-checkpoints and optimizer state leave the engine with the real vocabulary's rows and are padded
+only, the rest frozen). A model that trains holds float32 master weights; a frozen one (a
+teacher) holds its weights in its precision, which FSDP's mixed precision computes in anyway.
+One process training in float32 (world size 1, no CPU offload) skips FSDP: there is nothing to
+shard, gather or reduce, and its mixed-precision cast would be the identity, so the plain
+module computes the same step without FSDP's and DTensor's per-layer hooks and dispatch
+(docs/benchmarks.md); so does a frozen model of one process held in its precision. Every other
+layout, and a lone process training in bf16 (whose fp32 master weights FSDP keeps), is
+wrapped; the rest of the engine serves both. Weights, checkpoints and optimizer state leave
+the engine with the real vocabulary's rows and are padded
 again when loaded.
 
 A LoRA student's refit weights and export are merged (W + s B A, computed per weight without
@@ -127,7 +130,7 @@ class DTensorEngine(Engine):
         attention = register_attention()
         model = AutoModelForCausalLM.from_pretrained(
             self.model_dir,
-            dtype=torch.float32,
+            dtype=self._storage_dtype(),
             attn_implementation=attention,
         )
         if self.lora:
@@ -139,7 +142,7 @@ class DTensorEngine(Engine):
         if self.cfg.dtensor_cfg.activation_checkpointing:
             apply_activation_checkpointing(model)
         cpu_offload = self.cfg.dtensor_cfg.cpu_offload and self.device.type == "cuda"
-        if needs_fsdp(self.dims, DTYPES[self.cfg.precision], cpu_offload):
+        if needs_fsdp(self.dims, DTYPES[self.cfg.precision], cpu_offload, self._storage_dtype()):
             apply_fsdp(
                 model,
                 self.dims.submesh("dp_cp"),
@@ -151,6 +154,13 @@ class DTensorEngine(Engine):
         elif self.lora:
             train_only_adapters(model)
         return model
+
+    def _storage_dtype(self) -> torch.dtype:
+        """The dtype the weights are held in: float32 master weights for a model that trains;
+        a frozen one (a teacher) in its precision, since FSDP's mixed precision would cast its
+        float32 weights to that dtype at every forward with the same rounding: the same scores
+        from half the memory in bf16."""
+        return torch.float32 if self.with_optimizer else DTYPES[self.cfg.precision]
 
     # ---------------------------------------------------------------- compute primitives
 
@@ -356,10 +366,17 @@ def last_position(input_ids: torch.Tensor) -> torch.Tensor:
     return torch.tensor([input_ids.shape[1] - 1], device=input_ids.device)
 
 
-def needs_fsdp(dims: ParallelDims, param_dtype: torch.dtype, cpu_offload: bool) -> bool:
-    """Whether the model is wrapped with FSDP2: always, except in one float32 process without
-    CPU offload, where FSDP would shard over one rank and cast float32 to float32."""
-    return dims.world_size > 1 or param_dtype != torch.float32 or cpu_offload
+def needs_fsdp(
+    dims: ParallelDims,
+    param_dtype: torch.dtype,
+    cpu_offload: bool,
+    storage_dtype: torch.dtype = torch.float32,
+) -> bool:
+    """Whether the model is wrapped with FSDP2: always, except in one process without CPU
+    offload that computes in the dtype its weights are held in (float32; or a frozen model held
+    in its precision), where FSDP would shard over one rank and cast each weight to its own
+    dtype (and, at every forward, copy the gathered weights)."""
+    return dims.world_size > 1 or param_dtype != storage_dtype or cpu_offload
 
 
 def _full(param: torch.Tensor) -> torch.Tensor:

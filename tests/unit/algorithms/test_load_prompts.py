@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from nemo_opd.algorithms.prompts import load_prompts
+from nemo_opd.algorithms.prompts import load_prompts, start_loading_prompts
 from nemo_opd.config import load_config
 from nemo_opd.errors import SetupError
 
@@ -46,3 +46,23 @@ def test_validation_on_without_validation_data_says_what_to_set(chat_tokenizer, 
         "no validation data: set data.val_path or data.val_dataset_name, or validate not at all "
         "(distillation.val_period 0, val_at_start and val_at_end false)"
     )
+
+
+def test_prompts_tokenized_in_the_background_equal_load_prompts(chat_tokenizer, tmp_path):
+    train = _train_file(tmp_path, 40)
+    local = ("data.dataset_name=null", f"data.train_path={train}")
+    cfg = load_config(TINY, [*local, *VALIDATION_OFF])
+    finish = start_loading_prompts(cfg, chat_tokenizer)
+    _, started, _ = finish()
+    _, loaded, _ = load_prompts(cfg, chat_tokenizer)
+    assert started.samples == loaded.samples and len(started.samples) == 40
+
+
+def test_prompts_all_too_long_are_refused_when_the_tokenized_prompts_are_asked_for(
+    chat_tokenizer, tmp_path
+):
+    train = _train_file(tmp_path, 40)
+    local = ("data.dataset_name=null", f"data.train_path={train}", "data.max_input_seq_length=2")
+    finish = start_loading_prompts(load_config(TINY, [*local, *VALIDATION_OFF]), chat_tokenizer)
+    with pytest.raises(SetupError, match="train: all 40 prompts are longer than 2 tokens"):
+        finish()

@@ -2,6 +2,9 @@
 the environments and the placement group are still stopped, the logger still closed and the
 run's lock still released, and the first failure is raised after them (the others noted)."""
 
+import gc
+import weakref
+
 import pytest
 import ray
 from ray.util.placement_group import placement_group, placement_group_table
@@ -72,3 +75,20 @@ def test_a_part_that_fails_to_stop_stops_nothing_else(tmp_path):
     again = RunLock(tmp_path / "checkpoints")
     again.acquire()  # released: a SetupError "in use by another run" if it were still held
     again.release()
+
+
+def test_what_setup_froze_is_collected_at_shutdown(tmp_path):
+    """setup freezes what it built (utils/gc_pause.py); once the run stops, its parts' memory
+    held in reference cycles goes back to the collector, and is collected."""
+
+    class Engine:  # an engine's objects refer to each other
+        pass
+
+    run = a_run(tmp_path, Part(), Part(), Part())
+    engine = Engine()
+    engine.itself = engine
+    freed = weakref.ref(engine)
+    gc.freeze()
+    del engine
+    run.shutdown()
+    assert freed() is None and gc.get_freeze_count() == 0

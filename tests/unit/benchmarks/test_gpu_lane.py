@@ -19,7 +19,17 @@ import bench_engine  # noqa: E402
 import gpu_lane_report  # noqa: E402
 import gpu_wheels  # noqa: E402
 
-STEPS = ("env", "a_kernel", "b_topk", "c_scale", "d_engine", "e_mcore", "f_full")
+STEPS = (
+    "env",
+    "a_kernel",
+    "b_topk",
+    "c_scale",
+    "d_engine",
+    "e_mcore",
+    "f_full",
+    "g_loop",
+    "h_shapes",
+)
 
 
 def run_lane(out: Path, *args: str) -> subprocess.CompletedProcess:
@@ -49,6 +59,7 @@ def test_dry_run_passes_every_step_and_keeps_each_result(tmp_path):
         assert f"logs/{step}.log" in names
     results = ["kernel.xml", "topk_kl.json", "scale.json", "engine.json", "parity_cpu.json"]
     results += ["parity_dtensor.json", "parity_megatron.json", "full_vocab_h64.json"]
+    results += ["loop_tiny.json", "loop_tiny_metrics.jsonl", "loop_shapes.json"]
     assert {f"results/{name}" for name in results} <= names
     assert "test_matches_brute_force" in summary  # the kernel's pass/fail table
     assert "triton bv=128" in summary and "triton inplace" in summary  # the block sweep
@@ -117,6 +128,7 @@ def test_wheel_bundle_fits_and_installs_offline_into_a_fresh_python_312(tmp_path
     wheels = gpu_wheels.build_bundle(tmp_path / "whl")
     names = {gpu_wheels.wheel_name(w) for w in wheels}
     assert {"pydantic", "pydantic-core", "omegaconf", "hydra-core", "megatron-core"} <= names
+    assert {"math-verify", "latex2sympy2-extended"} <= names  # the loop steps' grader
     assert "antlr4-python3-runtime" in names  # built here from its source archive
     assert not names & gpu_wheels.DEVICE_PACKAGES
     assert sum(w.stat().st_size for w in wheels) < gpu_wheels.BUNDLE_LIMIT_MIB * 2**20

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 import pytest
-from shipped_recipes import OWN_MODEL_KEYS, SET_BY_THE_USER
+from shipped_recipes import CONFIGS, OWN_MODEL_KEYS, SET_BY_THE_USER, load_recipe
 
 from nemo_opd.config import ConfigError, load_config, to_yaml
 
@@ -40,6 +40,32 @@ def test_math_config():
     assert cfg.policy.generation.vllm_cfg.max_model_len == cfg.policy.max_total_sequence_length
     assert cfg.policy.sequence_packing.train_mb_tokens == 8192  # ${mul:...}
     assert cfg.teacher.optimizer is None and cfg.teacher.generation is None
+
+
+def test_one_gpu_config_runs_in_one_process_and_shares_the_students_module(monkeypatch):
+    """distillation_math_1gpu.yaml: one worker, so no Ray; lockstep with colocated generation;
+    the teacher Qwen3-8B held in bf16; activation checkpointing; the transformers engine (no
+    vLLM) generating from the student's own module."""
+    from nemo_opd.algorithms.preflight import input_problems
+    from nemo_opd.config.executor import run_executor
+    from nemo_opd.generation import backends
+
+    cfg = load_recipe(CONFIGS / "distillation_math_1gpu.yaml")
+    assert cfg.cluster.world_size == 1 and run_executor(cfg, environ={}) == "local"
+    assert (cfg.policy.model_name, cfg.teacher.model_name) == (
+        "Qwen/Qwen3-1.7B-Base",
+        "Qwen/Qwen3-8B",
+    )
+    assert cfg.policy.precision == cfg.teacher.precision == "bfloat16"
+    assert cfg.policy.dtensor_cfg.activation_checkpointing
+    assert cfg.distillation.max_staleness == 0 and cfg.policy.generation.colocated.enabled
+    assert cfg.policy.sequence_packing.train_mb_tokens == 4 * cfg.policy.max_total_sequence_length
+    rollouts = cfg.distillation.num_prompts_per_step * cfg.distillation.num_generations_per_prompt
+    assert rollouts % cfg.policy.train_global_batch_size == 0
+    assert input_problems(cfg) == []  # the pre-flight: nothing local is missing (hub names)
+    monkeypatch.setattr(backends, "vllm_installed", lambda: False)
+    local = cfg.model_copy(update={"cluster": cfg.cluster.model_copy(update={"executor": "local"})})
+    assert backends.shares_student_module(local)
 
 
 def test_megatron_config_inherits_and_switches_backend():

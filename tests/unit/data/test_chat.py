@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from nemo_opd.data.chat import ChatFormatter, read_text_file
+from nemo_opd.data.chat import ChatFormatter, encode_in_background, read_text_file
 from nemo_opd.errors import SetupError
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
@@ -46,6 +46,31 @@ def test_batched_prompt_logs_equal_one_at_a_time(chat_tokenizer, system):
     assert batched == [formatter.prompt_log(p) for p in prompts]
     assert [_ids(log) == _template_ids(chat_tokenizer, log) for log in batched] == [True] * 4
     assert formatter.prompt_logs([]) == []
+
+
+def test_repeated_prompts_get_equal_logs_of_their_own(chat_tokenizer):
+    """A dataset's repeated prompts are rendered and encoded once, yet every log is its own:
+    changing one leaves the others as they were."""
+    formatter = ChatFormatter(chat_tokenizer, system_prompt="Be brief.")
+    logs = formatter.prompt_logs(["What is 2 + 3?", "What is 4 + 4?", "What is 2 + 3?"])
+    assert logs[0] == logs[2] == formatter.prompt_log("What is 2 + 3?")
+    logs[0][1]["token_ids"].append(7)
+    logs[0][1]["content"] = "changed"
+    assert logs[2] == formatter.prompt_log("What is 2 + 3?")
+
+
+def test_prompt_logs_started_in_the_background_equal_prompt_logs(chat_tokenizer):
+    formatter = ChatFormatter(chat_tokenizer, "Solve: {}", system_prompt="Be brief.")
+    prompts = ["What is 2 + 3?", "", "What is 2 + 3?", "x"]
+    finish = formatter.start_prompt_logs(prompts)
+    assert finish() == formatter.prompt_logs(prompts)
+    assert formatter.start_prompt_logs([])() == []
+
+
+def test_an_encoding_error_is_raised_where_the_ids_are_asked_for(chat_tokenizer):
+    finish = encode_in_background(chat_tokenizer, ["fine", None])  # no error yet
+    with pytest.raises(TypeError):
+        finish()
 
 
 @pytest.mark.parametrize("ending", ["<|im_end|>", ""])

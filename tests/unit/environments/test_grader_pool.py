@@ -130,6 +130,29 @@ def test_a_worker_that_cannot_start_is_an_error(monkeypatch):
     assert not live_children("time.sleep")
 
 
+def test_a_pool_that_does_not_wait_reports_a_failed_start_when_waited_for(monkeypatch):
+    """wait=False returns while the workers start; wait_ready() (or the first grade) raises what
+    the constructor would have raised."""
+    monkeypatch.setattr(grader_pool, "READY_TIMEOUT_S", 0.5)
+    silent = [sys.executable, "-c", "import time; time.sleep(60)"]
+    monkeypatch.setattr(grader_pool, "worker_command", lambda *a: silent)
+    pool = GraderPool(1, TIMEOUT_S, 1000, "builtin", MEMORY_MB, wait=False)
+    try:
+        with pytest.raises(GraderPoolError, match="did not start within"):
+            pool.wait_ready()
+    finally:
+        pool.close()
+    assert not live_children("time.sleep")
+
+
+def test_a_pool_that_does_not_wait_grades_once_its_workers_are_ready():
+    pool = GraderPool(1, TIMEOUT_S, 1000, "builtin", MEMORY_MB, wait=False)
+    try:
+        assert pool.grade([r"\boxed{12}", r"\boxed{13}"], ["12", "12"]).verdicts == [True, False]
+    finally:
+        pool.close()
+
+
 def test_workers_die_with_their_parent():
     """A driver killed with SIGKILL (no clean-up runs) leaves no grader behind."""
     code = textwrap.dedent(

@@ -3,8 +3,9 @@ time limits and hostile answers: test_grader_pool.py."""
 
 import pytest
 
-from nemo_opd.config import MathEnvConfig
+from nemo_opd.config import EnvConfig, MathEnvConfig
 from nemo_opd.environments import EnvironmentStep, MathEnvironment
+from nemo_opd.environments.build import build_environments, wait_for_environments
 
 RETRY = "Wrong, try again."
 
@@ -99,3 +100,15 @@ def test_mixed_batch_with_retry():
     environment.shutdown()  # twice is fine
     with pytest.raises(RuntimeError, match="closed"):
         environment.step([conversation("\\boxed{1}")], [{"answer": "1"}])
+
+
+def test_environments_built_without_waiting_grade_once_waited_for():
+    """setup starts the graders' processes first and waits for them after vLLM has loaded."""
+    config = EnvConfig(math=MathEnvConfig(num_workers=1, grader="builtin", retry_on_wrong=False))
+    environments = build_environments(config, wait=False)
+    try:
+        wait_for_environments(environments)
+        step = environments["math"].step([conversation("\\boxed{4}")], [{"answer": "4"}])
+        assert step.rewards == [1.0]
+    finally:
+        environments["math"].shutdown()

@@ -39,3 +39,27 @@ def test_auto_is_vllm_where_it_is_installed_else_transformers(monkeypatch):
     assert backends.resolve_backend("transformers") == "transformers"
     with pytest.raises(SetupError, match="backend is vllm, but the vllm package is not installed"):
         backends.resolve_backend("vllm")
+
+
+def test_the_engine_shares_the_students_module_only_where_it_may(monkeypatch):
+    """One process, lockstep, the DTensor engine, the student's precision, the transformers
+    backend: anything else (or share_student false) keeps a copy that refit fills."""
+    from pathlib import Path
+
+    from nemo_opd.config import load_config
+
+    monkeypatch.setattr(backends, "vllm_installed", lambda: False)  # auto: transformers
+    tiny = Path(__file__).resolve().parents[3] / "examples" / "configs" / "distillation_tiny.yaml"
+    sharing = ("cluster.executor=local", "distillation.max_staleness=0")
+
+    def shares(*overrides: str) -> bool:
+        return backends.shares_student_module(load_config(tiny, [*sharing, *overrides]))
+
+    assert shares()
+    assert not shares("policy.generation.transformers_cfg.share_student=false")
+    assert not shares("cluster.executor=ray")
+    assert not shares("distillation.max_staleness=1")
+    assert not shares("policy.generation.transformers_cfg.precision=bfloat16")  # fp32 student
+    assert not shares("policy.dtensor_cfg.enabled=false", "policy.megatron_cfg.enabled=true")
+    monkeypatch.setattr(backends, "vllm_installed", lambda: True)  # auto: vllm
+    assert not shares()

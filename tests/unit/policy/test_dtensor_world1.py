@@ -34,6 +34,9 @@ def test_only_one_float32_process_goes_unwrapped():
     assert needs_fsdp(one, torch.bfloat16, cpu_offload=False)  # FSDP keeps fp32 masters
     assert needs_fsdp(one, torch.float32, cpu_offload=True)
     assert needs_fsdp(two, torch.float32, cpu_offload=False)
+    # a frozen model held in its precision: nothing to cast, in one process
+    assert not needs_fsdp(one, torch.bfloat16, cpu_offload=False, storage_dtype=torch.bfloat16)
+    assert needs_fsdp(two, torch.bfloat16, cpu_offload=False, storage_dtype=torch.bfloat16)
 
 
 def test_unwrapped_step_equals_the_fsdp_step(world1, model_dirs, monkeypatch):
@@ -113,3 +116,25 @@ def test_adamw_fuses_one_mesh_and_loops_over_several(world1):
     assert not several.defaults["fused"] and several.defaults["foreach"] is False
     mixed = build_optimizer([on("dp_cp"), torch.nn.Parameter(torch.ones(2))], cfg)
     assert not mixed.defaults["fused"]
+
+
+def test_a_frozen_model_holds_its_precision_and_scores_as_the_float32_masters_do(
+    world1, model_dirs
+):
+    """A teacher in bfloat16 holds bf16 weights (half the memory of float32 masters) in a plain
+    module (one process: nothing to shard or cast), and its scores are exactly those of the
+    same model held in float32 and cast by FSDP's mixed precision at every forward (as a
+    trained model is): the one rounding, made once."""
+    cfg = policy_config(model_dirs["untied"], precision="bfloat16")
+    frozen = DTensorEngine(cfg, world1, torch.device("cpu"), with_optimizer=False)
+    masters = DTensorEngine(cfg, world1, torch.device("cpu"), total_steps=10)
+    assert {p.dtype for p in frozen.model.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in masters.model.parameters()} == {torch.float32}
+    assert not isinstance(frozen.model, dtensor.FSDPModule)  # no gather, no per-forward copy
+    assert isinstance(masters.model, dtensor.FSDPModule)
+    batch = TensorBatch(make_batch(4, teacher=False))
+    masters.set_train_mode(False)
+    for mine, theirs in zip(
+        frozen.get_topk_logits(batch, 4, 1.0), masters.get_topk_logits(batch, 4, 1.0), strict=True
+    ):
+        assert torch.equal(mine, theirs)

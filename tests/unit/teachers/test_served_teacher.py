@@ -272,3 +272,28 @@ def test_the_api_key_is_sent_as_a_bearer_token_and_never_shown(monkeypatch):
     from nemo_opd.secrets import redact_text
 
     assert redact_text(f"echo {key}") == "echo ***"  # registered: redacted wherever it shows
+
+
+def test_split_shares_max_concurrency_between_render_workers():
+    teacher = ServedTeacher("http://127.0.0.1:1/v1", "m", max_concurrency=8, api_key="sk-1")
+    teacher.retries = 3
+    parts = teacher.split(3)
+    assert [part.max_concurrency for part in parts] == [3, 3, 2]
+    assert all(part.retries == 0 and part.headers == teacher.headers for part in parts)
+    assert teacher.max_concurrency == 8 and teacher.retries == 3  # the original unchanged
+    assert [part.max_concurrency for part in teacher.split(10)] == [1] * 10  # one each
+
+
+def test_longest_wait_counts_every_attempt_and_backoff_of_each_round():
+    teacher = ServedTeacher(
+        "http://127.0.0.1:1/v1",
+        "m",
+        timeout_s=10.0,
+        max_retries=2,
+        backoff_s=1.0,
+        rows_per_request=4,
+        max_concurrency=2,
+    )
+    # 16 rows: 4 requests, 2 rounds; a request: 3 attempts of 2 x 10 s, backoffs 1 + 2 s
+    assert teacher.longest_wait_s(16) == 2 * (3 * 20.0 + 3.0)
+    assert teacher.longest_wait_s(1) == 63.0

@@ -13,50 +13,18 @@ import pickle
 
 import pytest
 import torch
-from real_tokenizers import HOSTILE_TEXTS
+from xtok_teachers import K, PositionTeacher, conversations
 
 from nemo_opd.data.batching import TensorBatch
 from nemo_opd.data.chat import ChatFormatter
 from nemo_opd.data.message_log import flatten_message_logs
 from nemo_opd.policy.policy import joined, rendered_shards
-from nemo_opd.scoring.base import Rollouts, TeacherNeed, TeacherScores
+from nemo_opd.scoring.base import Rollouts, TeacherNeed
 from nemo_opd.scoring.rendering import TeacherRendering, score_rendered
 from nemo_opd.teachers.cross_tokenizer import CrossTokenizerTeacher
 
 PAIRS = [("qwen3", "llama3"), ("qwen3", "tekken"), ("llama3", "qwen3"), ("mistral_sp", "qwen3")]
 """(student, teacher)."""
-K = 16
-LEVELS = torch.log_softmax(torch.randn(K + 1, generator=torch.Generator().manual_seed(0)), -1)
-LEVELS = LEVELS[:K].sort(descending=True).values  # the last slot's mass: the tail
-
-
-class PositionTeacher:
-    """A teacher whose answer at a position is a function of that position and its tokens only
-    (never of the other rows or the batch's width), in exact float arithmetic: slot 0 is the
-    next token (a chain's tokens are found in the top-k), the rest ids spread over the
-    vocabulary; log-probs the same descending levels, shifted by the position."""
-
-    def __init__(self, vocab_size: int) -> None:
-        self.vocab_size = vocab_size
-
-    def score(self, rollouts: Rollouts, need: TeacherNeed) -> TeacherScores:
-        ids, lengths = rollouts.batch["input_ids"], rollouts.batch["input_lengths"]
-        positions = torch.arange(ids.shape[1])
-        past = positions >= lengths.unsqueeze(1)  # 0 there, as the engines answer
-        spread = ids.unsqueeze(-1) * 7919 + torch.arange(K) * 104729 + positions.unsqueeze(-1)
-        indices = (spread % self.vocab_size).to(torch.int32)
-        indices[..., 0] = ids.roll(-1, dims=1).to(torch.int32)
-        values = LEVELS - (positions % 3).unsqueeze(-1) * 0.25
-        values = values.expand(*ids.shape, K).masked_fill(past.unsqueeze(-1), 0.0)
-        sampled = -((ids * 13 + positions) % 17).float() / 8
-        return TeacherScores(
-            topk_logprobs=values if need.topk else None,
-            topk_indices=indices.masked_fill(past.unsqueeze(-1), 0) if need.topk else None,
-            logprobs=sampled.masked_fill(past, 0.0) if need.sampled else None,
-        )
-
-    def take_metrics(self) -> dict[str, float]:
-        return {}
 
 
 class LocalWorkers:
@@ -83,31 +51,10 @@ class LocalWorkers:
         return joined(answers, size)
 
 
-def _conversations(student) -> list[list[dict]]:
-    """A row per hostile text, a row of two turns, a response cut mid-character and a row
-    Mistral's template refuses (two user turns in a row): 13 rows."""
-    formatter = ChatFormatter(student)
-
-    def turn(text, cut=0):
-        ids = student(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
-        ids = ids[:-cut] if cut else [*ids, student.eos_token_id]
-        return {"role": "assistant", "content": text, "token_ids": ids, "generation_logprobs": []}
-
-    opening = formatter.prompt_log("What is 7 * 6?")
-    logs = [[*opening, turn(text)] for text in HOSTILE_TEXTS]
-    first = [*opening, turn(HOSTILE_TEXTS[7])]
-    logs.append(formatter.extend(first, [{"role": "user", "content": "And 6 * 7?"}]))
-    logs[-1].append(turn(HOSTILE_TEXTS[3]))
-    logs.append([*opening, turn("The answer is 4🎉", cut=1)])
-    again = {"role": "user", "content": "again", "token_ids": [16, 17]}
-    logs.append([*opening, again, turn("Four.")])
-    return logs
-
-
 @pytest.mark.parametrize(("student_name", "teacher_name"), PAIRS)
 def test_workers_give_the_drivers_answers_bit_for_bit(real_tokenizer, student_name, teacher_name):
     student, teacher = real_tokenizer(student_name), real_tokenizer(teacher_name)
-    logs = _conversations(student)
+    logs = conversations(student)
     pad = student.pad_token_id if student.pad_token_id is not None else student.eos_token_id
     rollouts = Rollouts(flatten_message_logs(logs, pad), logs, [{}] * len(logs))
     rendering = TeacherRendering(student, ChatFormatter(teacher))

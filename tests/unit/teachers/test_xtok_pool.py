@@ -1,0 +1,203 @@
+"""A teacher with another tokenizer scored by a pool of render workers
+(nemo_opd.scoring.render_pool) gives the driver's thread's answers bit for bit, on the real
+tokenizer pairs over hostile text, several turns, a response cut mid-character, a row the
+template refuses and a row cut at the teacher's longest; and a worker that overruns, dies,
+cannot start or raises ends the run with one line, after which no worker is left.
+
+The workers' teachers come from tests/xtok_teachers.py, which the workers import (this folder's
+parent on their PYTHONPATH, as a run's workers get the driver's).
+"""
+
+import http.server
+import os
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from xtok_teachers import (
+    CountingTeacher,
+    DownTeacher,
+    DyingTeacher,
+    K,
+    PositionTeacher,
+    StuckTeacher,
+    conversations,
+)
+
+from nemo_opd.data.chat import ChatFormatter
+from nemo_opd.data.message_log import flatten_message_logs
+from nemo_opd.errors import RunError
+from nemo_opd.scoring.base import Rollouts, TeacherNeed
+from nemo_opd.scoring.render_pool import RenderPool, RenderPoolError
+from nemo_opd.scoring.rendering import TeacherRendering
+from nemo_opd.teachers.cross_tokenizer import CrossTokenizerTeacher
+from nemo_opd.teachers.served import ServedTeacher, ServedTeacherError
+
+PAIRS = [("qwen3", "llama3"), ("qwen3", "tekken"), ("llama3", "qwen3"), ("mistral_sp", "qwen3")]
+"""(student, teacher)."""
+TESTS = Path(__file__).resolve().parents[2]
+NEEDS = (TeacherNeed(topk=K), TeacherNeed(sampled=True), TeacherNeed(topk=K, sampled=True))
+
+
+@pytest.fixture(autouse=True)
+def teachers_importable(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(TESTS))
+
+
+def _setup(real_tokenizer, student_name="qwen3", teacher_name="llama3"):
+    student, teacher = real_tokenizer(student_name), real_tokenizer(teacher_name)
+    logs = conversations(student)
+    pad = student.pad_token_id if student.pad_token_id is not None else student.eos_token_id
+    rollouts = Rollouts(flatten_message_logs(logs, pad), logs, [{}] * len(logs))
+    rendering = TeacherRendering(student, ChatFormatter(teacher))
+    # the longest row is cut 8 tokens short (a served teacher's context)
+    rendering.max_length = int(rendering.teacher_rows(logs).batch["input_lengths"].max()) - 8
+    return rendering, rollouts, len(teacher)
+
+
+@pytest.mark.parametrize(("student_name", "teacher_name"), PAIRS)
+def test_the_pool_gives_the_drivers_answers_bit_for_bit(real_tokenizer, student_name, teacher_name):
+    rendering, rollouts, vocab = _setup(real_tokenizer, student_name, teacher_name)
+    on_driver = CrossTokenizerTeacher(PositionTeacher(vocab), rendering)
+    pool = RenderPool(rendering, [CountingTeacher(vocab) for _ in range(2)])
+    pooled = CrossTokenizerTeacher(PositionTeacher(vocab), rendering, pool=pool)
+    try:
+        for need in NEEDS:
+            _check_same(on_driver.score(rollouts, need), pooled.score(rollouts, need))
+        metrics = on_driver.take_metrics()
+        got = pooled.take_metrics()
+        assert got.pop("teacher/rows_scored") == 3 * 13  # each worker's teacher, summed
+        assert got == metrics
+        assert metrics["teacher/xtok_truncated_rows"] > 0
+        assert 0.0 < metrics["teacher/xtok_graded_share"] < 1.0
+        one_row = rollouts.select(torch.tensor([4]))  # fewer rows than workers
+        _check_same(on_driver.score(one_row, NEEDS[2]), pooled.score(one_row, NEEDS[2]))
+    finally:
+        pooled.shutdown()
+
+
+def _check_same(expected, got) -> None:
+    assert expected.tensors().keys() == got.tensors().keys()
+    for name, tensor in expected.tensors().items():
+        assert got.tensors()[name].dtype == tensor.dtype, name
+        assert torch.equal(got.tensors()[name], tensor), name
+
+
+def test_rows_the_template_refuses_count_against_max_unrendered_share(real_tokenizer):
+    rendering, rollouts, vocab = _setup(real_tokenizer, "qwen3", "mistral_sp")
+    pool = RenderPool(rendering, [PositionTeacher(vocab)])
+    pooled = CrossTokenizerTeacher(
+        PositionTeacher(vocab), rendering, max_unrendered_share=0.0, pool=pool
+    )
+    try:  # row 12 has two user turns in a row, which Mistral's template refuses
+        pooled.score(rollouts.select(torch.tensor([0, 12])), NEEDS[0])
+        with pytest.raises(RunError, match=r"could not render 1 of the 2 conversations"):
+            pooled.take_metrics()
+    finally:
+        pooled.shutdown()
+
+
+def _failing(real_tokenizer, teacher_class, **kwargs):
+    rendering, rollouts, vocab = _setup(real_tokenizer)
+    return RenderPool(rendering, [teacher_class(vocab)], **kwargs), rollouts
+
+
+def _gone(pids: list[int]) -> bool:
+    """None of these processes runs (each was reaped by the pool)."""
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        return False
+    return True
+
+
+def test_a_worker_that_overruns_is_stopped_with_one_line(real_tokenizer):
+    pool, rollouts = _failing(real_tokenizer, StuckTeacher, timeout_s=1.0)
+    pids = pool.pids()
+    with pytest.raises(RenderPoolError, match=r"did not answer for rows 0-12 within its time-out"):
+        pool.score(rollouts.batch, rollouts.message_logs, NEEDS[0])
+    assert _gone(pids)
+    with pytest.raises(RenderPoolError, match="the render pool was closed"):
+        pool.score(rollouts.batch, rollouts.message_logs, NEEDS[0])
+
+
+def test_a_worker_that_dies_is_named_with_one_line(real_tokenizer):
+    pool, rollouts = _failing(real_tokenizer, DyingTeacher)
+    pids = pool.pids()
+    with pytest.raises(RenderPoolError) as raised:
+        pool.score(rollouts.batch, rollouts.message_logs, NEEDS[0])
+    message = str(raised.value)
+    assert "died while scoring rows 0-12 (exit status -9, killed: out of memory?" in message
+    assert "\n" not in message and "run the same command again" in message
+    assert _gone(pids)
+
+
+def test_a_worker_that_cannot_start_says_why(real_tokenizer, monkeypatch):
+    monkeypatch.delenv("PYTHONPATH")  # the worker cannot import its teacher's module
+    pool, rollouts = _failing(real_tokenizer, PositionTeacher)
+    with pytest.raises(RenderPoolError) as raised:
+        pool.score(rollouts.batch, rollouts.message_logs, NEEDS[0])
+    message = str(raised.value)
+    assert "died while starting (exit status 1): ModuleNotFoundError: No module named" in message
+    assert "\n" not in message
+
+
+def test_a_teachers_error_in_a_worker_reaches_the_driver_as_itself(real_tokenizer):
+    pool, rollouts = _failing(real_tokenizer, DownTeacher)
+    pids = pool.pids()
+    with pytest.raises(ServedTeacherError, match=r"http://127.0.0.1:9/v1 did not answer"):
+        pool.score(rollouts.batch, rollouts.message_logs, NEEDS[0])
+    assert _gone(pids)
+
+
+def test_shutdown_stops_the_workers_and_leaves_no_file(real_tokenizer):
+    rendering, rollouts, vocab = _setup(real_tokenizer)
+    pool = RenderPool(rendering, [PositionTeacher(vocab) for _ in range(2)])
+    folders = list(pool._folders.values())
+    answer = pool.score(rollouts.batch, rollouts.message_logs, NEEDS[2])
+    assert [os.listdir(folder) for folder in folders] == [[]]  # setup, requests, answers
+    kept = {name: tensor.clone() for name, tensor in answer.items()}
+    pids = pool.pids()
+    pool.close()
+    pool.close()
+    assert _gone(pids) and not any(os.path.exists(folder) for folder in folders)
+    assert answer["topk_logprobs"].shape == (13, rollouts.batch["input_ids"].shape[1], K)
+    for name, tensor in kept.items():  # the mapped pages outlive the files and the workers
+        assert torch.equal(answer[name], tensor), name
+
+
+class Refusing(http.server.BaseHTTPRequestHandler):
+    """Answers every request with 503 and records its Authorization header."""
+
+    seen: list = []
+
+    def do_POST(self):
+        Refusing.seen.append(self.headers.get("Authorization"))
+        self.send_response(503)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_served_teacher_in_the_workers_reaches_its_server(real_tokenizer):
+    """The run's own client, pickled to the workers: its key is sent from there, and the
+    error it ends with is raised in the driver as itself."""
+    rendering, rollouts, _ = _setup(real_tokenizer)
+    Refusing.seen = []
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refusing) as httpd:
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        url = f"http://127.0.0.1:{httpd.server_port}/v1"
+        served = ServedTeacher(url, "m", max_retries=0, api_key="sk-pool-1", rows_per_request=13)
+        pool = RenderPool(rendering, served.split(2))
+        try:
+            with pytest.raises(ServedTeacherError, match=r"did not answer after 0 retries"):
+                pool.score(rollouts.batch, rollouts.message_logs, NEEDS[0])
+        finally:
+            pool.close()
+            httpd.shutdown()
+    assert Refusing.seen and set(Refusing.seen) == {"Bearer sk-pool-1"}
