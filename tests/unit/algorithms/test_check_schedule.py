@@ -59,7 +59,11 @@ def test_the_loop_hands_over_exactly_the_weights_a_later_step_samples_from(stale
         f"distillation.max_staleness={staleness}",
         f"policy.generation.logprob_check_period={'null' if period is None else period}",
     )
-    state = SimpleNamespace(cfg=cfg, student=SimpleNamespace(full_weights_ref=lambda: "ref"))
+    state = SimpleNamespace(
+        cfg=cfg,
+        student=SimpleNamespace(full_weights_ref=lambda: "ref"),
+        generation=SimpleNamespace(shares_student=False),
+    )
     pipeline = Pipeline()
     for step in range(12):
         distillation._publish(state, pipeline, step)

@@ -7,12 +7,11 @@ import json
 
 import pytest
 import torch
-import torch.distributed as dist
 from conftest import make_batch, policy_config
 
 from nemo_opd.data.batching import TensorBatch
 from nemo_opd.distributed.parallel_dims import ParallelDims
-from nemo_opd.distributed.process_group import find_free_port, init_distributed
+from nemo_opd.distributed.process_group import init_local_process_group
 from nemo_opd.losses import DistillationLossFn, TopkKLParams
 from nemo_opd.losses.full_vocab_loss import FullVocabDistillationLossFn
 from nemo_opd.policy.engines.dtensor import DTensorEngine
@@ -29,12 +28,12 @@ NEED = {"topk": 5, "temperature": 0.8, "logprobs": True, "hidden": True}
 
 @pytest.fixture(scope="module")
 def world1():
-    """A one-rank gloo process group in this process, and its meshes."""
-    init_distributed(0, 1, "127.0.0.1", find_free_port(), "cpu", timeout_s=60)
+    """The process's one-rank gloo group (shared with every other model of the test process, as
+    in a run in one process), and its meshes."""
+    init_local_process_group("cpu")
     dims = ParallelDims(world_size=1, device_type="cpu")
     dims.build_mesh()
-    yield dims
-    dist.destroy_process_group()
+    return dims
 
 
 def student(world1, model_dir, source=None, decay=0.0, refresh=1) -> DTensorEngine:
