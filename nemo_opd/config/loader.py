@@ -186,9 +186,13 @@ def _merge_sources(value: yaml.Node) -> list[yaml.MappingNode]:
     return items
 
 
-StrictLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float", _FLOAT_WITHOUT_DOT, list("-+0123456789")
-)
+class StrictDumper(yaml.SafeDumper):
+    """SafeDumper that quotes every string StrictLoader would read as something else (`1e5` is
+    a float to it, not to YAML 1.1), so dumped configs load back equal."""
+
+
+for _cls in (StrictLoader, StrictDumper):
+    _cls.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_WITHOUT_DOT, list("-+0123456789"))
 StrictLoader.add_constructor("tag:yaml.org,2002:timestamp", yaml.SafeLoader.construct_yaml_str)
 
 
@@ -356,16 +360,12 @@ def _parents(entry: Any, path: Path) -> list[Path]:
 # -------- 1. paths relative to the file that writes them -----------------------------------------
 
 
-FILE_KEYS = (
-    ("data", "train_path"),
-    ("data", "val_path"),
-    ("data", "prompt_file"),
-    ("data", "system_prompt_file"),
-)
-"""Keys that name a file the run reads: a relative one is relative to the config file."""
-PATH_OR_NAME_KEYS = (("data", "dataset_name"), ("data", "val_dataset_name"))
-"""Keys that name a local path or something else (a hub dataset, "tiny_math"): a relative one
-is relative to the config file when that path exists there, and left as it is otherwise."""
+FILE_KEYS = ("train_path", "val_path", "prompt_file", "system_prompt_file")
+"""Keys of `data` that name a file the run reads: a relative one is relative to the config file."""
+PATH_OR_NAME_KEYS = ("dataset_name", "val_dataset_name")
+"""Keys of `data` that name a local path or something else (a hub dataset, "tiny_math"): a
+relative one is relative to the config file when that path exists there, and left as it is
+otherwise."""
 MODEL_SECTIONS = ("policy", "teacher")
 """Sections holding tokenizer.chat_template (a template file or the template text), besides
 each entry of `teachers`."""
@@ -377,37 +377,24 @@ def with_paths_from(content: dict[str, Any], folder: Path) -> dict[str, Any]:
     path exists there), so a recipe finds its files from any working directory. Absolute
     paths, `${...}` interpolations and anything but text are left as they are; so are values
     given on the command line, which are the working directory's."""
-    for keys in FILE_KEYS:
-        _resolve_at(content, keys, folder, must_exist=False)
-    for keys in PATH_OR_NAME_KEYS:
-        _resolve_at(content, keys, folder, must_exist=True)
     teachers = content.get("teachers")
     models = [content.get(name) for name in MODEL_SECTIONS]
     models += list(teachers.values()) if isinstance(teachers, dict) else []
-    for model in models:
-        if isinstance(model, dict):
-            _resolve_at(model, ("tokenizer", "chat_template"), folder, must_exist=True)
+    data = content.get("data")
+    places = [(data, key, key in PATH_OR_NAME_KEYS) for key in (*FILE_KEYS, *PATH_OR_NAME_KEYS)]
+    places += [(_get(model, "tokenizer"), "chat_template", True) for model in models]
+    for section, key, must_exist in places:
+        value = _get(section, key)
+        if isinstance(value, str) and _is_relative_path(value):
+            path = folder / value
+            if not must_exist or _exists(path):
+                section[key] = os.path.abspath(path)
     return content
 
 
-def _resolve_at(
-    content: dict[str, Any], keys: tuple[str, ...], folder: Path, must_exist: bool
-) -> None:
-    """Make the relative path at content[keys[0]][keys[1]]... absolute against `folder` (in
-    place; with must_exist only when it names something there)."""
-    *parents, leaf = keys
-    node: Any = content
-    for key in parents:
-        node = node.get(key) if isinstance(node, dict) else None
-    if not isinstance(node, dict):
-        return
-    value = node.get(leaf)
-    if not isinstance(value, str) or not _is_relative_path(value):
-        return
-    path = folder / value
-    if must_exist and not _exists(path):
-        return
-    node[leaf] = os.path.abspath(path)
+def _get(section: Any, key: str) -> Any:
+    """section[key] when `section` is a mapping that has `key`, else None."""
+    return section.get(key) if isinstance(section, dict) else None
 
 
 def _exists(path: Path) -> bool:
@@ -500,12 +487,11 @@ NEMO_RL_MARKS = ("NeMo-RL's key", "NeMo-RL's form of the key")
 
 def _explain(item: Mapping[str, Any], loc: tuple[str | int, ...]) -> str:
     """What is wrong at `loc` and what is allowed, in words."""
-    kind, value = item["type"], item.get("input")
+    kind, value, nemo_rl = item["type"], item.get("input"), unknown_key_hint(loc)
     if kind == "extra_forbidden":
-        return _unknown_key(loc, keys_at(DistillationConfig, loc[:-1]))
+        return _unknown_key(loc, nemo_rl)
     if kind == "missing":
         return "required key is missing"
-    nemo_rl = unknown_key_hint(loc)
     nemo_rl = f"; {nemo_rl}" if nemo_rl else ""
     if kind in ("model_type", "model_attributes_type", "dict_type"):
         return f"must be a section (a mapping of keys); got {_shown(value)}{nemo_rl}"
@@ -525,12 +511,12 @@ def _shown(value: Any) -> str:
     return show(redact_user_info(value) if isinstance(value, str) else value)
 
 
-def _unknown_key(loc: tuple[str | int, ...], valid: list[str]) -> str:
-    """Message for a key the section does not accept: what it is here when NeMo-RL has it,
-    else the closest valid key of the same meaning, else the valid keys."""
-    nemo_rl = unknown_key_hint(loc)
+def _unknown_key(loc: tuple[str | int, ...], nemo_rl: str | None) -> str:
+    """Message for a key the section does not accept: what it is here when NeMo-RL has it
+    (`nemo_rl`), else the closest valid key of the same meaning, else the valid keys."""
     if nemo_rl:
         return f"unknown key; {nemo_rl}"
+    valid = keys_at(DistillationConfig, loc[:-1])
     hint = suggest(str(loc[-1]), valid)
     if hint:
         return f"unknown key{hint}"
@@ -545,19 +531,8 @@ def to_dict(cfg: BaseModel) -> dict[str, Any]:
     return cfg.model_dump(mode="json")
 
 
-class StrictDumper(yaml.SafeDumper):
-    """SafeDumper that quotes every string StrictLoader would read as something else (`1e5` is
-    a float to it, not to YAML 1.1), so dumped configs load back equal."""
-
-
-StrictDumper.add_implicit_resolver(
-    "tag:yaml.org,2002:float", _FLOAT_WITHOUT_DOT, list("-+0123456789")
-)
-
-
 def to_yaml(cfg: BaseModel) -> str:
     """The config (or any section) as YAML that load_config reads back to an equal config."""
-    data = to_dict(cfg)
     return yaml.dump(
-        data, Dumper=StrictDumper, sort_keys=False, default_flow_style=False, width=100
+        to_dict(cfg), Dumper=StrictDumper, sort_keys=False, default_flow_style=False, width=100
     )

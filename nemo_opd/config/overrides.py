@@ -33,6 +33,7 @@ Operation = Literal["set", "add", "force", "delete"]
 _KEY = re.compile(r"^[A-Za-z_][\w-]*(\.[A-Za-z_][\w-]*)*$")
 _NO_VALUE = object()
 _OPERATIONS = {"CHANGE": "set", "ADD": "add", "FORCE_ADD": "force", "DEL": "delete"}
+_PREFIXES: tuple[tuple[str, Operation], ...] = (("~", "delete"), ("++", "force"), ("+", "add"))
 _QUOTE_HINT = (
     "quote a value that holds = # ! ~ > , non-ASCII letters or an interpolation with resolver "
     "arguments, e.g. key='a=b' or key='${mul:${a},2}'"
@@ -129,12 +130,9 @@ def _check_key(text: str) -> None:
 
 def _split_prefix(text: str) -> tuple[Operation, str]:
     """Separate the operation prefix (~, ++, +) from the rest of the override."""
-    if text.startswith("~"):
-        return "delete", text[1:]
-    if text.startswith("++"):
-        return "force", text[2:]
-    if text.startswith("+"):
-        return "add", text[1:]
+    for prefix, operation in _PREFIXES:
+        if text.startswith(prefix):
+            return operation, text[len(prefix) :]
     return "set", text
 
 
@@ -177,11 +175,10 @@ def _parent_section(
         here = override.path[: depth + 1]
         child = node.get(part)
         if child is None:
+            hint = _hint(part, node, here[:-1], schema)
             if override.operation == "delete":
-                hint = _hint(part, node, here[:-1], schema)
                 _fail(override, f"cannot delete {override.key}: {'.'.join(here)} is not set{hint}")
             if override.operation == "set" and part not in node and not has_path(schema, here):
-                hint = _hint(part, node, here[:-1], schema)
                 _fail(override, f"unknown key {'.'.join(here)}{hint}")
             child = node[part] = {}
         if not isinstance(child, dict):

@@ -41,13 +41,8 @@ def template_problem(template: str, fields: Sequence[str] | None) -> str | None:
     except ValueError as error:
         return f"is not a valid format string ({error}): {_BRACES}"
     for _, name, spec, conversion in parsed:
-        shown = (
-            "{"
-            + name
-            + (f"!{conversion}" if conversion else "")
-            + (f":{spec}" if spec else "")
-            + "}"
-        )
+        marks = (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "")
+        shown = "{" + name + marks + "}"
         if conversion or spec:
             return f"{shown} converts or formats its value; only plain fields are accepted"
         if any(mark in name for mark in ".["):
