@@ -76,8 +76,5 @@ def join_path(parts: Iterable[str | int]) -> str:
     """Join key-path parts into `a.b[0].c` form."""
     text = ""
     for part in parts:
-        if isinstance(part, int):
-            text += f"[{part}]"
-        else:
-            text += f".{part}" if text else str(part)
+        text += f"[{part}]" if isinstance(part, int) else f".{part}" if text else str(part)
     return text

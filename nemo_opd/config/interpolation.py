@@ -328,18 +328,6 @@ def _check_nesting(text: str, path: tuple) -> None:
         )
 
 
-def _leaves(node: Any, path: tuple):
-    """(path, value) of every value that is not a section."""
-    if isinstance(node, dict):
-        for key, value in node.items():
-            yield from _leaves(value, (*path, key))
-    elif isinstance(node, list):
-        for index, value in enumerate(node):
-            yield from _leaves(value, (*path, index))
-    else:
-        yield path, node
-
-
 def reference_path(path: tuple, reference: str) -> tuple | None:
     """The key path `${reference}` names from the value at `path`: absolute (`a.b`, `a[0]`) or
     relative (`.sibling`, `..key_of_parent`), as OmegaConf reads it; None above the top."""
@@ -377,12 +365,12 @@ def _node_at(config: Any, path: tuple) -> Any:
 
 
 def interpolated_keys(config: Any, path: tuple[str | int, ...] = ()) -> dict[str, str]:
-    """Map each key path whose raw value contains `${` to that raw value.
-
-    Used to say, when a validated value is wrong, which interpolation produced it.
-    """
-    return {
-        join_path(key): value
-        for key, value in _leaves(config, path)
-        if isinstance(value, str) and "${" in value
-    }
+    """Map each key path whose raw value contains `${` to that raw value (to say, when a
+    validated value is wrong, which interpolation produced it)."""
+    found: dict[str, str] = {}
+    if isinstance(config, dict | list):
+        for key, value in config.items() if isinstance(config, dict) else enumerate(config):
+            found.update(interpolated_keys(value, (*path, key)))
+    elif isinstance(config, str) and "${" in config:
+        found[join_path(path)] = config
+    return found

@@ -201,14 +201,18 @@ def parse_yaml(text: str, source: str) -> Any:
     messages (a file path or an override)."""
     try:
         data = yaml.load(text, Loader=StrictLoader)
-    except yaml.MarkedYAMLError as error:
-        raise ConfigError(_describe_yaml_error(error, source)) from None
+    except yaml.MarkedYAMLError as error:  # file:line:column: problem
+        mark = error.problem_mark or error.context_mark
+        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
+        problem = error.problem or error.context or "syntax error"
+        raise ConfigError(f"{where}: invalid YAML: {problem}") from None
     except yaml.YAMLError as error:
         raise ConfigError(f"{source}: invalid YAML: {error}") from None
     except RecursionError:
         raise ConfigError(f"{source}: values nested more than {MAX_DEPTH} levels deep") from None
     except ValueError as error:  # an integer of more digits than Python converts, for one
-        raise ConfigError(f"{source}: invalid value: {_first_clause(error)}") from None
+        reason = str(error).split(";")[0]  # Python's advice to programmers follows the ';'
+        raise ConfigError(f"{source}: invalid value: {reason}") from None
     check_size(data, source)
     return unshared(data)
 
@@ -250,19 +254,6 @@ def read_yaml_file(path: Path) -> Any:
     if len(text) > MAX_FILE_BYTES:  # it grew after the stat
         raise ConfigError(f"config file {path} has more than {MAX_FILE_BYTES:,} bytes")
     return parse_yaml(text, str(path))
-
-
-def _first_clause(error: Exception) -> str:
-    """The error's message up to its first ';' (Python's advice to programmers follows it)."""
-    return str(error).split(";")[0]
-
-
-def _describe_yaml_error(error: yaml.MarkedYAMLError, source: str) -> str:
-    """One-line description of a YAML syntax error: `file:line:column: problem`."""
-    mark = error.problem_mark or error.context_mark
-    where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
-    problem = error.problem or error.context or "syntax error"
-    return f"{where}: invalid YAML: {problem}"
 
 
 # -------- 1. `defaults:` inheritance --------------------------------------------------------------

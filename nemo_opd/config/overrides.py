@@ -33,7 +33,6 @@ Operation = Literal["set", "add", "force", "delete"]
 _KEY = re.compile(r"^[A-Za-z_][\w-]*(\.[A-Za-z_][\w-]*)*$")
 _NO_VALUE = object()
 _OPERATIONS = {"CHANGE": "set", "ADD": "add", "FORCE_ADD": "force", "DEL": "delete"}
-_PREFIXES: tuple[tuple[str, Operation], ...] = (("~", "delete"), ("++", "force"), ("+", "add"))
 _QUOTE_HINT = (
     "quote a value that holds = # ! ~ > , non-ASCII letters or an interpolation with resolver "
     "arguments, e.g. key='a=b' or key='${mul:${a},2}'"
@@ -103,10 +102,10 @@ def parse_override(text: str) -> Override:
 def _check_key(text: str) -> None:
     """Refuse an override without '=', with an empty key, or whose key is not a dotted path
     (a Hydra config group a/b or package a@p included), with what to write instead."""
-    operation, rest = _split_prefix(text)
-    key, sep, _ = rest.partition("=")
+    prefix = next((prefix for prefix in ("~", "++", "+") if text.startswith(prefix)), "")
+    key, sep, _ = text[len(prefix) :].partition("=")
     key = key.strip()
-    if not sep and operation != "delete":
+    if not sep and prefix != "~":  # ~key deletes, without a value
         raise ConfigError(
             f"override {show(text)} has no '=': write key=value (or ~key to delete a key)"
         )
@@ -126,14 +125,6 @@ def _check_key(text: str) -> None:
             f"override {show(text)}: {show(key)} is not a key path "
             f"(dotted names such as policy.optimizer.lr){extra}"
         )
-
-
-def _split_prefix(text: str) -> tuple[Operation, str]:
-    """Separate the operation prefix (~, ++, +) from the rest of the override."""
-    for prefix, operation in _PREFIXES:
-        if text.startswith(prefix):
-            return operation, text[len(prefix) :]
-    return "set", text
 
 
 def apply_overrides(
