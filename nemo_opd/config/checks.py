@@ -15,7 +15,7 @@ from nemo_opd.config.address import check_cluster_address
 from nemo_opd.config.errors import show, suggest
 from nemo_opd.config.executor import check_executor
 from nemo_opd.config.model_schema import PolicyConfig
-from nemo_opd.config.schema import DistillationConfig, ObjectiveConfig
+from nemo_opd.config.schema import DistillationConfig
 from nemo_opd.config.self_teacher_checks import check_self_teacher
 from nemo_opd.config.templates import check_privileged_teacher, check_prompt_file
 from nemo_opd.config.worker_split import check_generation_placement, worker_split
@@ -312,8 +312,17 @@ def check_objective(cfg: DistillationConfig) -> Iterator[str]:
             f"{objective.topk_kl_coef}); set {section} to null ({section}=null on the command "
             "line)"
         )
-    if objective.loss != "policy_gradient":
-        yield from _policy_gradient_keys_set(objective)
+    if objective.loss != "policy_gradient":  # the advantage keys set away from off do nothing
+        unused = [
+            f"objective.{key} ({getattr(objective, key)!r})"
+            for key in ("opd_coef", "reward_estimator", "topk_kl_coef")
+            if getattr(objective, key) not in (0.0, "none")
+        ]
+        if unused:
+            yield (
+                f"{', '.join(unused)} only apply to objective.loss 'policy_gradient', but it is "
+                f"{objective.loss!r}; set objective.loss=policy_gradient or leave them at 0 / none"
+            )
         return
     if objective.opd_coef == 0 and not objective.uses_reward:
         yield (
@@ -333,20 +342,6 @@ def check_objective(cfg: DistillationConfig) -> Iterator[str]:
         yield (
             "objective.loss 'policy_gradient' needs sampled rollouts: "
             "policy.generation.temperature must be above 0"
-        )
-
-
-def _policy_gradient_keys_set(objective: ObjectiveConfig) -> Iterator[str]:
-    """The advantage keys set away from off under objective.loss topk_kl (they do nothing)."""
-    unused = [
-        f"objective.{key} ({getattr(objective, key)!r})"
-        for key in ("opd_coef", "reward_estimator", "topk_kl_coef")
-        if getattr(objective, key) not in (0.0, "none")
-    ]
-    if unused:
-        yield (
-            f"{', '.join(unused)} only apply to objective.loss 'policy_gradient', but it is "
-            f"{objective.loss!r}; set objective.loss=policy_gradient or leave them at 0 / none"
         )
 
 
@@ -530,9 +525,8 @@ def check_checkpointing(cfg: DistillationConfig) -> Iterator[str]:
         )
         return
     ranked_by_validation = (ckpt.metric_name or "").startswith("validation/")
-    if ckpt.keep_top_k is None or not ranked_by_validation:
-        return
-    if val_period == 0 or ckpt.save_period % val_period:
+    stale = val_period == 0 or ckpt.save_period % val_period
+    if ckpt.keep_top_k is not None and ranked_by_validation and stale:
         yield (
             f"checkpointing.metric_name is {ckpt.metric_name!r}, so checkpointing.save_period "
             f"({ckpt.save_period}) must be a multiple of distillation.val_period ({val_period}, "

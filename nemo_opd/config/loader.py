@@ -108,8 +108,7 @@ class StrictLoader(yaml.SafeLoader):
         self.merged_pairs = 0
 
     def flatten_mapping(self, node: yaml.MappingNode) -> None:
-        """Expand `node`'s merge keys in place (see the class docstring); a key written twice
-        in the mapping itself is an error."""
+        """Expand `node`'s merge keys in place (see the class docstring)."""
         self._expand(node, chain=())
 
     def _expand(self, node: yaml.MappingNode, chain: tuple[int, ...]) -> None:
@@ -333,9 +332,7 @@ def _check_defaults_spelling(content: dict[str, Any], path: Path) -> None:
 
 def _parents(entry: Any, path: Path) -> list[Path]:
     """The files listed under `defaults:` in `path`, resolved relative to its directory."""
-    if entry is None:
-        return []
-    entries = entry if isinstance(entry, list) else [entry]
+    entries = [] if entry is None else entry if isinstance(entry, list) else [entry]
     for item in entries:
         if not isinstance(item, str) or not item.strip():
             raise ConfigError(
@@ -363,11 +360,10 @@ each entry of `teachers`."""
 
 
 def with_paths_from(content: dict[str, Any], folder: Path) -> dict[str, Any]:
-    """One config file's own content with its relative paths resolved against `folder`, the
-    file's directory (FILE_KEYS always; PATH_OR_NAME_KEYS and tokenizer.chat_template when the
-    path exists there), so a recipe finds its files from any working directory. Absolute
-    paths, `${...}` interpolations and anything but text are left as they are; so are values
-    given on the command line, which are the working directory's."""
+    """One config file's own content with its relative paths (FILE_KEYS, PATH_OR_NAME_KEYS,
+    MODEL_SECTIONS) resolved against `folder`, the file's directory, so a recipe finds its files
+    from any working directory. Absolute paths, `${...}` interpolations and anything but text
+    are left as they are; so are values given on the command line (the working directory's)."""
     teachers = content.get("teachers")
     models = [content.get(name) for name in MODEL_SECTIONS]
     models += list(teachers.values()) if isinstance(teachers, dict) else []
@@ -412,12 +408,9 @@ def _is_relative_path(value: str) -> bool:
 def validate_config(
     data: Mapping[str, Any], interpolations: Mapping[str, str] | None = None
 ) -> DistillationConfig:
-    """Build a DistillationConfig from a plain (already resolved) dict.
-
-    `interpolations` maps key paths to the `${...}` expression their value came from, so that
-    a message about such a key can say so. Raises ConfigError listing every problem, one per
-    line, each naming its full key path.
-    """
+    """A DistillationConfig from a plain (already resolved) dict, or ConfigError listing every
+    problem, one per line, each naming its full key path (and, from `interpolations`, the
+    `${...}` expression its value came from)."""
     teachers = data.get("teachers")
     if isinstance(teachers, dict) and len(teachers) > MAX_TEACHERS:
         raise ConfigError(
