@@ -64,11 +64,8 @@ def _bounded(name: str, value: int | float) -> int | float:
 
 
 def _mul(*args: Any) -> Any:
-    numbers = _numbers("mul", args)
-    product: int | float = 1
-    for number in numbers:  # stop at the first excess: a long product is never computed whole
-        product = _bounded("mul", product * number)
-    return product
+    # bounded at each factor: a long product is never computed whole
+    return reduce(lambda product, n: _bounded("mul", product * n), _numbers("mul", args), 1)
 
 
 def _add(*args: Any) -> Any:

@@ -128,9 +128,7 @@ def _check_key(text: str) -> None:
 
 
 def apply_overrides(
-    config: dict[str, Any],
-    overrides: Iterable[str],
-    schema: type[BaseModel] = DistillationConfig,
+    config: dict[str, Any], overrides: Iterable[str], schema: type[BaseModel] = DistillationConfig
 ) -> dict[str, Any]:
     """Return a copy of `config` with the overrides applied in order."""
     result = copy.deepcopy(config)
