@@ -19,13 +19,7 @@ Every problem is raised as ConfigError with a message naming the full key path.
 
 from nemo_opd.config.errors import ConfigError
 from nemo_opd.config.interpolation import register_resolvers
-from nemo_opd.config.loader import (
-    compose_config,
-    load_config,
-    to_dict,
-    to_yaml,
-    validate_config,
-)
+from nemo_opd.config.loader import compose_config, load_config, to_dict, to_yaml, validate_config
 from nemo_opd.config.model_schema import (
     ColocatedConfig,
     DTensorConfig,

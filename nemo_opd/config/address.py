@@ -1,7 +1,5 @@
 """The address of a Ray cluster to attach to, and its form (checked when the config loads).
 
-    address_problem("10.0.0.1:6379")   # None: a host:port
-
 The address is the head node's GCS, host:port (`ray start --head --port=6379`; what Ray calls
 the cluster address and what `ray start --address` takes). Two other addresses look alike and
 are refused with a word on what they are: http://head:8265 is the dashboard, which `ray job

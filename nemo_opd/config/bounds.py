@@ -79,7 +79,5 @@ def check_size(data: Any, source: str) -> None:
             )
         if depth > MAX_DEPTH:
             raise ConfigError(f"{source}: values nested more than {MAX_DEPTH} levels deep")
-        if isinstance(node, dict):
-            stack.extend((value, depth + 1) for value in node.values())
-        elif isinstance(node, list):
-            stack.extend((value, depth + 1) for value in node)
+        values = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        stack.extend((value, depth + 1) for value in values)

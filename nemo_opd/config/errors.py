@@ -18,8 +18,7 @@ def closest(name: str, candidates: Iterable[str]) -> str | None:
 
 
 def suggest(name: str, candidates: Iterable[str]) -> str:
-    """Return "; did you mean 'x'?" for the closest key to `name` that can be a misspelling
-    of it (closest_key), or "" if none is."""
+    """The hint "; did you mean 'x'?" for the closest_key x to `name`, or "" if there is none."""
     match = closest_key(name, candidates)
     return f"; did you mean '{match}'?" if match else ""
 
@@ -51,13 +50,10 @@ def _same_word(part: str, word: str) -> bool:
 
 
 def show(value: object, limit: int = 80) -> str:
-    """Render a config value the way a user would write it in YAML, shortened to `limit` chars
-    (a long string is cut before it is rendered, so a megabyte value costs no more than a short
-    one)."""
-    if value is None:
-        text = "null"
-    elif isinstance(value, bool):
-        text = "true" if value else "false"
+    """A config value as a user would write it in YAML, shortened to `limit` chars (a long
+    string is cut before it is rendered: a megabyte value costs no more than a short one)."""
+    if value is None or isinstance(value, bool):
+        text = {None: "null", True: "true", False: "false"}[value]
     elif isinstance(value, int) and value.bit_length() > 64:
         text = f"an integer of {value.bit_length()} bits"  # repr() refuses over 4,300 digits
     elif isinstance(value, str) and len(value) > limit:
@@ -76,8 +72,5 @@ def join_path(parts: Iterable[str | int]) -> str:
     """Join key-path parts into `a.b[0].c` form."""
     text = ""
     for part in parts:
-        if isinstance(part, int):
-            text += f"[{part}]"
-        else:
-            text += f".{part}" if text else str(part)
+        text += f"[{part}]" if isinstance(part, int) else f".{part}" if text else str(part)
     return text

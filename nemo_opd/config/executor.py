@@ -1,8 +1,5 @@
 """Which executor runs a run's workers (cluster.executor): Ray actors, or objects in this process.
 
-    run_executor(cfg)      # "ray" or "local": what cluster.executor auto resolves to
-    ray_reasons(cfg)       # why the run needs Ray ([] when nothing does)
-
 A run needs Ray when it has more than one worker (cluster.num_nodes x cluster.gpus_per_node:
 the ranks of a model are processes that join one torch.distributed group), attaches to a
 cluster (cluster.address), or has a served teacher (its runs are Ray's). Otherwise auto picks

@@ -11,19 +11,16 @@ secret) into a config that is printed and logged, `oc.create` parse YAML no boun
 Each value is read by OmegaConf's own grammar (its parser and visitor: the same syntax,
 escapes and argument types), and the keys it refers to are looked up here, in the plain
 config, each resolved once (docs/design.md says why not by OmegaConf). The work is counted as
-it is done, stopping at the first excess of a bound of bounds.py: the `${` and characters
-parsed (MAX_RESOLUTIONS, MAX_PARSED_CHARS), what references and resolvers yield
-(MAX_INTERPOLATED_CHARS, MAX_VALUES: a section counted at every reference to it), the chain
-of references (MAX_REFERENCE_CHAIN) and the nesting of `${` in one value
-(MAX_INTERPOLATION_NESTING, checked before the parser recurses). An arithmetic result fits in
-64 bits (an int) or is finite (a float).
+it is done (_Work), stopping at the first excess of a bound of bounds.py; the nesting of `${`
+in one value is checked before the parser recurses. An arithmetic result fits in 64 bits (an
+int) or is finite (a float).
 """
 
 import copy
 import math
 import re
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import reduce
 from typing import Any
 
@@ -67,11 +64,8 @@ def _bounded(name: str, value: int | float) -> int | float:
 
 
 def _mul(*args: Any) -> Any:
-    numbers = _numbers("mul", args)
-    product: int | float = 1
-    for number in numbers:  # stop at the first excess: a long product is never computed whole
-        product = _bounded("mul", product * number)
-    return product
+    # bounded at each factor: a long product is never computed whole
+    return reduce(lambda product, n: _bounded("mul", product * n), _numbers("mul", args), 1)
 
 
 def _add(*args: Any) -> Any:
@@ -110,11 +104,8 @@ MISSING = "???"
 
 
 def resolve_interpolations(config: dict[str, Any]) -> dict[str, Any]:
-    """Return a copy of plain `config` with every `${...}` replaced by its value.
-
-    Raises ConfigError naming the key whose interpolation failed, the expression and why, or
-    the bound (module docstring) the config's interpolations would pass.
-    """
+    """A copy of plain `config` with every `${...}` replaced by its value; ConfigError naming
+    the key whose interpolation failed, the expression and why, or the bound it would pass."""
     try:
         return _Resolution(config).resolved(())[0]
     except RecursionError:
@@ -167,9 +158,8 @@ class _Resolution:
         """(value, size) of `raw`, the value at `path`."""
         if isinstance(raw, dict):
             parts = {key: self.resolved((*path, key)) for key in raw}
-            keys = sum(len(str(key)) for key in raw)
             sizes = [part[1] for part in parts.values()]
-            return {key: part[0] for key, part in parts.items()}, _total(sizes, keys)
+            return {key: part[0] for key, part in parts.items()}, _total(sizes, raw)
         if isinstance(raw, list):
             parts = [self.resolved((*path, index)) for index in range(len(raw))]
             return [part[0] for part in parts], _total([part[1] for part in parts])
@@ -256,9 +246,10 @@ class _Resolution:
 
 
 class _Work:
-    """What resolving one config has done, against the bounds of the module docstring: each value is
-    parsed and evaluated once, so the `${` in the values parsed bound the interpolations evaluated;
-    what the references and resolver calls yield is counted as they yield it."""
+    """What resolving one config has done, against bounds.py's bounds: the `${` and characters
+    parsed (each value is parsed and evaluated once, so these bound the interpolations
+    evaluated), and what references and resolver calls yield, a section counted at every
+    reference to it."""
 
     def __init__(self) -> None:
         self.interpolations = self.parsed = self.chars = self.values = 0
@@ -301,8 +292,7 @@ def _size(value: Any) -> Size:
     """(characters, values) of `value` written out: a section's keys and what they hold, each
     section a value of its own."""
     if isinstance(value, dict):
-        keys = sum(len(str(key)) for key in value)
-        return _total([_size(item) for item in value.values()], keys)
+        return _total([_size(item) for item in value.values()], value)
     if isinstance(value, list):
         return _total([_size(item) for item in value])
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
@@ -310,8 +300,9 @@ def _size(value: Any) -> Size:
     return len(str(value)), 1
 
 
-def _total(sizes: list[Size], key_chars: int = 0) -> Size:
-    """The size of a section that holds values of `sizes` under keys of `key_chars`."""
+def _total(sizes: list[Size], keys: Iterable[Any] = ()) -> Size:
+    """The size of a section that holds values of `sizes` under `keys` (a list has none)."""
+    key_chars = sum(len(str(key)) for key in keys)
     return key_chars + sum(size[0] for size in sizes), 1 + sum(size[1] for size in sizes)
 
 
@@ -326,18 +317,6 @@ def _check_nesting(text: str, path: tuple) -> None:
             f"{_name(path)}: interpolations nested {deepest} deep, more than the "
             f"{MAX_INTERPOLATION_NESTING} a value may have"
         )
-
-
-def _leaves(node: Any, path: tuple):
-    """(path, value) of every value that is not a section."""
-    if isinstance(node, dict):
-        for key, value in node.items():
-            yield from _leaves(value, (*path, key))
-    elif isinstance(node, list):
-        for index, value in enumerate(node):
-            yield from _leaves(value, (*path, index))
-    else:
-        yield path, node
 
 
 def reference_path(path: tuple, reference: str) -> tuple | None:
@@ -377,12 +356,12 @@ def _node_at(config: Any, path: tuple) -> Any:
 
 
 def interpolated_keys(config: Any, path: tuple[str | int, ...] = ()) -> dict[str, str]:
-    """Map each key path whose raw value contains `${` to that raw value.
-
-    Used to say, when a validated value is wrong, which interpolation produced it.
-    """
-    return {
-        join_path(key): value
-        for key, value in _leaves(config, path)
-        if isinstance(value, str) and "${" in value
-    }
+    """Map each key path whose raw value contains `${` to that raw value (to say, when a
+    validated value is wrong, which interpolation produced it)."""
+    found: dict[str, str] = {}
+    if isinstance(config, dict | list):
+        for key, value in config.items() if isinstance(config, dict) else enumerate(config):
+            found.update(interpolated_keys(value, (*path, key)))
+    elif isinstance(config, str) and "${" in config:
+        found[join_path(path)] = config
+    return found

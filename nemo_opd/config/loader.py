@@ -108,8 +108,7 @@ class StrictLoader(yaml.SafeLoader):
         self.merged_pairs = 0
 
     def flatten_mapping(self, node: yaml.MappingNode) -> None:
-        """Expand `node`'s merge keys in place (see the class docstring); a key written twice
-        in the mapping itself is an error."""
+        """Expand `node`'s merge keys in place (see the class docstring)."""
         self._expand(node, chain=())
 
     def _expand(self, node: yaml.MappingNode, chain: tuple[int, ...]) -> None:
@@ -186,9 +185,13 @@ def _merge_sources(value: yaml.Node) -> list[yaml.MappingNode]:
     return items
 
 
-StrictLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float", _FLOAT_WITHOUT_DOT, list("-+0123456789")
-)
+class StrictDumper(yaml.SafeDumper):
+    """SafeDumper that quotes every string StrictLoader would read as something else (`1e5` is
+    a float to it, not to YAML 1.1), so dumped configs load back equal."""
+
+
+for _cls in (StrictLoader, StrictDumper):
+    _cls.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_WITHOUT_DOT, list("-+0123456789"))
 StrictLoader.add_constructor("tag:yaml.org,2002:timestamp", yaml.SafeLoader.construct_yaml_str)
 
 
@@ -197,14 +200,18 @@ def parse_yaml(text: str, source: str) -> Any:
     messages (a file path or an override)."""
     try:
         data = yaml.load(text, Loader=StrictLoader)
-    except yaml.MarkedYAMLError as error:
-        raise ConfigError(_describe_yaml_error(error, source)) from None
+    except yaml.MarkedYAMLError as error:  # file:line:column: problem
+        mark = error.problem_mark or error.context_mark
+        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
+        problem = error.problem or error.context or "syntax error"
+        raise ConfigError(f"{where}: invalid YAML: {problem}") from None
     except yaml.YAMLError as error:
         raise ConfigError(f"{source}: invalid YAML: {error}") from None
     except RecursionError:
         raise ConfigError(f"{source}: values nested more than {MAX_DEPTH} levels deep") from None
     except ValueError as error:  # an integer of more digits than Python converts, for one
-        raise ConfigError(f"{source}: invalid value: {_first_clause(error)}") from None
+        reason = str(error).split(";")[0]  # Python's advice to programmers follows the ';'
+        raise ConfigError(f"{source}: invalid value: {reason}") from None
     check_size(data, source)
     return unshared(data)
 
@@ -246,19 +253,6 @@ def read_yaml_file(path: Path) -> Any:
     if len(text) > MAX_FILE_BYTES:  # it grew after the stat
         raise ConfigError(f"config file {path} has more than {MAX_FILE_BYTES:,} bytes")
     return parse_yaml(text, str(path))
-
-
-def _first_clause(error: Exception) -> str:
-    """The error's message up to its first ';' (Python's advice to programmers follows it)."""
-    return str(error).split(";")[0]
-
-
-def _describe_yaml_error(error: yaml.MarkedYAMLError, source: str) -> str:
-    """One-line description of a YAML syntax error: `file:line:column: problem`."""
-    mark = error.problem_mark or error.context_mark
-    where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
-    problem = error.problem or error.context or "syntax error"
-    return f"{where}: invalid YAML: {problem}"
 
 
 # -------- 1. `defaults:` inheritance --------------------------------------------------------------
@@ -338,9 +332,7 @@ def _check_defaults_spelling(content: dict[str, Any], path: Path) -> None:
 
 def _parents(entry: Any, path: Path) -> list[Path]:
     """The files listed under `defaults:` in `path`, resolved relative to its directory."""
-    if entry is None:
-        return []
-    entries = entry if isinstance(entry, list) else [entry]
+    entries = [] if entry is None else entry if isinstance(entry, list) else [entry]
     for item in entries:
         if not isinstance(item, str) or not item.strip():
             raise ConfigError(
@@ -356,58 +348,40 @@ def _parents(entry: Any, path: Path) -> list[Path]:
 # -------- 1. paths relative to the file that writes them -----------------------------------------
 
 
-FILE_KEYS = (
-    ("data", "train_path"),
-    ("data", "val_path"),
-    ("data", "prompt_file"),
-    ("data", "system_prompt_file"),
-)
-"""Keys that name a file the run reads: a relative one is relative to the config file."""
-PATH_OR_NAME_KEYS = (("data", "dataset_name"), ("data", "val_dataset_name"))
-"""Keys that name a local path or something else (a hub dataset, "tiny_math"): a relative one
-is relative to the config file when that path exists there, and left as it is otherwise."""
+FILE_KEYS = ("train_path", "val_path", "prompt_file", "system_prompt_file")
+"""Keys of `data` that name a file the run reads: a relative one is relative to the config file."""
+PATH_OR_NAME_KEYS = ("dataset_name", "val_dataset_name")
+"""Keys of `data` that name a local path or something else (a hub dataset, "tiny_math"): a
+relative one is relative to the config file when that path exists there, and left as it is
+otherwise."""
 MODEL_SECTIONS = ("policy", "teacher")
 """Sections holding tokenizer.chat_template (a template file or the template text), besides
 each entry of `teachers`."""
 
 
 def with_paths_from(content: dict[str, Any], folder: Path) -> dict[str, Any]:
-    """One config file's own content with its relative paths resolved against `folder`, the
-    file's directory (FILE_KEYS always; PATH_OR_NAME_KEYS and tokenizer.chat_template when the
-    path exists there), so a recipe finds its files from any working directory. Absolute
-    paths, `${...}` interpolations and anything but text are left as they are; so are values
-    given on the command line, which are the working directory's."""
-    for keys in FILE_KEYS:
-        _resolve_at(content, keys, folder, must_exist=False)
-    for keys in PATH_OR_NAME_KEYS:
-        _resolve_at(content, keys, folder, must_exist=True)
+    """One config file's own content with its relative paths (FILE_KEYS, PATH_OR_NAME_KEYS,
+    MODEL_SECTIONS) resolved against `folder`, the file's directory, so a recipe finds its files
+    from any working directory. Absolute paths, `${...}` interpolations and anything but text
+    are left as they are; so are values given on the command line (the working directory's)."""
     teachers = content.get("teachers")
     models = [content.get(name) for name in MODEL_SECTIONS]
     models += list(teachers.values()) if isinstance(teachers, dict) else []
-    for model in models:
-        if isinstance(model, dict):
-            _resolve_at(model, ("tokenizer", "chat_template"), folder, must_exist=True)
+    data = content.get("data")
+    places = [(data, key, key in PATH_OR_NAME_KEYS) for key in (*FILE_KEYS, *PATH_OR_NAME_KEYS)]
+    places += [(_get(model, "tokenizer"), "chat_template", True) for model in models]
+    for section, key, must_exist in places:
+        value = _get(section, key)
+        if isinstance(value, str) and _is_relative_path(value):
+            path = folder / value
+            if not must_exist or _exists(path):
+                section[key] = os.path.abspath(path)
     return content
 
 
-def _resolve_at(
-    content: dict[str, Any], keys: tuple[str, ...], folder: Path, must_exist: bool
-) -> None:
-    """Make the relative path at content[keys[0]][keys[1]]... absolute against `folder` (in
-    place; with must_exist only when it names something there)."""
-    *parents, leaf = keys
-    node: Any = content
-    for key in parents:
-        node = node.get(key) if isinstance(node, dict) else None
-    if not isinstance(node, dict):
-        return
-    value = node.get(leaf)
-    if not isinstance(value, str) or not _is_relative_path(value):
-        return
-    path = folder / value
-    if must_exist and not _exists(path):
-        return
-    node[leaf] = os.path.abspath(path)
+def _get(section: Any, key: str) -> Any:
+    """section[key] when `section` is a mapping that has `key`, else None."""
+    return section.get(key) if isinstance(section, dict) else None
 
 
 def _exists(path: Path) -> bool:
@@ -434,12 +408,9 @@ def _is_relative_path(value: str) -> bool:
 def validate_config(
     data: Mapping[str, Any], interpolations: Mapping[str, str] | None = None
 ) -> DistillationConfig:
-    """Build a DistillationConfig from a plain (already resolved) dict.
-
-    `interpolations` maps key paths to the `${...}` expression their value came from, so that
-    a message about such a key can say so. Raises ConfigError listing every problem, one per
-    line, each naming its full key path.
-    """
+    """A DistillationConfig from a plain (already resolved) dict, or ConfigError listing every
+    problem, one per line, each naming its full key path (and, from `interpolations`, the
+    `${...}` expression its value came from)."""
     teachers = data.get("teachers")
     if isinstance(teachers, dict) and len(teachers) > MAX_TEACHERS:
         raise ConfigError(
@@ -500,12 +471,11 @@ NEMO_RL_MARKS = ("NeMo-RL's key", "NeMo-RL's form of the key")
 
 def _explain(item: Mapping[str, Any], loc: tuple[str | int, ...]) -> str:
     """What is wrong at `loc` and what is allowed, in words."""
-    kind, value = item["type"], item.get("input")
+    kind, value, nemo_rl = item["type"], item.get("input"), unknown_key_hint(loc)
     if kind == "extra_forbidden":
-        return _unknown_key(loc, keys_at(DistillationConfig, loc[:-1]))
+        return _unknown_key(loc, nemo_rl)
     if kind == "missing":
         return "required key is missing"
-    nemo_rl = unknown_key_hint(loc)
     nemo_rl = f"; {nemo_rl}" if nemo_rl else ""
     if kind in ("model_type", "model_attributes_type", "dict_type"):
         return f"must be a section (a mapping of keys); got {_shown(value)}{nemo_rl}"
@@ -525,12 +495,12 @@ def _shown(value: Any) -> str:
     return show(redact_user_info(value) if isinstance(value, str) else value)
 
 
-def _unknown_key(loc: tuple[str | int, ...], valid: list[str]) -> str:
-    """Message for a key the section does not accept: what it is here when NeMo-RL has it,
-    else the closest valid key of the same meaning, else the valid keys."""
-    nemo_rl = unknown_key_hint(loc)
+def _unknown_key(loc: tuple[str | int, ...], nemo_rl: str | None) -> str:
+    """Message for a key the section does not accept: what it is here when NeMo-RL has it
+    (`nemo_rl`), else the closest valid key of the same meaning, else the valid keys."""
     if nemo_rl:
         return f"unknown key; {nemo_rl}"
+    valid = keys_at(DistillationConfig, loc[:-1])
     hint = suggest(str(loc[-1]), valid)
     if hint:
         return f"unknown key{hint}"
@@ -545,19 +515,8 @@ def to_dict(cfg: BaseModel) -> dict[str, Any]:
     return cfg.model_dump(mode="json")
 
 
-class StrictDumper(yaml.SafeDumper):
-    """SafeDumper that quotes every string StrictLoader would read as something else (`1e5` is
-    a float to it, not to YAML 1.1), so dumped configs load back equal."""
-
-
-StrictDumper.add_implicit_resolver(
-    "tag:yaml.org,2002:float", _FLOAT_WITHOUT_DOT, list("-+0123456789")
-)
-
-
 def to_yaml(cfg: BaseModel) -> str:
     """The config (or any section) as YAML that load_config reads back to an equal config."""
-    data = to_dict(cfg)
     return yaml.dump(
-        data, Dumper=StrictDumper, sort_keys=False, default_flow_style=False, width=100
+        to_dict(cfg), Dumper=StrictDumper, sort_keys=False, default_flow_style=False, width=100
     )

@@ -1,11 +1,7 @@
-"""The sections of a model, the student (policy) or a teacher: tokenizer, optimizer, schedule,
-training backends (DTensor, Megatron), microbatching, generation (vLLM or transformers), LoRA,
-and a teacher's server.
-
-    PolicyConfig    model, tokenizer, batch sizes, backend (dtensor_cfg or megatron_cfg),
-                    microbatching, optimizer, scheduler, generation, lora
-    TeacherConfig   a PolicyConfig plus `server` (scored over HTTP), `prompt_template` (its
-                    own prompt) and `source` (a model of its own, or the student itself)
+"""The sections of a model, the student (PolicyConfig) or a teacher (TeacherConfig: a
+PolicyConfig plus `server`, scored over HTTP, `prompt_template`, its own prompt, and `source`, a
+model of its own or the student itself): tokenizer, optimizer, schedule, training backends
+(DTensor, Megatron), microbatching, generation (vLLM or transformers), LoRA.
 """
 
 from collections.abc import Callable

@@ -102,10 +102,10 @@ def parse_override(text: str) -> Override:
 def _check_key(text: str) -> None:
     """Refuse an override without '=', with an empty key, or whose key is not a dotted path
     (a Hydra config group a/b or package a@p included), with what to write instead."""
-    operation, rest = _split_prefix(text)
-    key, sep, _ = rest.partition("=")
+    prefix = next((prefix for prefix in ("~", "++", "+") if text.startswith(prefix)), "")
+    key, sep, _ = text[len(prefix) :].partition("=")
     key = key.strip()
-    if not sep and operation != "delete":
+    if not sep and prefix != "~":  # ~key deletes, without a value
         raise ConfigError(
             f"override {show(text)} has no '=': write key=value (or ~key to delete a key)"
         )
@@ -127,21 +127,8 @@ def _check_key(text: str) -> None:
         )
 
 
-def _split_prefix(text: str) -> tuple[Operation, str]:
-    """Separate the operation prefix (~, ++, +) from the rest of the override."""
-    if text.startswith("~"):
-        return "delete", text[1:]
-    if text.startswith("++"):
-        return "force", text[2:]
-    if text.startswith("+"):
-        return "add", text[1:]
-    return "set", text
-
-
 def apply_overrides(
-    config: dict[str, Any],
-    overrides: Iterable[str],
-    schema: type[BaseModel] = DistillationConfig,
+    config: dict[str, Any], overrides: Iterable[str], schema: type[BaseModel] = DistillationConfig
 ) -> dict[str, Any]:
     """Return a copy of `config` with the overrides applied in order."""
     result = copy.deepcopy(config)
@@ -177,11 +164,10 @@ def _parent_section(
         here = override.path[: depth + 1]
         child = node.get(part)
         if child is None:
+            hint = _hint(part, node, here[:-1], schema)
             if override.operation == "delete":
-                hint = _hint(part, node, here[:-1], schema)
                 _fail(override, f"cannot delete {override.key}: {'.'.join(here)} is not set{hint}")
             if override.operation == "set" and part not in node and not has_path(schema, here):
-                hint = _hint(part, node, here[:-1], schema)
                 _fail(override, f"unknown key {'.'.join(here)}{hint}")
             child = node[part] = {}
         if not isinstance(child, dict):

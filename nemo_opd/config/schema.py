@@ -1,20 +1,8 @@
-"""The configuration schema of a run: one pydantic model per section.
+"""The configuration schema of a run: one pydantic model per section, DistillationConfig the
+whole run (a model's sections, the student's and a teacher's, are in model_schema.py).
 
-A component receives only its own section (`Policy(cfg.policy)`).
-
-    DistillationConfig
-      policy, teacher   PolicyConfig, TeacherConfig (model_schema.py): model, tokenizer, batch
-                        sizes, backend, microbatching, optimizer, scheduler, generation; a
-                        teacher's `server` (scored over HTTP)
-      teachers          {name: TeacherConfig}: several teachers, routed by data.teacher_key
-      loss_fn           LossConfig: the top-k divergence
-      objective         ObjectiveConfig: the training loss (top-k divergence or policy
-                        gradient) and the advantage terms of a policy-gradient loss
-      distillation      DistillationLoopConfig: rollouts per step, steps, top-k, validation
-      data, env         DataConfig, EnvConfig: prompts and the environments that grade them
-      logger, cluster, checkpointing
-
-The schema checks each field; the cross-field rules (checks.py) read a validated config.
+A component receives only its own section (`Policy(cfg.policy)`). The schema checks each
+field; the cross-field rules (checks.py) read a validated config.
 """
 
 from typing import Literal

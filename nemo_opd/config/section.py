@@ -1,8 +1,4 @@
-"""The base of every configuration section, and the upper bounds of sizes.
-
-Each section rejects unknown keys, refuses inf and nan, and takes its fields' docstrings as
-their descriptions (docs/config.md is generated from them by nemo_opd.config_reference).
-"""
+"""The base of every configuration section (Section), and the upper bounds of sizes."""
 
 from typing import Literal
 

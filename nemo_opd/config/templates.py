@@ -11,7 +11,7 @@ the template's length plus the values'.
 """
 
 import string
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from nemo_opd.config.schema import DistillationConfig
@@ -41,13 +41,8 @@ def template_problem(template: str, fields: Sequence[str] | None) -> str | None:
     except ValueError as error:
         return f"is not a valid format string ({error}): {_BRACES}"
     for _, name, spec, conversion in parsed:
-        shown = (
-            "{"
-            + name
-            + (f"!{conversion}" if conversion else "")
-            + (f":{spec}" if spec else "")
-            + "}"
-        )
+        marks = (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "")
+        shown = "{" + name + marks + "}"
         if conversion or spec:
             return f"{shown} converts or formats its value; only plain fields are accepted"
         if any(mark in name for mark in ".["):
@@ -60,11 +55,9 @@ def template_problem(template: str, fields: Sequence[str] | None) -> str | None:
     if fields is None and len(parsed) != 1:
         found = f"; it has {len(parsed)}: {_BRACES}" if parsed else ""
         return f'must contain one "{{}}" for the prompt{found}'
+    args, kwargs = (("x",), {}) if fields is None else ((), dict.fromkeys(fields, "x"))
     try:  # the call the run makes, on sample values
-        if fields is None:
-            template.format("x")
-        else:
-            template.format(**dict.fromkeys(fields, "x"))
+        template.format(*args, **kwargs)
     except (IndexError, KeyError, ValueError) as error:
         return f"cannot be formatted ({error!r}): {_BRACES}"
     return None
@@ -93,21 +86,20 @@ def read_template_file(path: str) -> str:
 # -------- the checks of the config's templates (nemo_opd.config.checks runs them) -----------------
 
 
-def check_privileged_teacher(cfg: DistillationConfig) -> list[str]:
+def check_privileged_teacher(cfg: DistillationConfig) -> Iterator[str]:
     """teacher.prompt_template has only plain fields ({prompt}, {answer}, {response}; no conversion,
     format specification, attribute or item), {response} with data.response_key set."""
     template = cfg.teacher.prompt_template if cfg.teacher is not None else None
     if template is None:
-        return []
+        return
     problem = template_problem(template, PRIVILEGED_FIELDS)
     if problem:
-        return [f"teacher.prompt_template {problem}"]
-    if "response" in template_fields(template) and cfg.data.response_key is None:
-        return [
+        yield f"teacher.prompt_template {problem}"
+    elif "response" in template_fields(template) and cfg.data.response_key is None:
+        yield (
             "teacher.prompt_template names {response}, but data.response_key is null; set it "
             "to the column holding the reference responses"
-        ]
-    return []
+        )
 
 
 def check_prompt_file(cfg: DistillationConfig) -> list[str]:

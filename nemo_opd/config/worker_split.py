@@ -5,6 +5,7 @@ refuses a placement that does not fit at load time, and setup uses the split to 
 workers (nemo_opd.distributed.placement).
 """
 
+from collections.abc import Iterator
 from typing import NamedTuple
 
 from nemo_opd.config.model_schema import GenerationConfig
@@ -20,11 +21,9 @@ class WorkerSplit(NamedTuple):
 
 def worker_split(cluster: ClusterConfig, generation: GenerationConfig | None) -> WorkerSplit | None:
     """Split the cluster's workers; None when the non-colocated resources do not fit the cluster.
-
-    Colocated generation shares every worker with training. Non-colocated generation takes
+    Colocated generation shares every worker with training; non-colocated generation takes
     `resources.gpus_per_node` workers of the single node, or `resources.num_nodes` whole nodes
-    of a multi-node cluster; training gets the rest.
-    """
+    of a multi-node cluster, and training gets the rest."""
     world = cluster.world_size
     if generation is None or generation.colocated.enabled:
         return WorkerSplit(training=world, generation=world)
@@ -42,27 +41,25 @@ def worker_split(cluster: ClusterConfig, generation: GenerationConfig | None) ->
     return WorkerSplit(training=world - reserved, generation=reserved) if fits else None
 
 
-def check_generation_placement(cfg: DistillationConfig) -> list[str]:
+def check_generation_placement(cfg: DistillationConfig) -> Iterator[str]:
     """Non-colocated generation must leave workers for training; vLLM's tensor_parallel_size is
     1 (each generation worker runs one single-device vLLM engine)."""
     generation, cluster = cfg.policy.generation, cfg.cluster
     if generation is None:
-        return []
+        return
     if worker_split(cluster, generation) is None:
         resources = generation.colocated.resources
-        return [
+        yield (
             f"policy.generation.colocated.resources (gpus_per_node={resources.gpus_per_node}, "
             f"num_nodes={resources.num_nodes}) does not fit cluster (num_nodes="
             f"{cluster.num_nodes}, gpus_per_node={cluster.gpus_per_node}) with "
             "policy.generation.colocated.enabled false: both must be set; on one node, "
             "generation takes fewer than all of its gpus_per_node; on several nodes, generation "
             "takes whole nodes (the same gpus_per_node) and fewer than num_nodes"
-        ]
-    vllm_tp = generation.vllm_cfg.tensor_parallel_size
-    if vllm_tp != 1:
-        return [
+        )
+    elif (vllm_tp := generation.vllm_cfg.tensor_parallel_size) != 1:
+        yield (
             f"policy.generation.vllm_cfg.tensor_parallel_size ({vllm_tp}) is not supported yet: "
             "each generation worker runs one single-device vLLM engine (data parallel over the "
             "generation workers); set it to 1"
-        ]
-    return []
+        )
