@@ -30,17 +30,30 @@ from pathlib import Path
 
 def suite_cases(tests_dir: Path) -> list[dict]:
     """{"source", "gold", "pred", "expected", "options"} for every parametrized case of the
-    Math-Verify test modules that has a gold and a prediction."""
+    Math-Verify test modules that has a gold and a prediction. They import as the package
+    `tests` of their checkout: any other `tests` already imported (a test runner's) is set
+    aside meanwhile and put back after."""
     sys.path.insert(0, str(tests_dir.resolve().parent))
+    others = _pop_tests_package()
     cases = []
-    for path in sorted(tests_dir.glob("test_*.py")):
-        module = importlib.import_module(f"tests.{path.stem}")
-        for name, test in vars(module).items():
-            if not name.startswith("test_"):
-                continue
-            for mark in getattr(test, "pytestmark", []):
-                cases += _parametrized_cases(mark, f"{path.name}::{name}")
+    try:
+        for path in sorted(tests_dir.glob("test_*.py")):
+            module = importlib.import_module(f"tests.{path.stem}")
+            for name, test in vars(module).items():
+                if not name.startswith("test_"):
+                    continue
+                for mark in getattr(test, "pytestmark", []):
+                    cases += _parametrized_cases(mark, f"{path.name}::{name}")
+    finally:
+        _pop_tests_package()
+        sys.modules.update(others)
     return cases
+
+
+def _pop_tests_package() -> dict:
+    """Remove the package `tests` and its modules from sys.modules; what was removed."""
+    names = [name for name in sys.modules if name == "tests" or name.startswith("tests.")]
+    return {name: sys.modules.pop(name) for name in names}
 
 
 def _parametrized_cases(mark, source: str) -> list[dict]:

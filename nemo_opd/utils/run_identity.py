@@ -147,8 +147,12 @@ def _same_tiny_model(recorded: Any, name: Any) -> bool:
 
 
 def _show(value: Any) -> str:
+    """The value as JSON; a long one keeps its two ends (a path's root and file name)."""
     text = "(none)" if value is None else json.dumps(value)
-    return text if len(text) <= _VALUE_CHARS else text[: _VALUE_CHARS - 3] + "..."
+    if len(text) <= _VALUE_CHARS:
+        return text
+    half = (_VALUE_CHARS - 3) // 2
+    return text[:half] + "..." + text[-half:]
 
 
 def _listed(found: list[str]) -> str:

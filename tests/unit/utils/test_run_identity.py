@@ -9,6 +9,7 @@ weights again and overwrote its run_config.json beside its metrics, with exit st
 """
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -52,6 +53,19 @@ def finished_run(tmp_path: Path, step: int = 350, *overrides: str, identity: boo
     return cfg
 
 
+def assert_shows_path(message: str, key: str, path: Path) -> None:
+    """The message names key's change to `path`: the whole path, or, for a long one, its two
+    ends around "..." (the file name kept)."""
+    shown = re.search(rf'{re.escape(key)}: \(none\) -> "([^"]*)"', message)
+    assert shown, message
+    head, cut, tail = shown.group(1).partition("...")
+    if not cut:
+        assert head == str(path), message
+    else:
+        assert str(path).startswith(head) and str(path).endswith(tail), message
+        assert tail.endswith(path.name), message
+
+
 def refusal(cfg) -> str:
     with pytest.raises(SetupError) as caught:
         check_run_folders(cfg)
@@ -78,13 +92,23 @@ def test_another_models_and_datas_run_is_refused_naming_each_difference(tmp_path
     for difference in (
         'policy.model_name: "tiny:student" -> "tiny:teacher"',
         'data.dataset_name: "tiny_math" -> (none)',
-        f'data.train_path: (none) -> "{mine}"',
         'loss_fn.kl_type: "forward" -> "reverse"',
         "distillation.num_generations_per_prompt: 2 -> 4",
     ):
         assert difference in message, message
+    assert_shows_path(message, "data.train_path", mine)
     assert "max_num_steps" not in message  # may change on resume
     assert "checkpointing.checkpoint_dir=" in message and "checkpointing.resume=force" in message
+
+
+def test_a_long_path_is_shown_with_its_file_name(tmp_path):
+    finished_run(tmp_path)
+    mine = tmp_path / ("a_folder_with_a_long_name_" * 4) / "my_train_split.jsonl"
+    mine.parent.mkdir()
+    mine.write_text('{"prompt": "1 + 1 =", "answer": "2"}\n')
+    message = refusal(config(tmp_path, "data.dataset_name=null", f"data.train_path={mine}"))
+    assert "..." in message and 'my_train_split.jsonl"' in message, message
+    assert_shows_path(message, "data.train_path", mine)
 
 
 def test_what_may_change_on_resume_is_no_difference(tmp_path):
