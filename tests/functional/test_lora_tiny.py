@@ -79,7 +79,8 @@ def test_lora_run_refits_checkpoints_adapters_and_exports_merged(straight):
 
 @pytest.mark.slow  # two more runs of their own: `pytest -m slow`
 def test_sigkill_of_a_training_worker_resumes_like_the_straight_run(straight, tmp_path):
-    faulty = command(tmp_path, *CHECKPOINTS, "checkpointing.save_period=1")
+    # On Ray: its training worker is a process of its own to kill (one worker runs locally).
+    faulty = command(tmp_path, *CHECKPOINTS, "checkpointing.save_period=1", "cluster.executor=ray")
     run = Run(faulty, tmp_path)
     run.wait_for_checkpoint(2)
     victim = run.policy_workers()[0]
