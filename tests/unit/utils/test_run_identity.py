@@ -9,11 +9,11 @@ weights again and overwrote its run_config.json beside its metrics, with exit st
 """
 
 import json
-import re
 import time
 from pathlib import Path
 
 import pytest
+from refused_runs import assert_shows_path
 from shipped_recipes import load_recipe
 
 from nemo_opd import cli
@@ -51,19 +51,6 @@ def finished_run(tmp_path: Path, step: int = 350, *overrides: str, identity: boo
     (logs / "metrics.jsonl").write_text('{"step": 0, "validation/accuracy": 0.34}\n')
     (logs / "run_config.json").write_text(json.dumps(cfg.model_dump(mode="json")))
     return cfg
-
-
-def assert_shows_path(message: str, key: str, path: Path) -> None:
-    """The message names key's change to `path`: the whole path, or, for a long one, its two
-    ends around "..." (the file name kept)."""
-    shown = re.search(rf'{re.escape(key)}: \(none\) -> "([^"]*)"', message)
-    assert shown, message
-    head, cut, tail = shown.group(1).partition("...")
-    if not cut:
-        assert head == str(path), message
-    else:
-        assert str(path).startswith(head) and str(path).endswith(tail), message
-        assert tail.endswith(path.name), message
 
 
 def refusal(cfg) -> str:
