@@ -3,6 +3,8 @@
 import os
 import secrets
 
+import pytest
+
 # Read when ray is imported: under `uv run`, Ray would otherwise package the project and build a
 # fresh venv for its workers (about a minute, more than some tests wait for a worker); the
 # workers use this venv as is. The command line sets the same (nemo_opd.cli).
@@ -34,3 +36,27 @@ def pytest_configure(config):
 
     for line in repair_installed_tags():
         print(f"note: repaired installed wheel tags: {line}")
+
+
+@pytest.fixture(scope="module")
+def ray_session(request):
+    """This process connected to a local Ray for the module: the instance the process's modules
+    share (tests/ray_local.py), with at least the module's RAY_CPUS logical CPUs (2 where it
+    sets none), or exactly that many where its RAY_CPUS_EXACT is true (a test of it relies on
+    the limit)."""
+    from ray_local import shared_ray
+
+    cpus = getattr(request.module, "RAY_CPUS", 2)
+    exact = getattr(request.module, "RAY_CPUS_EXACT", False)
+    with shared_ray(cpus, exact=exact, user=request.module.__name__):
+        yield
+
+
+@pytest.fixture(scope="module")
+def own_ray():
+    """For a module whose tests start, attach to or stop Ray themselves (Ray's address, nodes
+    and runtime, the command line's own instance): the shared instance (tests/ray_local.py) is
+    stopped first, so that theirs is the only one this process runs."""
+    from ray_local import stop_shared_ray
+
+    stop_shared_ray()

@@ -74,15 +74,6 @@ def odd_student(assets, tmp_path_factory) -> str:
     return str(path)
 
 
-@pytest.fixture(scope="module")
-def ray_session():
-    import ray
-
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 def fixed_batch(assets, rows: int, offset: int) -> dict[str, torch.Tensor]:
     """`rows` problems from the train split, each with its solution as the assistant turn."""
     tokenizer = AutoTokenizer.from_pretrained(assets.tokenizer)

@@ -27,7 +27,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import ray
 from run_metrics import read_metrics
 from short_runs import LOCKSTEP, short_run_args
 
@@ -41,11 +40,7 @@ STEPS = 4
 DATA_METRICS = ("train/num_tokens", "train/reward", "rollout/mean_generated_tokens")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def ray_session():
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+pytestmark = pytest.mark.usefixtures("ray_session")  # every run attaches to the module's Ray
 
 
 def run_loop(run_dir: Path, config: str, *extra: str) -> dict[int, dict]:

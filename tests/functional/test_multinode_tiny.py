@@ -32,6 +32,8 @@ from nemo_opd.cli import main
 from nemo_opd.distributed.address import probe_head
 from nemo_opd.errors import SetupError
 
+pytestmark = pytest.mark.usefixtures("own_ray")  # a cluster, and local instances of the loop
+
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "examples" / "configs" / "distillation_tiny.yaml"
 STEPS = 2

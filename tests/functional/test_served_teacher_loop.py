@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 import pytest
-import ray
 from run_metrics import assert_resumed_like, read_metrics
 
 from nemo_opd.cli import EXIT_CONFIG_ERROR, EXIT_RUN_FAILED, main
@@ -74,12 +73,10 @@ class TeacherServer:
 
 
 @pytest.fixture(scope="module")
-def server():
+def server(ray_session):
     server = TeacherServer()
     server.start()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield server
-    ray.shutdown()
     server.stop()
 
 

@@ -14,12 +14,7 @@ from nemo_opd.config import LoggerConfig
 from nemo_opd.utils.logger import Logger
 from nemo_opd.utils.run_dirs import RunLock
 
-
-@pytest.fixture(scope="module", autouse=True)
-def ray_instance():
-    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+pytestmark = pytest.mark.usefixtures("ray_session")  # a Ray to hold the runs' placement groups
 
 
 class Part:

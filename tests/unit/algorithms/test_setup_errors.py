@@ -8,7 +8,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-import ray
 
 from nemo_opd.cli import main
 from nemo_opd.tiny.assets import ensure_tiny_assets
@@ -24,13 +23,9 @@ def assets():
     return ensure_tiny_assets(micro_recipe())
 
 
-@pytest.fixture(scope="module", autouse=True)
-def ray_instance():
-    """One Ray instance for the module: the command line attaches to it instead of starting and
-    stopping its own for every refused run."""
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+# One Ray for the module (tests/conftest.py's ray_session): the command line attaches to it
+# instead of starting and stopping its own for every refused run.
+pytestmark = pytest.mark.usefixtures("ray_session")
 
 
 def run(assets, tmp_path, *overrides):

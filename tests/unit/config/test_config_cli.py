@@ -12,6 +12,8 @@ import ray
 from nemo_opd import cli
 from nemo_opd.errors import SetupError
 
+pytestmark = pytest.mark.usefixtures("own_ray")  # the command line starts and stops Ray
+
 REPO = Path(__file__).resolve().parents[3]
 SCRIPT = REPO / "examples" / "run_distillation_math.py"
 TINY = REPO / "examples" / "configs" / "distillation_tiny.yaml"

@@ -13,6 +13,8 @@ from nemo_opd.config.address import address_problem, split_address
 from nemo_opd.distributed.address import probe_head
 from nemo_opd.errors import SetupError
 
+pytestmark = pytest.mark.usefixtures("own_ray")  # a Ray head of its own to probe
+
 
 def test_forms():
     assert address_problem("10.0.0.1:6379") is None

@@ -16,7 +16,8 @@ from nemo_opd.distributed.nodes import (
 
 
 @pytest.fixture(scope="module")
-def local_ray():
+def local_ray(own_ray):
+    """Ray's nodes as a fresh instance of its own has them (two CPUs, no actor)."""
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()

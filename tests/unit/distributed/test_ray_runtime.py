@@ -12,6 +12,8 @@ from nemo_opd.config import ClusterConfig
 from nemo_opd.distributed.ray_runtime import ADDRESS_ENV, cluster_address, init_ray, ray_session
 from nemo_opd.errors import SetupError
 
+pytestmark = pytest.mark.usefixtures("own_ray")  # Ray's start and stop, no other instance
+
 
 def test_the_config_comes_before_the_environment(monkeypatch):
     monkeypatch.setenv(ADDRESS_ENV, "10.0.0.2:6379")

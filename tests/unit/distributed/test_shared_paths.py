@@ -3,7 +3,7 @@ cannot see a directory): which paths, and how each node looks at them."""
 
 from pathlib import Path
 
-import ray
+from ray_local import shared_ray
 
 from nemo_opd.config import load_config
 from nemo_opd.distributed.nodes import alive_nodes
@@ -59,10 +59,7 @@ def test_fingerprint_names_and_sizes_of_a_directorys_own_files(tmp_path):
 
 
 def test_nothing_to_look_at_on_the_drivers_own_node(tmp_path):
-    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
-    try:
+    with shared_ray(1, user=__name__):
         checkpoints = SharedPath("checkpointing.checkpoint_dir", str(tmp_path), writes=True)
         check_shared_paths([checkpoints], alive_nodes())
-    finally:
-        ray.shutdown()
     assert list(tmp_path.iterdir()) == []  # no marker written

@@ -3,12 +3,14 @@ the same calls with the same answers, in rank order, and name a raising worker i
 words; a worker that raised serves the next call. Then what only the local executor has to
 keep: one call at a time per worker across threads, and no Ray imported."""
 
+import contextlib
 import subprocess
 import sys
 import threading
 
 import pytest
 import torch
+from ray_local import shared_ray
 
 from nemo_opd.distributed.worker_group import WorkerError, start_workers
 
@@ -45,24 +47,22 @@ class Broken(Tally):
 
 @pytest.fixture(scope="module")
 def ray_started():
-    """Ray for the "ray" cases: started on first use, stopped at the end of the module."""
+    """Ray for the "ray" cases: this process connected to the instance the process's modules
+    share (tests/ray_local.py) on first use, disconnected at the end of the module."""
     started = []
 
-    def start() -> None:
-        import ray
-        import ray.cloudpickle
+    with contextlib.ExitStack() as connected:
 
-        if not started:
-            # The worker classes live in this test module, which Ray's workers cannot import.
-            ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-            ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-            started.append(True)
+        def start() -> None:
+            import ray.cloudpickle
 
-    yield start
-    if started:
-        import ray
+            if not started:
+                # The worker classes live in this test module, which Ray's workers cannot import.
+                ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+                connected.enter_context(shared_ray(2, user=__name__))
+                started.append(True)
 
-        ray.shutdown()
+        yield start
 
 
 def group_of(executor: str, worker_cls: type, workers: int, ray_started):

@@ -1,4 +1,6 @@
-"""Fixtures: tiny random Qwen3 models on disk, configs, batches, one Ray session per module."""
+"""Fixtures: tiny random Qwen3 models on disk, configs, batches. A module's Ray is
+tests/conftest.py's ray_session (RAY_CPUS: its logical CPUs, 2 by default; RAY_CPUS_EXACT: no
+more than that)."""
 
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -142,15 +144,3 @@ def make_batch(
         batch["teacher_topk_logprobs"] = values
         batch["teacher_topk_indices"] = indices.to(torch.int32)
     return batch
-
-
-@pytest.fixture(scope="module")
-def ray_session(request):
-    """One local Ray instance per test module (workers use this venv as is) with 2 CPUs, or
-    the module's RAY_CPUS (logical CPUs: 4 lets 4 one-CPU workers share a 2-core machine)."""
-    import ray
-
-    cpus = getattr(request.module, "RAY_CPUS", 2)
-    ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()

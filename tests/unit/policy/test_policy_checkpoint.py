@@ -31,6 +31,7 @@ from nemo_opd.losses import DistillationLossFn
 from nemo_opd.policy.policy import Policy
 from nemo_opd.utils.checkpoint_manager import CheckpointManager
 
+RAY_CPUS, RAY_CPUS_EXACT = 2, True  # test_too_many_workers_fails_at_setup reads "cluster has 2"
 K = 5
 
 

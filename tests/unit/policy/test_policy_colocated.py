@@ -8,6 +8,8 @@ from nemo_opd.distributed.cluster import WorkerResources, build_placement_group
 from nemo_opd.losses import DistillationLossFn
 from nemo_opd.policy.policy import Policy
 
+RAY_CPUS, RAY_CPUS_EXACT = 2, True  # the two groups hold every CPU: none is left free
+
 
 def test_student_and_teacher_share_bundles(model_dirs, ray_session):
     import ray

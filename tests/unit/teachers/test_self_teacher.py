@@ -2,8 +2,6 @@
 privileged context, against a separate frozen Policy started from the same weights (the tiny
 student, its tokenizer, one Ray worker each)."""
 
-import pytest
-import ray
 import torch
 
 from nemo_opd.config import ClusterConfig, PolicyConfig, TeacherConfig
@@ -47,13 +45,6 @@ def model_config(model_name: str, tokenizer: str) -> PolicyConfig:
             "optimizer": {"lr": 1e-2, "weight_decay": 0.0},
         }
     )
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 def rollouts(tokenizer) -> Rollouts:
