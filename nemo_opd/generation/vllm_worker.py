@@ -16,8 +16,8 @@ executor does not do), it seeds the global RNGs, and with enforce_eager this wor
 TorchDynamo off (in the threads that call it). In an actor of its own that touches nothing
 else; in the driver's process (the local executor) the engine computes on the process's torch
 threads, set by the run before the engine starts, and torch.set_num_threads is put back once
-the engine is built, so that the training engines started after it set theirs (the same
-count).
+the engine is built (or has failed to start), so that the training engines started after it set
+theirs (the same count).
 
 Which distribution the returned log-probs come from: the engine is built with
 logprobs_mode="processed_logprobs", so each sampled token's log-prob is taken from the
@@ -206,23 +206,25 @@ class VllmWorker:
         self._eager_here()
         started = time.perf_counter()
         set_num_threads = torch.set_num_threads  # vLLM's CPU worker replaces it (see above)
-        self.llm = LLM(
-            **cpu_scheduler_args(self.device_type, vllm_cfg["max_model_len"]),
-            model=model_path,
-            tokenizer=vllm_tokenizer_source(tokenizer_path, model_path),
-            skip_tokenizer_init=tokenizer_path is None,
-            dtype=vllm_cfg["precision"],
-            max_model_len=vllm_cfg["max_model_len"],
-            gpu_memory_utilization=vllm_cfg["gpu_memory_utilization"],
-            kv_cache_memory_bytes=vllm_cfg["kv_cache_memory_bytes"],
-            enforce_eager=vllm_cfg["enforce_eager"],
-            tensor_parallel_size=1,
-            distributed_executor_backend="uni",
-            seed=seed,
-            logprobs_mode="processed_logprobs",
-            enable_sleep_mode=sleep_mode and self.device_type == "cuda",
-        )
-        torch.set_num_threads = set_num_threads
+        try:
+            self.llm = LLM(
+                **cpu_scheduler_args(self.device_type, vllm_cfg["max_model_len"]),
+                model=model_path,
+                tokenizer=vllm_tokenizer_source(tokenizer_path, model_path),
+                skip_tokenizer_init=tokenizer_path is None,
+                dtype=vllm_cfg["precision"],
+                max_model_len=vllm_cfg["max_model_len"],
+                gpu_memory_utilization=vllm_cfg["gpu_memory_utilization"],
+                kv_cache_memory_bytes=vllm_cfg["kv_cache_memory_bytes"],
+                enforce_eager=vllm_cfg["enforce_eager"],
+                tensor_parallel_size=1,
+                distributed_executor_backend="uni",
+                seed=seed,
+                logprobs_mode="processed_logprobs",
+                enable_sleep_mode=sleep_mode and self.device_type == "cuda",
+            )
+        finally:  # a start that fails leaves the process as it found it too
+            torch.set_num_threads = set_num_threads
         self.start_time_s = time.perf_counter() - started
         self.startup.note("engine_ready")
         self.asleep = False

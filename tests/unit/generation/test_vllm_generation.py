@@ -257,8 +257,11 @@ def test_policy_weights_refit_into_vllm(generation, reference_a, model_dirs):
         generation.refit(full_state_dict(reference_a), version=-1)
 
 
-def test_an_engine_that_cannot_start_says_why_and_what_to_set(ray_session, model_dirs):
-    # On CPU, 0.001 of the host's memory is less than the engine process already holds.
+def test_an_engine_that_cannot_start_says_why_and_what_to_set(model_dirs):
+    """On CPU, 0.001 of the host's memory is less than the engine's process already holds (this
+    one: the engine starts in it, the local executor, which reports a failed start in the Ray
+    engines' words). The failed start leaves torch.set_num_threads as it was (vLLM replaces it
+    while it builds), so the models started after it still set their thread count."""
     from nemo_opd.errors import RunError
     from nemo_opd.generation import VllmGeneration
 
@@ -267,8 +270,14 @@ def test_an_engine_that_cannot_start_says_why_and_what_to_set(ray_session, model
         update={"kv_cache_memory_bytes": None, "gpu_memory_utilization": 0.001}
     )
     cfg = cfg.model_copy(update={"vllm_cfg": vllm_cfg})
-    with pytest.raises(RunError) as caught:
-        VllmGeneration(cfg, model_dirs["a"], None, device_type="cpu", num_engines=1)
+    set_num_threads, threads = torch.set_num_threads, torch.get_num_threads()
+    try:
+        with pytest.raises(RunError) as caught:
+            VllmGeneration(cfg, model_dirs["a"], None, device_type="cpu", executor="local")
+        assert torch.set_num_threads is set_num_threads, torch.set_num_threads
+    finally:
+        torch.set_num_threads = set_num_threads
+        torch.set_num_threads(threads)
     message = str(caught.value)
     assert message.startswith("vLLM could not start: its constructor raised ValueError: ")
     assert (

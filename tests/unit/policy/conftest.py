@@ -87,13 +87,46 @@ def cpu_cluster(workers: int) -> ClusterConfig:
     return ClusterConfig(num_nodes=1, gpus_per_node=workers, device="cpu", cpus_per_worker=1)
 
 
-@contextmanager
-def running_policy(cfg: PolicyConfig, workers: int, **kwargs) -> Iterator:
-    """A Policy of `cfg` on `workers` CPU workers (kwargs: Policy's), shut down when the block
-    is left, either way."""
+def executor_for(workers: int) -> str:
+    """Where a test's policy of `workers` ranks runs: one rank in this process (the local
+    executor: no process to start; test_policy_executors shows it computes bit for bit as a Ray
+    worker), several on Ray (torch.distributed needs a process per rank). A test about Ray or a
+    process boundary passes executor="ray" itself."""
+    return "local" if workers == 1 else "ray"
+
+
+def start_policy(cfg: PolicyConfig, workers: int, **kwargs):
+    """Policy(cfg, cpu_cluster(workers), executor=executor_for(workers), **kwargs): kwargs are
+    Policy's, an `executor` among them overrides the choice."""
     from nemo_opd.policy.policy import Policy
 
-    policy = Policy(cfg, cpu_cluster(workers), **kwargs)
+    kwargs.setdefault("executor", executor_for(workers))
+    return Policy(cfg, cpu_cluster(workers), **kwargs)
+
+
+@contextmanager
+def threads_kept() -> Iterator:
+    """The process's torch thread count, put back when the block is left: a policy on the local
+    executor sets the process's own (to cluster.cpus_per_worker, as a Ray worker's)."""
+    before = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def each_test_keeps_threads():
+    """threads_kept() around every test (a module-scoped fixture that starts a local policy
+    uses it itself: it runs before this)."""
+    with threads_kept():
+        yield
+
+
+@contextmanager
+def running_policy(cfg: PolicyConfig, workers: int, **kwargs) -> Iterator:
+    """start_policy(cfg, workers, **kwargs), shut down when the block is left, either way."""
+    policy = start_policy(cfg, workers, **kwargs)
     try:
         yield policy
     finally:

@@ -6,12 +6,11 @@ parallelism, packing and a padded vocabulary."""
 
 import pytest
 import torch
-from conftest import cpu_cluster, make_batch, policy_config
+from conftest import make_batch, policy_config, start_policy
 from references import load_reference, reference_logits, reference_train
 
 from nemo_opd.losses import TopkKLParams, build_loss_mask
 from nemo_opd.losses.full_vocab_loss import FullVocabDistillationLossFn
-from nemo_opd.policy.policy import Policy
 
 RAY_CPUS = 4
 HIDDEN_ATOL = 2e-5
@@ -61,7 +60,7 @@ def test_teacher_hidden_states_match_the_reference(layout, model_dirs, ray_sessi
     separate calls give (top-k, next-token log-probs, hidden states)."""
     cfg = policy_config(model_dirs["untied"], **TEACHER_LAYOUTS[layout])
     batch = make_batch(6, teacher=False, seed=4)
-    teacher = Policy(cfg, cpu_cluster(2), optimizer=False, name=f"teacher_{layout}")
+    teacher = start_policy(cfg, 2, optimizer=False, name=f"teacher_{layout}")
     try:
         hidden = teacher.get_hidden_states(batch)
         values, indices = teacher.get_topk_logits(batch, 4, temperature=0.7)
@@ -95,7 +94,7 @@ def test_student_loss_and_steps_match_the_reference(layout, support, model_dirs,
         params=params, support=support, k=5, teacher_temperature=1.2, implementation="torch"
     )
     cfg = policy_config(student_dir, **overrides)
-    student = Policy(cfg, cpu_cluster(workers), name=f"student_{layout}_{support}")
+    student = start_policy(cfg, workers, name=f"student_{layout}_{support}")
     try:
         student.load_teacher_head(teacher_dir, "float32")
         evaluated = student.evaluate(batch, loss_fn)
@@ -123,9 +122,9 @@ def test_student_loss_and_steps_match_the_reference(layout, support, model_dirs,
     close(torch.tensor(metrics["grad_norm"]), torch.tensor(norms), rtol=1e-3, atol=0.0)
 
 
-def test_teacher_head_of_another_vocabulary_is_refused(model_dirs, ray_session):
+def test_teacher_head_of_another_vocabulary_is_refused(model_dirs):
     cfg = policy_config(model_dirs["tied"])
-    student = Policy(cfg, cpu_cluster(1), name="student_vocab_mismatch")
+    student = start_policy(cfg, 1, name="student_vocab_mismatch")
     try:
         with pytest.raises(Exception, match="one vocabulary"):
             student.load_teacher_head(model_dirs["odd_untied"], "float32")

@@ -1,4 +1,5 @@
-"""The Megatron engine on CPU workers (gloo) matches the single-process HF fp32 reference.
+"""The Megatron engine on CPU workers (gloo; a single worker runs in this process) matches the
+single-process HF fp32 reference.
 
 Each layout checks, on one Policy: get_logprobs, get_topk_logits, evaluate, the per-step loss
 and gradient norm of two AdamW steps, and the parameters after them (the same checks and
@@ -7,7 +8,14 @@ tolerances as test_policy_parallel.py for the DTensor engine).
 
 import pytest
 import torch
-from conftest import cpu_cluster, frozen_topk, make_batch, policy_config, train_after_resume
+from conftest import (
+    cpu_cluster,
+    frozen_topk,
+    make_batch,
+    policy_config,
+    start_policy,
+    train_after_resume,
+)
 from references import (
     load_reference,
     reference_logprobs,
@@ -133,7 +141,7 @@ def test_frozen_teacher_topk(model_dirs, ray_session):
     )
 
 
-def test_bf16_on_cpu_scores_but_refuses_to_train(model_dirs, ray_session):
+def test_bf16_on_cpu_scores_but_refuses_to_train(model_dirs):
     """megatron-core's linear layers restore only CUDA autocast in their backward: a bf16
     student is refused at build on CPU, naming the key; a bf16 frozen teacher scores."""
     batch = make_batch(3, teacher=False, seed=5)
@@ -144,4 +152,4 @@ def test_bf16_on_cpu_scores_but_refuses_to_train(model_dirs, ray_session):
     assert (values - ref_values).abs()[valid].max() < 0.1  # bf16 matmuls
 
     with pytest.raises(WorkerError, match=r"policy\.precision=bfloat16.*float32"):
-        Policy(megatron_config(model_dirs["tied"], precision="bfloat16"), cpu_cluster(1))
+        start_policy(megatron_config(model_dirs["tied"], precision="bfloat16"), 1)

@@ -13,6 +13,7 @@ from conftest import (
     frozen_topk,
     make_batch,
     policy_config,
+    start_policy,
     train_after_resume,
 )
 from references import (
@@ -125,7 +126,7 @@ def test_parallel_sizes_must_divide_world(model_dirs, ray_session, tp, cp):
         Policy(cfg, cpu_cluster(2))
 
 
-def test_evaluate_refuses_a_malformed_teacher(model_dirs, ray_session):
+def test_evaluate_refuses_a_malformed_teacher(model_dirs):
     """evaluate checks the teacher's top-k where the loss grades, as train does: a NaN or an
     id outside the vocabulary stops the call with a message naming it (the loss is never
     run), instead of a NaN validation metric."""
@@ -138,7 +139,7 @@ def test_evaluate_refuses_a_malformed_teacher(model_dirs, ray_session):
 
     loss_fn = NeverRun()
 
-    policy = Policy(policy_config(model_dirs["odd_tied"]), cpu_cluster(1), name="eval_checks")
+    policy = start_policy(policy_config(model_dirs["odd_tied"]), 1, name="eval_checks")
     try:
         for key, value, message in (
             ("teacher_topk_logprobs", float("nan"), r"NaN or \+inf teacher_topk_logprobs"),
@@ -162,7 +163,8 @@ def test_a_save_that_fails_part_way_keeps_the_earlier_checkpoints(
     """A save stopped part-way by a real write limit (a file-size limit set on the live rank-0
     worker, which stops a write as a full disk would) fails naming the cause, leaves nothing
     of itself, and the earlier checkpoint still verifies and loads."""
-    policy = Policy(policy_config(model_dirs["tied"]), cpu_cluster(1), name="save_fault")
+    # On Ray: the limit is set on the worker's own process.
+    policy = start_policy(policy_config(model_dirs["tied"]), 1, name="save_fault", executor="ray")
     manager = CheckpointManager(CheckpointingConfig(checkpoint_dir=str(tmp_path)))
 
     def write(directory):
@@ -199,10 +201,10 @@ def test_dead_worker_is_named(model_dirs, ray_session):
         policy.shutdown()
 
 
-def test_bfloat16_compute_stays_close_to_fp32(model_dirs, ray_session):
+def test_bfloat16_compute_stays_close_to_fp32(model_dirs):
     cfg = policy_config(model_dirs["untied"], precision="bfloat16")
     batch = make_batch(4, k=K, seed=21)
-    policy = Policy(cfg, cpu_cluster(1), name="bf16")
+    policy = start_policy(cfg, 1, name="bf16")
     try:
         logprobs = policy.get_logprobs(batch)
         metrics = policy.train(batch, DistillationLossFn(implementation="torch"))

@@ -9,12 +9,11 @@ Hugging Face reference in every layout.)"""
 
 import pytest
 import torch
-from conftest import ODD_VOCAB, VOCAB, cpu_cluster, make_batch, policy_config
+from conftest import ODD_VOCAB, VOCAB, make_batch, policy_config, start_policy
 from test_megatron_engine import MEGATRON
 from test_policy_parallel import LAYOUTS, policy_gradient_case
 
 from nemo_opd.losses import DistillationLossFn, TopkKLParams, build_loss_mask
-from nemo_opd.policy.policy import Policy
 
 RAY_CPUS = 4
 K = 4
@@ -35,7 +34,7 @@ def run(cfg, workers: int, name: str, vocab: int) -> dict:
     policy-gradient steps, the weights."""
     batch = make_batch(8, k=K, seed=3, vocab=vocab)
     loss_fn = DistillationLossFn(params=TopkKLParams(kl_type="mixed"), implementation="torch")
-    policy = Policy(cfg, cpu_cluster(workers), name=name)
+    policy = start_policy(cfg, workers, name=name)
     try:
         values, indices = policy.get_topk_logits(batch, K)
         logprobs = policy.get_logprobs(batch, temperature=0.9)

@@ -21,15 +21,6 @@ LAYOUTS = {
 }
 
 
-@pytest.fixture
-def threads_kept():
-    """The test process's torch thread count, put back after the test (a local worker sets the
-    process's own)."""
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
-
-
 def run_policy(executor: str, cfg, tmp_path) -> dict:
     """Train two steps, then score, gather and save: everything the loop asks of a policy."""
     policy = Policy(cfg, cpu_cluster(1), name=f"policy_{executor}", executor=executor)
@@ -53,9 +44,7 @@ def run_policy(executor: str, cfg, tmp_path) -> dict:
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_one_process_computes_as_a_ray_worker(
-    layout, model_dirs, ray_session, threads_kept, tmp_path
-):
+def test_one_process_computes_as_a_ray_worker(layout, model_dirs, ray_session, tmp_path):
     cfg = policy_config(model_dirs["untied"], **LAYOUTS[layout])
     ray_run = run_policy("ray", cfg, tmp_path)
     local_run = run_policy("local", cfg, tmp_path)
@@ -73,7 +62,7 @@ def test_one_process_computes_as_a_ray_worker(
 
 
 @pytest.mark.parametrize("layout", ["dtensor", "megatron"])
-def test_weights_handed_over_in_one_process_are_a_snapshot(layout, model_dirs, threads_kept):
+def test_weights_handed_over_in_one_process_are_a_snapshot(layout, model_dirs):
     """The tensors a local policy hands to generation stay as they were when the student trains
     on (under Ray they are a copy in the object store)."""
     cfg = policy_config(model_dirs["untied"], **LAYOUTS[layout])
@@ -91,7 +80,7 @@ def test_weights_handed_over_in_one_process_are_a_snapshot(layout, model_dirs, t
 
 
 @pytest.mark.parametrize("executor", ["ray", "local"])
-def test_a_worker_error_reads_the_same(executor, model_dirs, ray_session, threads_kept, tmp_path):
+def test_a_worker_error_reads_the_same(executor, model_dirs, ray_session, tmp_path):
     policy = Policy(policy_config(model_dirs["tied"]), cpu_cluster(1), executor=executor)
     try:
         with pytest.raises(WorkerError, match=r"^policy: worker rank 0 raised FileNotFoundError"):
@@ -101,7 +90,7 @@ def test_a_worker_error_reads_the_same(executor, model_dirs, ray_session, thread
         policy.shutdown()
 
 
-def test_every_model_of_the_process_shares_its_one_rank_group(threads_kept):
+def test_every_model_of_the_process_shares_its_one_rank_group():
     init_local_process_group("cpu")
     group = dist.group.WORLD
     init_local_process_group("cpu")  # a second model joins the same group

@@ -169,7 +169,7 @@ def test_lora_checkpoint_holds_adapters_resumes_and_exports(model_dirs, ray_sess
         )
 
 
-def test_a_checkpoint_of_the_other_kind_is_refused_with_the_fix(model_dirs, ray_session, tmp_path):
+def test_a_checkpoint_of_the_other_kind_is_refused_with_the_fix(model_dirs, tmp_path):
     full, lora = policy_config(model_dirs["tied"]), policy_config(model_dirs["tied"], **LORA)
     with running_policy(full, 1) as policy:
         policy.save(str(tmp_path / "full"))

@@ -1,4 +1,5 @@
-"""Every parallel layout on 2 or 4 CPU workers (gloo) matches a single-process HF reference.
+"""Every parallel layout on 2 or 4 CPU workers (gloo), and one worker in this process, matches
+a single-process HF reference.
 
 Each layout checks, on one Policy: get_logprobs, get_topk_logits (values; ids up to swaps of
 near-ties), the per-step training loss of two optimizer steps of the top-k divergence, then two
@@ -10,7 +11,7 @@ pads it, and everything it returns must still have the real vocabulary.
 
 import pytest
 import torch
-from conftest import cpu_cluster, make_batch, policy_config
+from conftest import make_batch, policy_config, start_policy
 from references import (
     load_reference,
     reference_logits,
@@ -25,7 +26,6 @@ from nemo_opd.losses import (
     TopkKLParams,
     build_loss_mask,
 )
-from nemo_opd.policy.policy import Policy
 
 RAY_CPUS = 4  # logical: the 4-worker layouts run on a 2-core machine too
 K = 4
@@ -105,14 +105,15 @@ def assert_topk_close(values, indices, ref_values, ref_indices, lengths, atol):
 
 
 def check_layout_against_reference(cfg, model_dir: str, workers: int, layout: str) -> None:
-    """One Policy of `cfg` on `workers` CPU workers against the single-process HF fp32
-    reference of `model_dir`: get_logprobs, get_topk_logits, evaluate, the loss and gradient
-    norm of two AdamW steps and the parameters after them (the Megatron tests use it too)."""
+    """One Policy of `cfg` on `workers` CPU workers (one: in this process) against the
+    single-process HF fp32 reference of `model_dir`: get_logprobs, get_topk_logits, evaluate,
+    the loss and gradient norm of two AdamW steps and the parameters after them (the Megatron
+    tests use it too)."""
     reference = load_reference(model_dir)
     batch = make_batch(8, k=K, seed=3, vocab=reference.config.vocab_size)
     batch["sample_mask"][5] = 0.0
     loss_fn = DistillationLossFn(params=TopkKLParams(kl_type="mixed"), implementation="torch")
-    policy = Policy(cfg, cpu_cluster(workers), name=layout)
+    policy = start_policy(cfg, workers, name=layout)
     try:
         logprobs = policy.get_logprobs(batch)
         values, indices = policy.get_topk_logits(batch, K)

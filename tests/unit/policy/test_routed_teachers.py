@@ -4,11 +4,10 @@ loop)."""
 
 import pytest
 import torch
-from conftest import cpu_cluster, make_batch, policy_config
+from conftest import executor_for, make_batch, policy_config, start_policy, threads_kept
 
 from nemo_opd.data.batching import TensorBatch
 from nemo_opd.distributed.cluster import WorkerResources, build_placement_group
-from nemo_opd.policy.policy import Policy
 from nemo_opd.scoring.base import Rollouts, TeacherNeed
 from nemo_opd.teachers.in_process import InProcessTeacher
 from nemo_opd.teachers.routed import RoutedTeachers, route_rows
@@ -22,44 +21,49 @@ def frozen(model_dir, workers, tp, placement, name):
     cfg = policy_config(
         model_dir, optimizer=None, scheduler=None, dtensor_cfg__tensor_parallel_size=tp
     )
-    return Policy(
-        cfg,
-        cpu_cluster(workers),
-        optimizer=False,
-        name=name,
-        placement=placement,
-        share=0.5,
-        wait=False,
+    return start_policy(
+        cfg, workers, optimizer=False, name=name, placement=placement, share=0.5, wait=False
     )
 
 
 def start_teachers(model_dirs, workers, tp):
-    import ray
-
-    placement = build_placement_group(workers, WorkerResources("cpu", 1))
+    """Teachers "a" and "b" sharing the bundles of one placement group as in the loop (one
+    worker each: both in this process, which has no bundles), and what releases the group."""
+    placement = None
+    if executor_for(workers) == "ray":
+        placement = build_placement_group(workers, WorkerResources("cpu", 1))
     teachers = {
         "a": frozen(model_dirs["tied"], workers, tp, placement, f"teacher_a_tp{tp}"),
         "b": frozen(model_dirs["untied"], workers, tp, placement, f"teacher_b_tp{tp}"),
     }
     for teacher in teachers.values():
         teacher.wait_until_ready()
-    return teachers, lambda: ray.util.remove_placement_group(placement)
+    return teachers, lambda: release(placement)
+
+
+def release(placement) -> None:
+    if placement is not None:
+        import ray
+
+        ray.util.remove_placement_group(placement)
 
 
 @pytest.fixture(scope="module")
-def references(model_dirs, ray_session):
-    """Each teacher alone on the whole batch, one process each: {name: (values, ids, logprobs)}."""
-    teachers, release = start_teachers(model_dirs, 1, 1)
-    batch = make_batch(len(ROUTES), teacher=False)
-    try:
-        return {
-            name: (*teacher.get_topk_logits(batch, K), teacher.get_logprobs(batch))
-            for name, teacher in teachers.items()
-        }
-    finally:
-        for teacher in teachers.values():
-            teacher.shutdown()
-        release()
+def references(model_dirs):
+    """Each teacher alone on the whole batch, in this process: {name: (values, ids,
+    logprobs)}."""
+    with threads_kept():
+        teachers, release_group = start_teachers(model_dirs, 1, 1)
+        batch = make_batch(len(ROUTES), teacher=False)
+        try:
+            return {
+                name: (*teacher.get_topk_logits(batch, K), teacher.get_logprobs(batch))
+                for name, teacher in teachers.items()
+            }
+        finally:
+            for teacher in teachers.values():
+                teacher.shutdown()
+            release_group()
 
 
 def routed_rollouts(routes):

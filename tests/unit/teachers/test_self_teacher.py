@@ -1,6 +1,7 @@
 """SelfTeacher: the student's own workers as its teacher behind the Teacher interface, with
 privileged context, against a separate frozen Policy started from the same weights (the tiny
-student, its tokenizer, one Ray worker each)."""
+student, its tokenizer, one worker each in this process: the local executor, which computes as
+a Ray worker does)."""
 
 import torch
 
@@ -56,8 +57,17 @@ def rollouts(tokenizer) -> Rollouts:
     return Rollouts(flatten_message_logs(logs, tokenizer.pad_token_id), logs, list(RECORDS))
 
 
+@pytest.fixture
+def threads_kept():
+    """The test process's torch thread count, put back after the test (a policy in this process
+    sets the process's own)."""
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
 def test_the_student_as_its_own_ema_teacher_scores_as_a_model_of_those_weights(
-    ray_session, tmp_path
+    threads_kept, tmp_path
 ):
     from transformers import AutoTokenizer
 
@@ -66,7 +76,8 @@ def test_the_student_as_its_own_ema_teacher_scores_as_a_model_of_those_weights(
     batch = rollouts(tokenizer)
     context = PrivilegedContext(ChatFormatter(tokenizer), TEMPLATE)
     need = TeacherNeed(topk=K, sampled=True, temperature=0.9)
-    student = Policy(model_config(resolve_pretrained("tiny:student"), tokenizer_dir), CLUSTER)
+    student_cfg = model_config(resolve_pretrained("tiny:student"), tokenizer_dir)
+    student = Policy(student_cfg, CLUSTER, executor="local")
     try:
         own = SelfTeacher(student)
         own.start(TeacherConfig(source="ema", ema_decay=0.5))
@@ -85,7 +96,7 @@ def test_the_student_as_its_own_ema_teacher_scores_as_a_model_of_those_weights(
         student.shutdown()
 
     frozen_cfg = model_config(str(tmp_path / "policy" / TEACHER_DIR), tokenizer_dir)
-    frozen = Policy(frozen_cfg, CLUSTER, optimizer=False, name="teacher")
+    frozen = Policy(frozen_cfg, CLUSTER, optimizer=False, name="teacher", executor="local")
     try:
         reference = PrivilegedTeacher(InProcessTeacher(frozen), context, tokenizer.pad_token_id)
         want = reference.score(batch, need)
