@@ -3,6 +3,7 @@ privileged context, against a separate frozen Policy started from the same weigh
 student, its tokenizer, one worker each in this process: the local executor, which computes as
 a Ray worker does)."""
 
+import pytest
 import torch
 
 from nemo_opd.config import ClusterConfig, PolicyConfig, TeacherConfig
