@@ -60,3 +60,14 @@ def own_ray():
     from ray_local import stop_shared_ray
 
     stop_shared_ray()
+
+
+@pytest.fixture(autouse=True)
+def each_test_keeps_threads():
+    """torch's thread count put back after every test (tests/torch_threads.py): a model a test
+    starts in this process sets the process's own. A module-scoped fixture that starts one
+    uses threads_kept itself, since it runs before this."""
+    from torch_threads import threads_kept
+
+    with threads_kept():
+        yield

@@ -105,25 +105,6 @@ def start_policy(cfg: PolicyConfig, workers: int, **kwargs):
 
 
 @contextmanager
-def threads_kept() -> Iterator:
-    """The process's torch thread count, put back when the block is left: a policy on the local
-    executor sets the process's own (to cluster.cpus_per_worker, as a Ray worker's)."""
-    before = torch.get_num_threads()
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-@pytest.fixture(autouse=True)
-def each_test_keeps_threads():
-    """threads_kept() around every test (a module-scoped fixture that starts a local policy
-    uses it itself: it runs before this)."""
-    with threads_kept():
-        yield
-
-
-@contextmanager
 def running_policy(cfg: PolicyConfig, workers: int, **kwargs) -> Iterator:
     """start_policy(cfg, workers, **kwargs), shut down when the block is left, either way."""
     policy = start_policy(cfg, workers, **kwargs)

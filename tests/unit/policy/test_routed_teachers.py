@@ -4,7 +4,8 @@ loop)."""
 
 import pytest
 import torch
-from conftest import executor_for, make_batch, policy_config, start_policy, threads_kept
+from conftest import executor_for, make_batch, policy_config, start_policy
+from torch_threads import threads_kept
 
 from nemo_opd.data.batching import TensorBatch
 from nemo_opd.distributed.cluster import WorkerResources, build_placement_group

@@ -3,7 +3,6 @@ privileged context, against a separate frozen Policy started from the same weigh
 student, its tokenizer, one worker each in this process: the local executor, which computes as
 a Ray worker does)."""
 
-import pytest
 import torch
 
 from nemo_opd.config import ClusterConfig, PolicyConfig, TeacherConfig
@@ -58,18 +57,7 @@ def rollouts(tokenizer) -> Rollouts:
     return Rollouts(flatten_message_logs(logs, tokenizer.pad_token_id), logs, list(RECORDS))
 
 
-@pytest.fixture
-def threads_kept():
-    """The test process's torch thread count, put back after the test (a policy in this process
-    sets the process's own)."""
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
-
-
-def test_the_student_as_its_own_ema_teacher_scores_as_a_model_of_those_weights(
-    threads_kept, tmp_path
-):
+def test_the_student_as_its_own_ema_teacher_scores_as_a_model_of_those_weights(tmp_path):
     from transformers import AutoTokenizer
 
     tokenizer_dir = resolve_pretrained("tiny:tokenizer")
