@@ -34,7 +34,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from harness import loop_records, run_meta, write_results  # noqa: E402
+from harness import fresh_run_dir, loop_records, run_meta, write_results  # noqa: E402
 
 CONFIGS = {
     "tiny": "examples/configs/distillation_tiny_100.yaml",
@@ -85,7 +85,7 @@ class TeacherServer:
 
 def run_one(name: str, staleness: int, seed: int, extra: list[str], args) -> dict:
     """One run of the config; its figures (see the module docstring)."""
-    run_dir = args.out / f"{name}_s{staleness}_seed{seed}"
+    run_dir = fresh_run_dir(args.out / f"{name}_s{staleness}_seed{seed}")
     command = [
         sys.executable, "examples/run_distillation_math.py", "--config", CONFIGS[name],
         f"distillation.max_staleness={staleness}", f"distillation.seed={seed}",

@@ -44,7 +44,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from harness import loop_command, pyplot, run_meta, save_figure  # noqa: E402
+from harness import fresh_run_dir, loop_command, pyplot, run_meta, save_figure  # noqa: E402
 
 ACCURACY_SLACK = 0.01
 """nemo_opd's final accuracy may be this much below TRL's and still count as reaching it."""
@@ -357,7 +357,7 @@ def run_both(args: argparse.Namespace) -> dict:
             ],
         }
     if "nemo_opd" in args.systems:
-        run_dir = out / "nemo_opd"
+        run_dir = fresh_run_dir(out / "nemo_opd")
         command = loop_command(args.config, run_dir, args.overrides)
         launched, wall = timed(command, out / "nemo_opd.log")
         results["nemo_opd"] = nemo_opd_points(run_dir, wall)

@@ -54,7 +54,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from bench_engine import SHAPES  # noqa: E402
 from bench_vs_trl import TRL_TRAINERS, matched_settings  # noqa: E402
-from harness import PeakMemory, loop_command, loop_records, run_meta, write_results  # noqa: E402
+from harness import PeakMemory, fresh_run_dir, loop_command, loop_records, run_meta, write_results  # noqa: E402
 
 WIDTH = SHAPES["qwen3-0.6b"]
 """Qwen3-0.6B's width and vocabulary (its config.json), at fewer layers."""
@@ -213,7 +213,7 @@ def run_trl(name: str, settings: dict, out: Path, args: argparse.Namespace) -> d
 
 
 def run_nemo_opd(name: str, overrides: list[str], out: Path, args: argparse.Namespace) -> dict:
-    run_dir = out / name
+    run_dir = fresh_run_dir(out / name)
     ours = [*overrides, *NEMO_OPD_SETTINGS, *NEMO_OPD[name], *args.overrides]
     command = loop_command(args.config, run_dir, ours)
     result = watch(command, out / f"{name}.log", args.cap_bytes, args.timeout)

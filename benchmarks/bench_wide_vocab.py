@@ -36,14 +36,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from harness import PeakMemory, loop_records, run_meta, write_results  # noqa: E402
+from harness import PeakMemory, fresh_run_dir, loop_records, run_meta, write_results  # noqa: E402
 
 PHASES = ("generation", "teacher_topk", "logprob_check", "policy_training", "refit")
 
 
 def run_pair(name: str, student: str, teacher: str, args: argparse.Namespace) -> dict:
     """The config for --steps steps with this pair; its timings and peak memory."""
-    run_dir = args.out / name
+    run_dir = fresh_run_dir(args.out / name)
     overrides = [
         f"policy.model_name={student}",
         f"teacher.model_name={teacher}",

@@ -16,6 +16,7 @@ import contextlib
 import datetime
 import json
 import platform
+import shutil
 import statistics
 import sys
 import threading
@@ -219,6 +220,25 @@ def loop_command(config: str, run_dir: Path, overrides: Sequence[str] = ()) -> l
         f"checkpointing.checkpoint_dir={run_dir / 'checkpoints'}",
         f"logger.log_dir={run_dir / 'logs'}",
     ]  # fmt: skip
+
+
+RUN_FOLDERS = ("checkpoints", "logs")
+"""What loop_command puts under a run's folder."""
+
+
+def fresh_run_dir(run_dir: Path) -> Path:
+    """`run_dir` with the checkpoints and logs of an earlier run of the same benchmark removed
+    (nothing else in it is touched), so that a benchmark run again with the same --out measures
+    a new run: otherwise the loop resumes the old one, says there is nothing to do, or refuses
+    to write a new final model over the old one (nemo_opd.utils.run_identity)."""
+    run_dir = Path(run_dir)
+    removed = [run_dir / name for name in RUN_FOLDERS if (run_dir / name).exists()]
+    for folder in removed:
+        shutil.rmtree(folder)
+    if removed:
+        print(f"{run_dir}: an earlier run's checkpoints and logs removed", flush=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
 
 
 POLL_S = 0.1

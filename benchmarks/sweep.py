@@ -41,7 +41,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from harness import loop_command, pyplot, run_meta, save_figure  # noqa: E402
+from harness import fresh_run_dir, loop_command, pyplot, run_meta, save_figure  # noqa: E402
 
 
 def grid_points(grid: list[str]) -> list[tuple[str, ...]]:
@@ -102,8 +102,7 @@ def run_one(
     name = run_name(config, point, seed)
     run_dir = out / "runs" / name
     overrides = [*split_overrides(args.split), *args.set, *point, f"distillation.seed={seed}"]
-    command = loop_command(config, run_dir, overrides)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    command = loop_command(config, fresh_run_dir(run_dir), overrides)
     started = time.time()
     with open(run_dir / "output.log", "w") as log:
         status = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)

@@ -19,8 +19,10 @@ checkpoint of checkpointing.checkpoint_dir and the metrics in logger.log_dir mus
 each difference (old -> new) and the ways out: folders of its own, or checkpointing.resume=force
 to take them over as they are. Checkpoints saved before identities were recorded are compared
 with the run_config.json that their run wrote into the log directory; without one they are
-refused. A run whose checkpoints are done (the newest step >= max_num_steps) and exported is
-reported as having nothing to do.
+refused. The final model in checkpoint_dir/final_model may be written over only by a run
+that starts at or after the step it was exported at (a run with checkpointing off, or with no
+checkpoint left, starts at step 0 and is refused). A run whose checkpoints are done (the newest
+step >= max_num_steps) and exported is reported as having nothing to do.
 """
 
 import json
@@ -202,6 +204,9 @@ def check_run_folders(cfg: DistillationConfig) -> str | None:
         _check_log_dir(log_dir, current, checkpoint_dir, has_checkpoints=newest is not None)
     final = checkpoint_dir / FINAL_MODEL_DIR
     check_export_target(final, earlier_unmarked=True)
+    resumes = cfg.checkpointing.enabled and newest is not None
+    if not force:
+        _check_final_model(final, newest.step if resumes else 0, cfg.checkpointing.enabled)
     steps = cfg.distillation.max_num_steps
     if not cfg.checkpointing.enabled or newest is None or newest.step < steps:
         return None
@@ -235,6 +240,24 @@ def _check_checkpoint(
             "Give this run folders of its own (checkpointing.checkpoint_dir=... "
             f"logger.log_dir=...), or resume those checkpoints with these changes: {FORCE}"
         )
+
+
+def _check_final_model(final: Path, start: int, checkpointing: bool) -> None:
+    """SetupError when `final` holds the model a run exported at a later step than the one this
+    run starts from: at its end this run would write a model of fewer steps over it (a run with
+    checkpointing off starts from step 0 whatever its folder holds)."""
+    exported = exported_step(final)
+    if exported is None or exported <= start:
+        return
+    why = "its newest checkpoint" if start else "there is no checkpoint to resume"
+    if not checkpointing:
+        why = "checkpointing.enabled=false: it resumes nothing"
+    raise SetupError(
+        f"{final} holds the final model that a run exported at step {exported}; this run "
+        f"starts at step {start} ({why}) and would write its own model over it at its end. "
+        "Give this run its own checkpointing.checkpoint_dir, or move that model away, or "
+        f"replace it at the end with {FORCE}"
+    )
 
 
 def _check_log_dir(log_dir: Path, current: dict, checkpoint_dir: Path, has_checkpoints: bool):

@@ -188,6 +188,37 @@ def test_nothing_to_do_once_every_step_is_trained_and_exported(tmp_path):
     assert check_run_folders(config(tmp_path, "distillation.max_num_steps=400")) is None
 
 
+def test_a_run_that_starts_before_the_exported_step_may_not_write_over_it(tmp_path):
+    """Before: the tiny default's command with checkpointing.enabled=false (and 3 steps), in
+    the folders of a finished 350-step run, trained from step 0 and exported its 3-step model
+    over the 350-step one, with no word."""
+    cfg = finished_run(tmp_path)
+    final = Path(cfg.checkpointing.checkpoint_dir) / "final_model"
+    with export_directory(final, {"step": 350}) as folder:
+        (folder / "config.json").write_text("{}")
+    short = config(tmp_path, "distillation.max_num_steps=3", "checkpointing.enabled=false")
+    message = refusal(short)
+    assert f"{final} holds the final model that a run exported at step 350" in message
+    assert "starts at step 0 (checkpointing.enabled=false: it resumes nothing)" in message
+    assert "checkpointing.resume=force" in message
+    assert check_run_folders(config(tmp_path, "distillation.max_num_steps=400")) is None
+    forced = config(tmp_path, "checkpointing.enabled=false", "checkpointing.resume=force")
+    assert check_run_folders(forced) is None
+
+
+def test_a_rerun_without_checkpoints_may_not_write_over_an_earlier_export(tmp_path):
+    cfg = config(tmp_path, "checkpointing.enabled=false")
+    final = Path(cfg.checkpointing.checkpoint_dir) / "final_model"
+    assert check_run_folders(cfg) is None
+    with export_directory(final, {"step": 0}) as folder:
+        (folder / "config.json").write_text("{}")
+    assert check_run_folders(cfg) is None  # a model of step 0 loses nothing
+    with export_directory(final, {"step": 20}) as folder:
+        (folder / "config.json").write_text("{}")
+    assert "starts at step 0 (there is no checkpoint to resume)" in refusal(config(tmp_path))
+    assert "checkpointing.enabled=false" in refusal(cfg)
+
+
 def test_a_final_model_folder_of_other_files_is_refused_at_start(tmp_path):
     cfg = config(tmp_path)
     final = Path(cfg.checkpointing.checkpoint_dir) / "final_model"
@@ -213,6 +244,20 @@ def test_the_command_line_refuses_before_ray_starts(tmp_path, capsys):
     assert json.loads((tmp_path / "logs" / "run_config.json").read_text())["policy"][
         "model_name"
     ] == ("tiny:student")  # the other run's record is untouched
+
+
+def test_the_command_line_refuses_to_write_a_shorter_run_over_an_export(tmp_path, capsys):
+    cfg = finished_run(tmp_path)
+    final = Path(cfg.checkpointing.checkpoint_dir) / "final_model"
+    with export_directory(final, {"step": 350}) as folder:
+        (folder / "model.safetensors").write_bytes(b"the 350-step model")
+    argv = ["--config", str(TINY), f"checkpointing.checkpoint_dir={tmp_path / 'ckpt'}"]
+    argv += [f"logger.log_dir={tmp_path / 'other_logs'}", "distillation.max_num_steps=3"]
+    argv += ["checkpointing.enabled=false"]
+    assert cli.main(argv) == cli.EXIT_CONFIG_ERROR
+    assert "exported at step 350" in capsys.readouterr().err
+    assert (final / "model.safetensors").read_bytes() == b"the 350-step model"
+    assert not (tmp_path / "other_logs").exists()
 
 
 def test_the_command_line_says_when_there_is_nothing_to_do(tmp_path, capsys):
