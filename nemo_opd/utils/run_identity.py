@@ -19,10 +19,11 @@ checkpoint of checkpointing.checkpoint_dir and the metrics in logger.log_dir mus
 each difference (old -> new) and the ways out: folders of its own, or checkpointing.resume=force
 to take them over as they are. Checkpoints saved before identities were recorded are compared
 with the run_config.json that their run wrote into the log directory; without one they are
-refused. The final model in checkpoint_dir/final_model may be written over only by a run
-that starts at or after the step it was exported at (a run with checkpointing off, or with no
-checkpoint left, starts at step 0 and is refused). A run whose checkpoints are done (the newest
-step >= max_num_steps) and exported is reported as having nothing to do.
+refused. A run with checkpointing off (it starts at step 0) is refused in a checkpoint_dir
+that holds checkpoints of later steps, and the final model in checkpoint_dir/final_model may be
+written over only by a run that starts at or after the step it was exported at. A run whose
+checkpoints are done (the newest step >= max_num_steps) and exported is reported as having
+nothing to do.
 """
 
 import json
@@ -205,6 +206,8 @@ def check_run_folders(cfg: DistillationConfig) -> str | None:
     final = checkpoint_dir / FINAL_MODEL_DIR
     check_export_target(final, earlier_unmarked=True)
     resumes = cfg.checkpointing.enabled and newest is not None
+    if not force and not cfg.checkpointing.enabled:
+        _check_checkpoints_left(newest, checkpoint_dir)
     if not force:
         _check_final_model(final, newest.step if resumes else 0, cfg.checkpointing.enabled)
     steps = cfg.distillation.max_num_steps
@@ -240,6 +243,21 @@ def _check_checkpoint(
             "Give this run folders of its own (checkpointing.checkpoint_dir=... "
             f"logger.log_dir=...), or resume those checkpoints with these changes: {FORCE}"
         )
+
+
+def _check_checkpoints_left(newest: NewestCheckpoint | None, checkpoint_dir: Path) -> None:
+    """SetupError when a run with checkpointing off would start at step 0 in a checkpoint
+    directory that holds a run's checkpoints of later steps: it would cut that run's metrics
+    back and leave its own final model beside them."""
+    if newest is None or newest.step == 0:
+        return
+    raise SetupError(
+        f"checkpointing.checkpoint_dir {checkpoint_dir} holds the checkpoints of a run (newest: "
+        f"step {newest.step}), and this run has checkpointing.enabled=false: it would start at "
+        "step 0 beside them and write its final model there. Give this run its own "
+        "checkpointing.checkpoint_dir and logger.log_dir, or resume them with "
+        f"checkpointing.enabled=true, or take the folder over with {FORCE}"
+    )
 
 
 def _check_final_model(final: Path, start: int, checkpointing: bool) -> None:

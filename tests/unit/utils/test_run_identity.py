@@ -9,6 +9,7 @@ weights again and overwrote its run_config.json beside its metrics, with exit st
 """
 
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -198,12 +199,25 @@ def test_a_run_that_starts_before_the_exported_step_may_not_write_over_it(tmp_pa
         (folder / "config.json").write_text("{}")
     short = config(tmp_path, "distillation.max_num_steps=3", "checkpointing.enabled=false")
     message = refusal(short)
+    assert f"checkpoint_dir {final.parent} holds the checkpoints of a run (newest: step 350)" in (
+        message
+    )
+    assert "checkpointing.enabled=true" in message and "checkpointing.resume=force" in message
+    for step in CheckpointManager(cfg.checkpointing).checkpoints().values():
+        shutil.rmtree(step)  # the checkpoints deleted, the export kept
+    message = refusal(short)
     assert f"{final} holds the final model that a run exported at step 350" in message
     assert "starts at step 0 (checkpointing.enabled=false: it resumes nothing)" in message
     assert "checkpointing.resume=force" in message
-    assert check_run_folders(config(tmp_path, "distillation.max_num_steps=400")) is None
     forced = config(tmp_path, "checkpointing.enabled=false", "checkpointing.resume=force")
     assert check_run_folders(forced) is None
+
+
+def test_a_resumed_run_may_write_over_its_own_export(tmp_path):
+    cfg = finished_run(tmp_path)
+    with export_directory(Path(cfg.checkpointing.checkpoint_dir) / "final_model", {"step": 350}):
+        pass
+    assert check_run_folders(config(tmp_path, "distillation.max_num_steps=400")) is None
 
 
 def test_a_rerun_without_checkpoints_may_not_write_over_an_earlier_export(tmp_path):
@@ -255,7 +269,9 @@ def test_the_command_line_refuses_to_write_a_shorter_run_over_an_export(tmp_path
     argv += [f"logger.log_dir={tmp_path / 'other_logs'}", "distillation.max_num_steps=3"]
     argv += ["checkpointing.enabled=false"]
     assert cli.main(argv) == cli.EXIT_CONFIG_ERROR
-    assert "exported at step 350" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "holds the checkpoints of a run (newest: step 350)" in err
+    assert "checkpointing.enabled=false" in err
     assert (final / "model.safetensors").read_bytes() == b"the 350-step model"
     assert not (tmp_path / "other_logs").exists()
 
