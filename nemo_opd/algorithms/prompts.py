@@ -13,6 +13,7 @@ from nemo_opd.data.datasets import load_prompt_records
 from nemo_opd.data.message_log import log_length
 from nemo_opd.errors import SetupError
 from nemo_opd.tools.base import tool_schemas
+from nemo_opd.utils.text_width import wrapped
 
 
 @dataclass
@@ -136,10 +137,11 @@ def _loaded_prompts(
     """load_prompts' answer once the prompts are tokenized: printed and checked."""
     if cfg.distillation.max_val_samples is not None:
         val.samples = val.samples[: cfg.distillation.max_val_samples]
-    print(
+    line = (
         f"data: {len(train.samples)} train prompts ({train.skipped} skipped as longer than "
         f"{max_prompt} tokens), {len(val.samples)} validation prompts ({val.skipped} skipped)"
     )
+    print(wrapped(line))
     check_fills_one_batch(train, cfg.distillation.num_prompts_per_step, max_prompt)
     return formatter, train, val
 

@@ -23,6 +23,9 @@ When anything fails, what was already started is shut down and the directories r
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+
 import torch
 
 from nemo_opd.algorithms.model_checks import check_megatron_training_precision
@@ -70,6 +73,8 @@ from nemo_opd.utils.logger import Logger
 from nemo_opd.utils.run_dirs import RunLock, check_writable, with_absolute_paths
 from nemo_opd.utils.run_identity import check_run_folders, record_log_owner, run_identity
 from nemo_opd.utils.startup import StartupMarks, format_startup_report
+from nemo_opd.utils.text_width import wrapped
+from nemo_opd.utils.worker_output import WORKERS_LOG, start_up_output_to
 
 
 def setup(cfg: DistillationConfig) -> DistillationRun:
@@ -124,49 +129,51 @@ def _build_run(cfg: DistillationConfig, lock: RunLock, marks: StartupMarks) -> D
     # the data are tokenized; then student and teachers
     started = [] if served is None else [served]  # a served teacher's render workers
     try:
-        environments = build_environments(cfg.env, wait=False)  # start while vLLM loads
-        started.extend(environments.values())
-        prompts = start_loading_prompts(cfg, tokenizer)
-        marks.note("prompts_rendered")
-        generation = build_generation(cfg, device, split, placement)
-        started.append(generation)
-        teacher_sampler = build_teacher_sampler(cfg, device, split, placement)
-        if teacher_sampler is not None:
-            started.append(teacher_sampler)
-        marks.note("vllm_launched")
-        formatter, train, val = prompts()
-        context = privileged_context(cfg, formatter, [train, val])
-        marks.note("data")
-        student = Policy(
-            cfg.policy,
-            cfg.cluster,
-            num_workers=split.training,
-            name="policy",
-            total_steps=cfg.distillation.max_num_steps * _optimizer_steps_per_step(cfg),
-            placement=placement,
-            share=SHARE,
-            wait=False,
-            threads=overlap_threads(cfg, device),
-            executor=cfg.cluster.executor,
-        )
-        started.append(student)
-        teacher = served
-        if served is None and cfg.named_teachers:
-            threads = overlap_threads(cfg, device)
-            teacher = start_teachers(cfg, renderings, split.training, placement, threads)
-            started.append(teacher)
-        own = self_teacher(cfg, student)  # teacher.source student, ema or lagged
-        teacher = with_privileged_context(own or teacher, context, formatter)
-        marks.note("workers_launched")
-        wait_for_workers(marks, student, teacher, generation, teacher_sampler)
-        if generation.shares_student:  # generates from the student's module: refit copies nothing
-            generation.share_module(student.local_module())
-        wait_for_environments(environments)
-        marks.note("environments_ready")
-        if own is not None:  # the student's workers hold the teacher's weights
-            own.start(cfg.self_teacher)
-        elif cfg.loss_fn.support != "teacher_topk":  # the student applies the teacher's head
-            student.load_teacher_head(cfg.teacher.model_name, cfg.teacher.precision)
+        with _workers_output(cfg):
+            environments = build_environments(cfg.env, wait=False)  # start while vLLM loads
+            started.extend(environments.values())
+            prompts = start_loading_prompts(cfg, tokenizer)
+            marks.note("prompts_rendered")
+            generation = build_generation(cfg, device, split, placement)
+            started.append(generation)
+            teacher_sampler = build_teacher_sampler(cfg, device, split, placement)
+            if teacher_sampler is not None:
+                started.append(teacher_sampler)
+            marks.note("vllm_launched")
+            formatter, train, val = prompts()
+            context = privileged_context(cfg, formatter, [train, val])
+            marks.note("data")
+            student = Policy(
+                cfg.policy,
+                cfg.cluster,
+                num_workers=split.training,
+                name="policy",
+                total_steps=cfg.distillation.max_num_steps * _optimizer_steps_per_step(cfg),
+                placement=placement,
+                share=SHARE,
+                wait=False,
+                threads=overlap_threads(cfg, device),
+                executor=cfg.cluster.executor,
+            )
+            started.append(student)
+            teacher = served
+            if served is None and cfg.named_teachers:
+                threads = overlap_threads(cfg, device)
+                teacher = start_teachers(cfg, renderings, split.training, placement, threads)
+                started.append(teacher)
+            own = self_teacher(cfg, student)  # teacher.source student, ema or lagged
+            teacher = with_privileged_context(own or teacher, context, formatter)
+            marks.note("workers_launched")
+            wait_for_workers(marks, student, teacher, generation, teacher_sampler)
+            # generating from the student's module: the refit copies nothing
+            if generation.shares_student:
+                generation.share_module(student.local_module())
+            wait_for_environments(environments)
+            marks.note("environments_ready")
+            if own is not None:  # the student's workers hold the teacher's weights
+                own.start(cfg.self_teacher)
+            elif cfg.loss_fn.support != "teacher_topk":  # the student applies the teacher's head
+                student.load_teacher_head(cfg.teacher.model_name, cfg.teacher.precision)
     except BaseException:
         for part in started:
             part.shutdown()
@@ -215,6 +222,14 @@ def _build_run(cfg: DistillationConfig, lock: RunLock, marks: StartupMarks) -> D
     return run_state
 
 
+def _workers_output(cfg: DistillationConfig) -> AbstractContextManager:
+    """Where the workers' start-up output goes: with the local executor, logger.log_dir's
+    workers.log (utils/worker_output.py), as each Ray worker's goes to its own log files."""
+    if cfg.cluster.executor != "local":
+        return nullcontext()
+    return start_up_output_to(Path(cfg.logger.log_dir) / WORKERS_LOG)
+
+
 def _choose_executor(
     cfg: DistillationConfig, marks: StartupMarks
 ) -> tuple[DistillationConfig, str, WorkerSplit]:
@@ -232,7 +247,7 @@ def _choose_executor(
     if executor == "local":
         torch.set_num_threads(local_threads(cfg, device))
     print(describe_device(cfg.cluster, device, gpus_seen(executor), executor))
-    print(describe_workers(cfg, device, split))
+    print(wrapped(describe_workers(cfg, device, split)))
     check_megatron_training_precision(cfg.policy, device)
     cannot_overlap = overlap_problem(cfg, device)
     if cannot_overlap:

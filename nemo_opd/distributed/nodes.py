@@ -20,6 +20,7 @@ import ray
 from nemo_opd.config import ClusterConfig
 from nemo_opd.distributed.cluster import ClusterResourceError, WorkerResources
 from nemo_opd.distributed.waits import get_within
+from nemo_opd.utils.text_width import packed
 
 NODE_QUERY_TIMEOUT_S = 120.0
 """How long actors may take to say which node they run on (they are up: a quick call)."""
@@ -110,5 +111,5 @@ def format_placement(record: Mapping) -> str:
             for index, worker_node in enumerate(where)
             if worker_node == node_id
         ]
-        lines.append(f"  {address} (node {node_id[:8]}): {', '.join(here)}")
+        lines.append(packed(here, f"  {address} (node {node_id[:8]}): ", ", "))
     return "\n".join(lines)

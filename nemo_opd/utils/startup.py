@@ -19,6 +19,8 @@ import os
 import time
 from collections.abc import Mapping
 
+from nemo_opd.utils.text_width import packed
+
 STARTUP_PREFIX = "timing/startup/"
 
 
@@ -66,9 +68,12 @@ def startup_metrics(origin: float, processes: Mapping[str, Mapping[str, float]])
     }
 
 
-def format_startup_report(origin: float, processes: Mapping[str, Mapping[str, float]]) -> str:
-    """One line per process: each mark as "name +seconds since the driver started", then the
-    seconds between consecutive marks in brackets, e.g.
+def format_startup_report(
+    origin: float, processes: Mapping[str, Mapping[str, float]], columns: int | None = None
+) -> str:
+    """A row per process, wrapped at `columns` (the console's width): each mark as "name
+    seconds since the driver started", then the seconds between consecutive marks in brackets,
+    e.g.
 
         start-up (s after the command started):
           driver    process 0.0 | init 13.1 [13.1] | data 19.2 [6.1] | ray 24.0 [4.8]
@@ -82,5 +87,5 @@ def format_startup_report(origin: float, processes: Mapping[str, Mapping[str, fl
             step = "" if previous is None else f" [{when - previous:.1f}]"
             parts.append(f"{mark} {when - origin:.1f}{step}")
             previous = when
-        lines.append(f"  {name:<{width}}  " + " | ".join(parts))
+        lines.append(packed(parts, f"  {name:<{width}}  ", " | ", columns))
     return "\n".join(lines)

@@ -1,0 +1,50 @@
+"""The run's own console lines, fitted to the terminal (80 columns when it prints to a file).
+
+Set-up lines (the workers, the data, the start-up marks) are wrapped at word boundaries with
+an indented continuation; a word longer than the width (a path) is kept whole. The per-step
+lines of a run printing to a file stay one line each (utils/console.py): they are read with
+grep."""
+
+import shutil
+import sys
+import textwrap
+from collections.abc import Sequence
+
+CONSOLE_WIDTH = 80
+"""The width of a console that is not a terminal (a log file, CI)."""
+
+
+def console_width() -> int:
+    """The terminal's columns when standard output is one, else CONSOLE_WIDTH."""
+    if not sys.stdout.isatty():
+        return CONSOLE_WIDTH
+    return shutil.get_terminal_size((CONSOLE_WIDTH, 24)).columns
+
+
+def wrapped(text: str, indent: str = "  ", width: int | None = None) -> str:
+    """`text` as lines of at most `width` columns (the console's), the second and later ones
+    starting with `indent`."""
+    return textwrap.fill(
+        text,
+        width or console_width(),
+        subsequent_indent=indent,
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+
+
+def packed(parts: Sequence[str], head: str, separator: str, width: int | None = None) -> str:
+    """`head` then `parts` joined by `separator`, as many per line as fit in `width` columns
+    (the console's): a line that goes on ends with the separator ("a | b |", "a, b,"), and the
+    next starts with as many spaces as `head` is long."""
+    width = width or console_width()
+    tail = separator.rstrip()
+    lines, line = [], head
+    for index, part in enumerate(parts):
+        candidate = line + (separator if index else "") + part
+        if index and len(candidate) + len(tail) > width:
+            lines.append(line + tail)
+            candidate = " " * len(head) + part
+        line = candidate
+    lines.append(line)
+    return "\n".join(lines)

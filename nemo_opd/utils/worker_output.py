@@ -1,0 +1,67 @@
+"""The workers' own start-up output, kept in a log file when they run in the driver's process.
+
+Under Ray each worker is a process whose output goes to its own log files. With the local
+executor (one process) the same messages (vLLM's warnings about the platform, torch's C++
+warnings, the models' weight-loading progress bars) would interleave with the run's own lines
+on the user's console. While the workers start, the process's standard error (file
+descriptor 2, so that C and C++ code writing to it is caught too) is appended to a log file;
+the run's own lines go to standard output and stay on the console. vLLM logs to standard error
+for this (VLLM_LOGGING_STREAM, unless the user chose a stream).
+
+    with start_up_output_to(Path(cfg.logger.log_dir) / WORKERS_LOG):
+        ...start the workers...
+
+When the start fails, the log's last lines are printed on the console's standard error before
+the error goes on; when it succeeds, one line names the log if anything was written to it.
+"""
+
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+WORKERS_LOG = "workers.log"
+"""In logger.log_dir: what the workers wrote to standard error while they started."""
+TAIL_LINES = 20
+"""How many of the log's last lines a failed start shows."""
+
+
+def send_vllm_logs_to_stderr() -> None:
+    """vLLM's log lines on standard error (it writes them to standard output by default),
+    unless the user chose where with VLLM_LOGGING_STREAM. Before vLLM is imported."""
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+
+
+@contextmanager
+def start_up_output_to(path: Path) -> Iterator[Path]:
+    """Standard error appended to `path` inside the block (see the module docstring)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    console = os.dup(2)
+    log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    size = os.fstat(log).st_size
+    failed = True
+    try:
+        os.dup2(log, 2)
+        yield path
+        failed = False
+    finally:
+        sys.stderr.flush()
+        os.dup2(console, 2)
+        os.close(console)
+        os.close(log)
+        if failed:
+            _show_tail(path, size)
+    if path.stat().st_size > size:
+        print(f"workers' start-up messages (vLLM, torch, the models): {path}")
+
+
+def _show_tail(path: Path, start: int) -> None:
+    """The last TAIL_LINES lines written to `path` after byte `start`, on standard error."""
+    with open(path, "rb") as handle:
+        handle.seek(start)
+        lines = handle.read().decode("utf-8", errors="replace").splitlines()
+    if lines:
+        shown = "\n".join(f"  {line}" for line in lines[-TAIL_LINES:])
+        print(f"the workers' last start-up messages ({path}):\n{shown}", file=sys.stderr)
