@@ -8,6 +8,7 @@ token t + 1), "final_model": the export's folder}. The probes are the first vali
 rendered with the run's chat template, each followed by its reference answer.
 """
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 import torch
 
 from nemo_opd.config import load_config
+from nemo_opd.config.executor import run_executor
 
 PROBES = 4
 
@@ -45,14 +47,23 @@ def probe_batch(state) -> dict[str, torch.Tensor]:
     }
 
 
-if __name__ == "__main__":
+def executor_session(cfg):
+    """A Ray session for a run on Ray; nothing for one in this process (the local executor),
+    as the command line does (nemo_opd.cli)."""
+    if run_executor(cfg) == "local":
+        return contextlib.nullcontext()
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-    from nemo_opd.algorithms.distillation import distillation_train, export_final_model
-    from nemo_opd.algorithms.setup import setup
     from nemo_opd.distributed.ray_runtime import ray_session
 
+    return ray_session(cfg.cluster)
+
+
+if __name__ == "__main__":
+    from nemo_opd.algorithms.distillation import distillation_train, export_final_model
+    from nemo_opd.algorithms.setup import setup
+
     cfg = load_config(sys.argv[1], sys.argv[3:])
-    with ray_session(cfg.cluster):
+    with executor_session(cfg):
         state = setup(cfg)
         try:
             assert distillation_train(state)

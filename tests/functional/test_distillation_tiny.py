@@ -1,13 +1,13 @@
 """The whole loop on CPU: the tiny config on two one-thread workers per model with tensor
 parallelism 2, sequence packing and two-turn rollouts (a retry after a wrong answer), run
-straight through; then the same run through a chain of real faults, each ending the run with one
-clear message and each resumed from the newest intact checkpoint: SIGTERM (a clean stop with a
+straight through in lockstep, and the same config overlapped (distillation.max_staleness 1, the
+refit check every third step), which samples by its schedule. Then the overlapped run through a
+chain of real faults, each ending the run with one clear message and each resumed from the
+newest intact checkpoint by the same command: SIGTERM (a clean stop with a checkpoint), a
+training worker killed while rollouts are ahead of training (they are saved with the
 checkpoint), the vLLM engine killed between steps (as the OOM killer does), the newest
 checkpoint damaged on disk. The run that finally completes must log the same metrics as the
-uninterrupted one. The same config overlapped (distillation.max_staleness 1, the refit check
-every third step) samples by its schedule, and a training worker killed while rollouts are
-ahead of training ends with one message and resumes to the uninterrupted overlapped run's
-metrics. (A save that fails part-way is caused for real one level down, in
+uninterrupted overlapped one. (A save that fails part-way is caused for real one level down, in
 tests/unit/policy/test_policy_checkpoint.py: the loop adds only the message.)
 
 The models are the seconds-long "micro" build of the tiny assets (the default tiny models take
@@ -15,6 +15,7 @@ minutes to build): this test checks the machinery, not the learning curve (docs/
 records that).
 """
 
+import json
 import os
 import re
 import signal
@@ -34,7 +35,7 @@ from nemo_opd.tiny.recipe import micro_recipe
 pytest.importorskip("vllm")
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS = 4
+STEPS = 6
 
 
 @pytest.fixture(scope="module")
@@ -114,16 +115,39 @@ def assert_exported_student_is_trained(final: Path, last_checkpoint: Path, initi
     assert any(not torch.equal(exported[n], start[n].to(exported[n].dtype)) for n in start)
 
 
+OVERLAP = ("distillation.max_staleness=1", "policy.generation.logprob_check_period=3")
+"""Every third step from step 1 sampled from the newest weights and checked; the others one
+step stale."""
+FRESH = {step for step in range(1, STEPS + 1) if (step - 1) % 3 == 0}
+
+
 @pytest.fixture(scope="module")
-def straight(micro_assets, tmp_path_factory):
-    """The uninterrupted run: its directory, metrics and stdout."""
-    run_dir = tmp_path_factory.mktemp("straight")
-    result = run_to_end(micro_assets, run_dir)
-    return run_dir, read_metrics(run_dir), result.stdout
+def uninterrupted(micro_assets, tmp_path_factory):
+    """The two uninterrupted runs, lockstep and overlapped (max_staleness 1), one after the other
+    in one driver process (tests/functional/run_configs.py: each starts and stops its own local
+    Ray and workers; they share the driver's imports): {"lockstep"/"overlapped": (run dir,
+    metrics, stdout)}."""
+    root = tmp_path_factory.mktemp("uninterrupted")
+    plan = {"lockstep": (), "overlapped": OVERLAP}
+    for name in plan:
+        (root / name).mkdir()
+    spec = [  # the command's arguments after the script's name
+        {"args": [*command(micro_assets, root / name)[2:], *extra]} for name, extra in plan.items()
+    ]
+    (root / "runs.json").write_text(json.dumps(spec))
+    script = ROOT / "tests" / "functional" / "run_configs.py"
+    result = run_process.run_to_end([sys.executable, str(script), "runs.json"], root)
+    outputs = result.stdout.split("=== run ")[1:]
+    assert len(outputs) == len(plan), result.stdout[-4000:] + result.stderr[-4000:]
+    runs = {}
+    for (name, _), out in zip(plan.items(), outputs, strict=True):
+        assert out.rstrip().endswith(" 0"), out[-3000:] + result.stderr[-4000:]
+        runs[name] = (root / name, read_metrics(root / name), out)
+    return runs
 
 
-def test_tiny_distillation_runs(micro_assets, straight):
-    straight, metrics, stdout = straight
+def test_tiny_distillation_runs(micro_assets, uninterrupted):
+    straight, metrics, stdout = uninterrupted["lockstep"]
     # Every step logged once, with the loop's metrics.
     assert sorted(metrics) == list(range(STEPS + 1))  # step 0: validation at start
     for step in range(1, STEPS + 1):
@@ -141,8 +165,8 @@ def test_tiny_distillation_runs(micro_assets, straight):
             assert key in row, f"step {step} lacks {key}"
         assert row["generation/logprob_mismatch"] < 1e-3  # fp32 vLLM == fp32 student
         assert 1.0 <= row["rollout/mean_turns"] <= 2.0
-    assert metrics[STEPS]["rollout/mean_turns"] > 1.0 or metrics[1]["rollout/mean_turns"] > 1.0
-    for step in (0, 2, 4):
+    assert any(metrics[step]["rollout/mean_turns"] > 1.0 for step in range(1, STEPS + 1))
+    for step in range(0, STEPS + 1, 2):
         assert "validation/accuracy" in metrics[step]
         # The driver's own phases add up to at most the whole; the student's evaluation runs
         # in a thread beside the next chunk's generation (the tail of it is the wait).
@@ -160,11 +184,42 @@ def test_tiny_distillation_runs(micro_assets, straight):
     print(stdout[-2000:])
 
 
-FAULTY = ("checkpointing.save_period=1", "checkpointing.metric_name=null")
+def test_overlap_samples_by_the_schedule(uninterrupted):
+    lockstep = uninterrupted["lockstep"][1]
+    run_dir, metrics, _ = uninterrupted["overlapped"]
+    assert sorted(metrics) == sorted(lockstep)
+    # Step 1 trains the initial weights on their own rollouts under both schedules.
+    for key in ("train/loss", "train/reward", "train/num_tokens", "rollout/mean_turns"):
+        assert metrics[1][key] == pytest.approx(lockstep[1][key], rel=1e-4), key
+    # Step t samples from the weights after step max(0, t - 2), but for the refit check's
+    # steps (FRESH: logprob_check_period 3), which sample from the newest weights.
+    for step in range(1, STEPS + 1):
+        assert metrics[step]["rollout/weights_version"] == (step - 1 if step in FRESH else step - 2)
+        assert metrics[step]["rollout/staleness_max"] == (0 if step in FRESH else 1)
+        assert lockstep[step]["rollout/weights_version"] == step - 1
+        assert lockstep[step]["rollout/staleness_max"] == 0
+    # vLLM is compared with the student only where the trained weights sampled: the checked
+    # steps, each after a refit to the newest weights.
+    for step in range(1, STEPS + 1):
+        assert ("generation/logprob_mismatch" in metrics[step]) == (step in FRESH), step
+    assert all(metrics[step]["generation/logprob_mismatch"] < 1e-3 for step in FRESH)
+    records = (run_dir / "logs" / "rollouts" / "step_2.jsonl").read_text().splitlines()
+    assert records and all('"weights_version": 0' in line for line in records)
+    assert metrics[2]["train/loss"] != lockstep[2]["train/loss"]  # stale rollouts differ
 
 
-def test_faults_end_runs_cleanly_and_resume_exactly(micro_assets, straight, tmp_path):
-    metrics = straight[1]
+FAULTY = ("checkpointing.save_period=1", "checkpointing.metric_name=null", *OVERLAP)
+"""The overlapped run, checkpointed after every step: each checkpoint after which rollouts are
+ahead of training holds them."""
+
+
+def newest_checkpoint(checkpoints: Path) -> int:
+    return max(int(p.name.split("_")[1]) for p in checkpoints.glob("step_*"))
+
+
+def test_faults_end_runs_cleanly_and_resume_exactly(micro_assets, uninterrupted, tmp_path):
+    """One overlapped run through a chain of faults, each resumed by the same command."""
+    straight = uninterrupted["overlapped"][1]
     checkpoints = tmp_path / "checkpoints"
 
     # 1. SIGTERM to the driver: the step in progress finishes, a checkpoint is saved, exit 143.
@@ -177,83 +232,45 @@ def test_faults_end_runs_cleanly_and_resume_exactly(micro_assets, straight, tmp_
     assert 1 <= stopped <= 2, out[-2000:]
     assert (checkpoints / f"step_{stopped}").is_dir() and not (checkpoints / "final_model").exists()
 
-    # 2. The vLLM engine killed (the OOM killer's way): one line naming it, no hang, exit 1.
+    # 2. A training worker killed while rollouts are ahead of training: one line naming it,
+    # exit 1. The rollouts of the step after each checkpoint come from older weights than it
+    # holds: they are saved with it, and the next run trains on them as the straight run did.
     run = start_run(micro_assets, tmp_path, *FAULTY)
     run.wait_for_checkpoint(stopped + 1)
+    victim = run.policy_workers()[0]
+    os.kill(victim, signal.SIGKILL)
+    code, out, err = run.finish()
+    assert code == 1, err[-3000:]
+    assert f"resumed from {checkpoints / f'step_{stopped}'}" in out
+    assert re.search(rf"error: .*\w+: worker rank \d died \(pid {victim}", err), err[-3000:]
+    assert "Traceback" not in err.split("error: ")[-1]
+    killed = newest_checkpoint(checkpoints)
+    assert killed < STEPS - 1, out[-2000:]
+    assert (checkpoints / f"step_{killed}" / "rollouts_ahead.pt").is_file()
+
+    # 3. The vLLM engine killed (the OOM killer's way): one line naming it, no hang, exit 1.
+    run = start_run(micro_assets, tmp_path, *FAULTY)
+    run.wait_for_checkpoint(killed + 1)
     victim = run.generation_workers()[0]
     os.kill(victim, signal.SIGKILL)
     code, out, err = run.finish()
     assert code == 1, err[-3000:]
+    assert f"resumed from {checkpoints / f'step_{killed}'}" in out
+    assert "were not saved with the checkpoint" not in out
     engine = r"vLLM engine \d \(of \d, serving [^)\n]*\)"
     died = rf"error: {engine} died \(pid {victim}: [^\n]*\) while [^\n]* from the newest\n"
     assert re.search(died, err), err[-3000:]
     assert "Traceback" not in err.split("error: vLLM engine")[-1]
 
-    # 3. The newest checkpoint damaged on disk: set aside (kept, with the reason) on resume,
+    # 4. The newest checkpoint damaged on disk: set aside (kept, with the reason) on resume,
     # and the same command once more completes, with the uninterrupted run's metrics.
-    newest = max(int(p.name.split("_")[1]) for p in checkpoints.glob("step_*"))
+    newest = newest_checkpoint(checkpoints)
     weights = checkpoints / f"step_{newest}" / "policy" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])
     out = run_to_end(micro_assets, tmp_path, *FAULTY).stdout
     assert f"checkpoint not resumable, set aside as {checkpoints / 'unreadable'}" in out
     assert f"step_{newest}" in out and "has 1000 bytes" in out and "written" in out
     assert f"resumed from {checkpoints / f'step_{newest - 1}'}" in out
-    assert (checkpoints / "unreadable" / f"step_{newest}").is_dir()
-    assert_resumed_like(read_metrics(tmp_path), metrics, range(1, STEPS + 1))
-
-
-OVERLAP = ("distillation.max_staleness=1", "policy.generation.logprob_check_period=3")
-"""Steps 1 and 4 sampled from the newest weights and checked; 2 and 3 one step stale."""
-
-
-@pytest.fixture(scope="module")
-def overlapped(micro_assets, tmp_path_factory):
-    """The uninterrupted run at max_staleness 1: its directory and metrics."""
-    run_dir = tmp_path_factory.mktemp("overlapped")
-    run_to_end(micro_assets, run_dir, *OVERLAP)
-    return run_dir, read_metrics(run_dir)
-
-
-def test_overlap_samples_by_the_schedule(straight, overlapped):
-    lockstep, (run_dir, metrics) = straight[1], overlapped
-    assert sorted(metrics) == sorted(lockstep)
-    # Step 1 trains the initial weights on their own rollouts under both schedules.
-    for key in ("train/loss", "train/reward", "train/num_tokens", "rollout/mean_turns"):
-        assert metrics[1][key] == pytest.approx(lockstep[1][key], rel=1e-4), key
-    # Step t samples from the weights after step max(0, t - 2), but for the refit check's
-    # steps 1 and 4 (logprob_check_period 3), which sample from the newest weights.
-    fresh = {1, 4}
-    for step in range(1, STEPS + 1):
-        assert metrics[step]["rollout/weights_version"] == (step - 1 if step in fresh else step - 2)
-        assert metrics[step]["rollout/staleness_max"] == (0 if step in fresh else 1)
-        assert lockstep[step]["rollout/weights_version"] == step - 1
-        assert lockstep[step]["rollout/staleness_max"] == 0
-    # vLLM is compared with the student only where the trained weights sampled: the checked
-    # steps, each after a refit to the newest weights.
-    for step in range(1, STEPS + 1):
-        assert ("generation/logprob_mismatch" in metrics[step]) == (step in fresh), step
-    assert all(metrics[step]["generation/logprob_mismatch"] < 1e-3 for step in fresh)
-    records = (run_dir / "logs" / "rollouts" / "step_2.jsonl").read_text().splitlines()
-    assert records and all('"weights_version": 0' in line for line in records)
-    assert metrics[2]["train/loss"] != lockstep[2]["train/loss"]  # stale rollouts differ
-
-
-def test_a_worker_killed_with_rollouts_ahead_resumes_exactly(micro_assets, overlapped, tmp_path):
-    # The rollouts of the step after each checkpoint come from older weights than it holds:
-    # they are saved with it, and the resumed run trains on them as the straight run did.
-    checkpoints = tmp_path / "checkpoints"
-    run = start_run(micro_assets, tmp_path, *FAULTY, *OVERLAP)
-    run.wait_for_checkpoint(2)
-    victim = run.policy_workers()[0]
-    os.kill(victim, signal.SIGKILL)
-    code, out, err = run.finish()
-    assert code == 1, err[-3000:]
-    assert re.search(rf"error: .*\w+: worker rank \d died \(pid {victim}", err), err[-3000:]
-    assert "Traceback" not in err.split("error: ")[-1]
-    newest = max(int(p.name.split("_")[1]) for p in checkpoints.glob("step_*"))
-    if newest < STEPS:
-        assert (checkpoints / f"step_{newest}" / "rollouts_ahead.pt").is_file()
-    out = run_to_end(micro_assets, tmp_path, *FAULTY, *OVERLAP).stdout
-    assert f"resumed from {checkpoints / f'step_{newest}'}" in out
     assert "were not saved with the checkpoint" not in out
-    assert_resumed_like(read_metrics(tmp_path), overlapped[1], range(1, STEPS + 1))
+    assert (checkpoints / "unreadable" / f"step_{newest}").is_dir()
+    assert_resumed_like(read_metrics(tmp_path), straight, range(1, STEPS + 1))

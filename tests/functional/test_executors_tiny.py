@@ -5,13 +5,15 @@ teacher and vLLM as objects there, no Ray started); cluster.executor=ray runs th
 Ray actors. At the same seeds and thread counts (setup_workers.local_threads gives the process the
 threads each Ray worker and engine computes on) both log the same metrics, exactly, at every
 step: overlap (each step's rollouts sampled while the step before trains), the refit check,
-validation and checkpoints included. Then the run in one process stopped by SIGTERM after a
-checkpoint, and resumed by the same command, logs the uninterrupted run's metrics.
+validation and checkpoints included. The run in one process is stopped by SIGTERM after a
+checkpoint and resumed by the same command: the steps before the stop show the executors
+interchangeable, the steps after it show the resumed run logging the uninterrupted run's
+metrics (those of the Ray run, which the one-process run's must equal at every step).
 """
 
 import os
+import re
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -40,6 +42,7 @@ def command(run_dir: Path, *extra: str) -> list[str]:
         "distillation.val_batch_size=64",
         "policy.generation.logprob_check_period=3",  # steps 1 and 4 checked, 2 and 3 overlap
         "checkpointing.save_period=2",
+        "checkpointing.metric_name=null",
         f"checkpointing.checkpoint_dir={run_dir / 'checkpoints'}",
         f"logger.log_dir={run_dir / 'logs'}",
         "logger.console_progress=false",
@@ -68,14 +71,26 @@ def on_ray(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def in_one_process(tmp_path_factory):
+    """The run in one process, stopped by SIGTERM once its step-2 checkpoint is written, then
+    resumed by the same command to its end: its metrics (both parts'), the stopped run's exit
+    status, stdout and stderr, and the resumed run's stdout."""
     run_dir = tmp_path_factory.mktemp("in_one_process")
-    result = run_process.run_to_end(command(run_dir), run_dir)
-    return read_metrics(run_dir), result.stdout
+    run = Run(command(run_dir), run_dir)
+    run.wait_for_checkpoint(2)
+    os.kill(run.process.pid, signal.SIGTERM)
+    code, out, err = run.finish()
+    resumed = run_process.run_to_end(command(run_dir), run_dir) if code != 0 else None
+    return {
+        "metrics": read_metrics(run_dir),
+        "stopped": (code, out, err),
+        "resumed": resumed.stdout if resumed else "",
+    }
 
 
 def test_one_process_logs_the_ray_runs_metrics_exactly(on_ray, in_one_process):
     ray_metrics, ray_out = on_ray
-    local_metrics, local_out = in_one_process
+    local_metrics = in_one_process["metrics"]
+    _, local_out, _ = in_one_process["stopped"]
     assert "workers: one process (cluster.executor local, no Ray): the student, the " in local_out
     assert "ray: started a local instance" not in local_out
     assert "ray: started a local instance" in ray_out
@@ -85,24 +100,16 @@ def test_one_process_logs_the_ray_runs_metrics_exactly(on_ray, in_one_process):
     assert compared(local_metrics) == compared(ray_metrics)
 
 
-def test_sigterm_in_one_process_stops_cleanly_and_resumes_exactly(in_one_process, tmp_path):
-    run = Run(command(tmp_path, "checkpointing.metric_name=null"), tmp_path)
-    run.wait_for_checkpoint(2)
-    os.kill(run.process.pid, signal.SIGTERM)
-    code, out, err = run.finish()
+def test_sigterm_in_one_process_stops_cleanly_and_resumes_exactly(on_ray, in_one_process):
+    code, out, err = in_one_process["stopped"]
     assert code == 128 + signal.SIGTERM, err[-3000:]
     assert "on SIGTERM; run the same command to resume" in out
-    resumed = subprocess.run(
-        command(tmp_path, "checkpointing.metric_name=null"),
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resumed from" in resumed.stdout
-    straight = compared(in_one_process[0])
-    again = compared(read_metrics(tmp_path))
+    stopped = int(re.search(r"stopped after step (\d+) on SIGTERM", out).group(1))
+    assert 2 <= stopped < STEPS, out[-3000:]
+    resumed = in_one_process["resumed"]
+    assert re.search(rf"resumed from \S+step_{stopped} \(step {stopped}\)", resumed), resumed
+    straight = compared(on_ray[0])
+    again = compared(in_one_process["metrics"])
     assert sorted(again) == sorted(straight)
-    for step in (3, 4):  # the steps the resumed run trained
+    for step in range(stopped + 1, STEPS + 1):  # the steps the resumed run trained
         assert again[step] == straight[step], step

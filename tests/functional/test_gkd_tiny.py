@@ -1,6 +1,7 @@
 """The GKD family in the loop, on the tiny task: off-policy data (the dataset's responses,
 data.response_key) mixed by lmbda, the supervised baseline, and self-distillation with a
-privileged-context teacher. The runs share this process's imports and Ray.
+privileged-context teacher. The runs share this process's imports; each runs in this process
+(the local executor) but the one whose layout needs two ranks, which attaches to the module's Ray.
 
 - lmbda 0.5: each step is on- or off-policy as the documented rule says (seed 42: off, on, on,
   off); off-policy steps train on the reference solutions (all correct: reward 1), skip the
@@ -38,9 +39,6 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "examples" / "configs"
 STEPS = 4
 DATA_METRICS = ("train/num_tokens", "train/reward", "rollout/mean_generated_tokens")
-
-
-pytestmark = pytest.mark.usefixtures("ray_session")  # every run attaches to the module's Ray
 
 
 def run_loop(run_dir: Path, config: str, *extra: str) -> dict[int, dict]:
@@ -91,13 +89,21 @@ def test_sft_trains_on_the_responses_without_a_teacher(tmp_path, capsys):
     assert sft[STEPS]["train/loss"] < 0.8 * sft[1]["train/loss"]
 
 
-def test_self_distillation_with_privileged_context(tmp_path):
-    self_teacher = ("teacher.model_name=tiny:student", "distillation.max_num_steps=1")
-    plain = run_loop(tmp_path / "plain", "distillation_tiny.yaml", *self_teacher)[1]
+SELF_TEACHER = ("teacher.model_name=tiny:student", "distillation.max_num_steps=1")
+"""The student's own start as its teacher, for one step."""
+
+
+@pytest.fixture(scope="module")
+def plain_self_teacher(tmp_path_factory):
+    """The first step's metrics with the student's own start as the teacher, as is: the
+    reference of the privileged-context and the other-template self-teachers."""
+    return run_loop(tmp_path_factory.mktemp("plain"), "distillation_tiny.yaml", *SELF_TEACHER)[1]
+
+
+def test_self_distillation_with_privileged_context(plain_self_teacher, tmp_path):
     template = "teacher.prompt_template='{prompt} A correct solution: {response}'"
-    privileged = run_loop(
-        tmp_path / "privileged", "distillation_tiny.yaml", *self_teacher, template
-    )[1]
+    privileged = run_loop(tmp_path, "distillation_tiny.yaml", *SELF_TEACHER, template)[1]
+    plain = plain_self_teacher
     assert plain["train/reverse_kl"] < 1e-5 and plain["train/forward_kl"] < 1e-5
     assert privileged["train/reverse_kl"] > 0.05 and privileged["train/forward_kl"] > 0.05
     # The same rollouts (same weights, seed and prompts), graded by a better-informed teacher.
@@ -150,7 +156,9 @@ def test_routed_teachers_score_each_prompt_with_its_own(tmp_path):
         assert sum(samples) == 16 and min(samples) > 0
 
 
-def test_a_teacher_with_its_own_chat_template_reads_its_own_rendering(tmp_path, capsys):
+def test_a_teacher_with_its_own_chat_template_reads_its_own_rendering(
+    plain_self_teacher, tmp_path, capsys
+):
     """The student's own start as the teacher, under another chat template (a "Q: " before
     every user message): the teacher reads the student's text in its own tokens and template
     (the cross-tokenizer path), so unlike the plain self-teacher its divergence is not 0, on
@@ -165,21 +173,21 @@ def test_a_teacher_with_its_own_chat_template_reads_its_own_rendering(tmp_path, 
     ))  # fmt: skip
     assert other != template
     (tmp_path / "template.jinja").write_text(other)
-    self_teacher = ("teacher.model_name=tiny:student", "distillation.max_num_steps=1")
     crossed = run_loop(
         tmp_path / "crossed",
         "distillation_tiny.yaml",
-        *self_teacher,
+        *SELF_TEACHER,
         f"teacher.tokenizer.chat_template={tmp_path / 'template.jinja'}",
     )[1]
     assert "its chat template writes a conversation differently" in capsys.readouterr().out
-    plain = run_loop(tmp_path / "plain", "distillation_tiny.yaml", *self_teacher)[1]
+    plain = plain_self_teacher
     assert plain["train/forward_kl"] < 1e-5 < crossed["train/forward_kl"]
     assert crossed["teacher/xtok_mapped_mass"] == pytest.approx(1.0, abs=1e-4)
     for key in ("train/reward", "train/num_tokens"):
         assert crossed[key] == plain[key], key
 
 
+@pytest.mark.usefixtures("ray_session")  # two ranks: Ray's processes
 def test_routed_teachers_one_with_another_tokenizer_on_megatron_tp2_packed(tmp_path):
     """distillation_tiny_routed.yaml with its multiplication teacher swapped for the tiny
     teacher of another tokenizer and chat template (tiny:xtok_teacher), run by megatron-core at
@@ -273,6 +281,7 @@ def test_real_vocabularies_qwen3_student_llama3_teacher(real_vocabulary_models, 
 
 
 @pytest.mark.slow  # a vLLM server of its own: `pytest -m slow`
+@pytest.mark.usefixtures("ray_session")  # a served teacher's runs are Ray's
 def test_real_vocabularies_with_the_teacher_served(real_vocabulary_models, tmp_path):
     """The same with the teacher served by vLLM's OpenAI-compatible server."""
     models = real_vocabulary_models

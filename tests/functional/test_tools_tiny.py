@@ -9,8 +9,8 @@ uninterrupted run's metrics.
 Both runs share this driver process (one import; with one worker each runs there, on the
 local executor, and starts and stops its own engines and its own tool worker process). A
 training worker killed mid-run is not repeated here: tests/functional/test_distillation_tiny.py::
-test_a_worker_killed_with_rollouts_ahead_resumes_exactly kills one with rollouts ahead and
-resumes; what is particular to tools, conversations with tool turns saved with a checkpoint
+test_faults_end_runs_cleanly_and_resume_exactly kills one with rollouts ahead and resumes;
+what is particular to tools, conversations with tool turns saved with a checkpoint
 and trained on after resuming, is what this module checks.
 """
 
