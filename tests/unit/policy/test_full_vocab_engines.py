@@ -6,8 +6,8 @@ parallelism, packing and a padded vocabulary."""
 
 import pytest
 import torch
-from conftest import make_batch, policy_config, start_policy
 from references import load_reference, reference_logits, reference_train
+from tiny_policies import make_batch, policy_config, start_policy
 
 from nemo_opd.losses import TopkKLParams, build_loss_mask
 from nemo_opd.losses.full_vocab_loss import FullVocabDistillationLossFn

@@ -8,14 +8,6 @@ tolerances as test_policy_parallel.py for the DTensor engine).
 
 import pytest
 import torch
-from conftest import (
-    cpu_cluster,
-    frozen_topk,
-    make_batch,
-    policy_config,
-    start_policy,
-    train_after_resume,
-)
 from references import (
     load_reference,
     reference_logprobs,
@@ -26,6 +18,14 @@ from test_policy_parallel import (
     K,
     assert_topk_close,
     check_layout_against_reference,
+)
+from tiny_policies import (
+    cpu_cluster,
+    frozen_topk,
+    make_batch,
+    policy_config,
+    start_policy,
+    train_after_resume,
 )
 from transformers import AutoConfig, AutoModelForCausalLM
 

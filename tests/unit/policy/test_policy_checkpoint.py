@@ -7,7 +7,14 @@ import time
 import pytest
 import ray
 import torch
-from conftest import (
+from references import (
+    load_reference,
+    reference_logits,
+    reference_logprobs,
+    reference_topk,
+    reference_train,
+)
+from tiny_policies import (
     ODD_VOCAB,
     cpu_cluster,
     frozen_topk,
@@ -15,13 +22,6 @@ from conftest import (
     policy_config,
     start_policy,
     train_after_resume,
-)
-from references import (
-    load_reference,
-    reference_logits,
-    reference_logprobs,
-    reference_topk,
-    reference_train,
 )
 from transformers import AutoModelForCausalLM
 

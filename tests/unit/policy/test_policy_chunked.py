@@ -9,9 +9,9 @@ Hugging Face reference in every layout.)"""
 
 import pytest
 import torch
-from conftest import ODD_VOCAB, VOCAB, make_batch, policy_config, start_policy
 from test_megatron_engine import MEGATRON
 from test_policy_parallel import LAYOUTS, policy_gradient_case
+from tiny_policies import ODD_VOCAB, VOCAB, make_batch, policy_config, start_policy
 
 from nemo_opd.losses import DistillationLossFn, TopkKLParams, build_loss_mask
 

@@ -7,7 +7,7 @@ import pytest
 import ray
 import torch
 import torch.distributed as dist
-from conftest import cpu_cluster, make_batch, policy_config
+from tiny_policies import cpu_cluster, make_batch, policy_config
 
 from nemo_opd.distributed.process_group import init_local_process_group
 from nemo_opd.distributed.worker_group import WorkerError

@@ -13,11 +13,11 @@ import json
 
 import pytest
 import torch
-from conftest import make_batch, policy_config, running_policy, train_after_resume
 from peft import PeftModel
 from peft.tuners.lora import LoraLayer
 from references import load_reference, reference_logprobs, reference_train
 from safetensors.torch import load_file
+from tiny_policies import make_batch, policy_config, running_policy, train_after_resume
 from transformers import AutoModelForCausalLM
 
 from nemo_opd.distributed.worker_group import WorkerError

@@ -11,7 +11,6 @@ pads it, and everything it returns must still have the real vocabulary.
 
 import pytest
 import torch
-from conftest import make_batch, policy_config, start_policy
 from references import (
     load_reference,
     reference_logits,
@@ -19,6 +18,7 @@ from references import (
     reference_topk,
     reference_train,
 )
+from tiny_policies import make_batch, policy_config, start_policy
 
 from nemo_opd.losses import (
     DistillationLossFn,

@@ -5,7 +5,7 @@ the swap leaves the weights that refit vLLM untouched; a resumed Policy scores t
 
 import pytest
 import torch
-from conftest import ODD_VOCAB, VOCAB, cpu_cluster, make_batch, policy_config
+from tiny_policies import ODD_VOCAB, VOCAB, cpu_cluster, make_batch, policy_config
 
 from nemo_opd.losses import DistillationLossFn
 from nemo_opd.policy.engines.self_teacher_weights import TEACHER_DIR
