@@ -52,6 +52,11 @@ def teacher_hidden(teacher_dir: str, batch: dict) -> torch.Tensor:
         return model.model(input_ids=batch["input_ids"]).last_hidden_state
 
 
+def labelled(*label: str):
+    """assert_close's message with `label` in front of it."""
+    return lambda message: f"{' '.join(label)}: {message}"
+
+
 def teacher_logits(teacher_dir: str, batch: dict) -> torch.Tensor:
     with torch.no_grad():
         return reference_logits(load_reference(teacher_dir), batch)
@@ -124,15 +129,16 @@ def test_student_loss_and_steps_match_the_reference(layout, model_dirs, ray_sess
             want, want_metrics = loss_fn(reference_logits(reference, batch), reference_batch, count)
         for name, value in (("loss", want), ("forward_kl", want_metrics["forward_kl"])):
             got = torch.tensor(evaluated[support][name])
-            close(got, value.float(), rtol=LOSS_RTOL, atol=0.0, msg=f"{support} {name}")
+            close(got, value.float(), rtol=LOSS_RTOL, atol=0.0, msg=labelled(support, name))
     optimizer = None  # the second support's steps continue from the first's
     for support, loss_fn in loss_fns.items():
         losses, norms, _, optimizer = reference_train(
             reference, reference_batch, loss_fn, cfg, cfg.train_global_batch_size, optimizer
         )
         metrics = trained[support]
-        close(torch.tensor(metrics["loss"]), torch.tensor(losses), rtol=LOSS_RTOL, atol=0.0)
-        close(torch.tensor(metrics["grad_norm"]), torch.tensor(norms), rtol=1e-3, atol=0.0)
+        for name, want, rtol in (("loss", losses, LOSS_RTOL), ("grad_norm", norms, 1e-3)):
+            got = torch.tensor(metrics[name])
+            close(got, torch.tensor(want), rtol=rtol, atol=0.0, msg=labelled(support, name))
 
 
 def test_teacher_head_of_another_vocabulary_is_refused(model_dirs):
