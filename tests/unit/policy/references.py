@@ -26,9 +26,11 @@ def reference_logprobs(model, batch: dict, temperature: float = 1.0) -> torch.Te
     return torch.where(positions < batch["input_lengths"].unsqueeze(1) - 1, out, 0.0)
 
 
-def reference_topk(model, batch: dict, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def reference_topk(
+    model, batch: dict, k: int, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     with torch.no_grad():
-        logp = torch.log_softmax(reference_logits(model, batch), dim=-1)
+        logp = torch.log_softmax(reference_logits(model, batch) / temperature, dim=-1)
     return logp.topk(k, dim=-1)
 
 

@@ -4,7 +4,7 @@ world size 1, no Ray)."""
 
 import pytest
 import torch
-from conftest import make_batch, policy_config
+from tiny_policies import make_batch, policy_config
 from torch.distributed.tensor import Replicate, distribute_tensor
 
 import nemo_opd.policy.engines.dtensor as dtensor

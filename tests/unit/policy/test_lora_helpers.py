@@ -2,8 +2,8 @@
 
 import pytest
 import torch
-from conftest import tiny_qwen3
 from peft.tuners.lora import LoraLayer
+from tiny_policies import tiny_qwen3
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 from transformers import AutoModelForCausalLM
 

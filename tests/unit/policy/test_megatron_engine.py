@@ -3,12 +3,28 @@ single-process HF fp32 reference.
 
 Each layout checks, on one Policy: get_logprobs, get_topk_logits, evaluate, the per-step loss
 and gradient norm of two AdamW steps, and the parameters after them (the same checks and
-tolerances as test_policy_parallel.py for the DTensor engine).
+tolerances as test_policy_parallel.py for the DTensor engine). Under TP, with the output layer
+tied to the embedding and split over the ranks, the chunked LM head equals the whole logits
+(as test_policy_parallel checks for the DTensor engine). A frozen teacher under TP with a
+padded vocabulary: test_full_vocab_engines.
 """
 
 import pytest
 import torch
-from conftest import (
+from layout_runs import (
+    LOGPROB_ATOL,
+    MEGATRON,
+    K,
+    LayoutRuns,
+    assert_chunked_equals_whole,
+    check_run_against_reference,
+)
+from references import (
+    load_reference,
+    reference_logprobs,
+    reference_topk,
+)
+from tiny_policies import (
     cpu_cluster,
     frozen_topk,
     make_batch,
@@ -16,28 +32,12 @@ from conftest import (
     start_policy,
     train_after_resume,
 )
-from references import (
-    load_reference,
-    reference_logprobs,
-    reference_topk,
-)
-from test_policy_parallel import (
-    LOGPROB_ATOL,
-    K,
-    assert_topk_close,
-    check_layout_against_reference,
-)
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from nemo_opd.distributed.worker_group import WorkerError
 from nemo_opd.losses import DistillationLossFn
 from nemo_opd.policy.policy import Policy
 
-MEGATRON = {
-    "dtensor_cfg__enabled": False,
-    "megatron_cfg__enabled": True,
-    "megatron_cfg__distributed_optimizer": False,
-}
 PACKING = {
     "sequence_packing__enabled": True,
     "sequence_packing__train_mb_tokens": 64,
@@ -68,11 +68,22 @@ def megatron_config(model_dir: str, **overrides):
     return policy_config(model_dir, **MEGATRON, **overrides)
 
 
+@pytest.fixture(scope="module")
+def runs(model_dirs, ray_session):
+    layouts = {name: (kind, n, {**MEGATRON, **o}) for name, (kind, n, o) in LAYOUTS.items()}
+    return LayoutRuns(layouts, model_dirs, prefix="megatron_")
+
+
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_layout_matches_reference(layout, model_dirs, ray_session):
-    kind, workers, overrides = LAYOUTS[layout]
-    cfg = megatron_config(model_dirs[kind], **overrides)
-    check_layout_against_reference(cfg, model_dirs[kind], workers, f"megatron_{layout}")
+def test_layout_matches_reference(layout, runs):
+    run = runs.get(layout)
+    check_run_against_reference(
+        run, runs.config(layout), runs.model_dir(layout), f"megatron_{layout}"
+    )
+
+
+def test_chunked_equals_the_whole_logits(runs):
+    assert_chunked_equals_whole(runs.get("tp2_odd_vocab"), runs.get("tp2_odd_vocab", False))
 
 
 def test_checkpoint_loads_in_transformers_and_resumes_in_another_layout(
@@ -123,22 +134,6 @@ def test_checkpoint_loads_in_transformers_and_resumes_in_another_layout(
                 atol=0,
                 msg=lambda m, backend=backend, name=name: f"{backend} resume, {name}: {m}",
             )
-
-
-def test_frozen_teacher_topk(model_dirs, ray_session):
-    """tp=2 on the odd vocabulary: Hugging Face's top-k, every id a real one."""
-    reference = load_reference(model_dirs["odd_untied"])
-    vocab = reference.config.vocab_size
-    cfg = megatron_config(
-        model_dirs["odd_untied"], megatron_cfg__tensor_model_parallel_size=2, optimizer=None
-    )
-    batch = make_batch(5, teacher=False, seed=4, vocab=vocab)
-    values, indices = frozen_topk(cfg, 2, batch, K)
-    assert int(indices.max()) < vocab
-    ref_values, ref_indices = reference_topk(reference, batch, K)
-    assert_topk_close(
-        values, indices, ref_values, ref_indices, batch["input_lengths"], LOGPROB_ATOL
-    )
 
 
 def test_bf16_on_cpu_scores_but_refuses_to_train(model_dirs):

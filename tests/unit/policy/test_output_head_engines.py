@@ -13,9 +13,9 @@ soft-cap, bias) are made large enough that leaving one out fails every compariso
 
 import pytest
 import torch
-from conftest import make_batch, policy_config
 from model_families import FAMILIES, NOT_PLAIN, VOCAB, save_family_model
 from references import load_reference, reference_logits, reference_train
+from tiny_policies import make_batch, policy_config
 
 from nemo_opd.data.batching import TensorBatch
 from nemo_opd.distributed.parallel_dims import ParallelDims

@@ -7,21 +7,21 @@ import time
 import pytest
 import ray
 import torch
-from conftest import (
-    ODD_VOCAB,
-    cpu_cluster,
-    frozen_topk,
-    make_batch,
-    policy_config,
-    start_policy,
-    train_after_resume,
-)
 from references import (
     load_reference,
     reference_logits,
     reference_logprobs,
     reference_topk,
     reference_train,
+)
+from tiny_policies import (
+    ODD_VOCAB,
+    cpu_cluster,
+    frozen_topk,
+    make_batch,
+    policy_config,
+    running_policy,
+    start_policy,
 )
 from transformers import AutoModelForCausalLM
 
@@ -36,56 +36,71 @@ RAY_CPUS, RAY_CPUS_EXACT = 2, True  # test_too_many_workers_fails_at_setup reads
 K = 5
 
 
-@pytest.mark.parametrize("saved_tp,resumed_tp", [(2, 2), (1, 2)])
-def test_save_loads_in_transformers_and_resumes(
-    saved_tp, resumed_tp, model_dirs, ray_session, tmp_path
-):
-    """A checkpoint of the odd-vocabulary model (padded inside the engine) is a plain Hugging
-    Face checkpoint with the real shapes, and resumes at the same tensor-parallel size exactly
-    and at another one within float rounding."""
-    cfg = policy_config(model_dirs["odd_tied"], dtensor_cfg__tensor_parallel_size=saved_tp)
-    first = make_batch(4, k=K, seed=11, vocab=ODD_VOCAB)
-    second = make_batch(4, k=K, seed=12, vocab=ODD_VOCAB)
-    loss_fn = DistillationLossFn(implementation="torch")  # reverse KL, the default
-    checkpoint = tmp_path / "step_1"
-
-    policy = Policy(cfg, cpu_cluster(2))
-    try:
+def save_after_a_step(cfg, first: dict, second: dict, loss_fn, checkpoint) -> dict:
+    """A Policy of `cfg` on 2 workers trains a step on `first`, saves `checkpoint` (twice:
+    overwriting is atomic too), offloads and onloads, and trains a step on `second`:
+    {"saved": its log-probs of `second` when saved, "continued": the last step's metrics}."""
+    with running_policy(cfg, 2, name=f"saved_tp{cfg.tensor_parallel_size}") as policy:
         policy.train(first, loss_fn)
         saved_logprobs = policy.get_logprobs(second)
         policy.save(str(checkpoint))
-        policy.save(str(checkpoint))  # overwriting a checkpoint is atomic too
+        policy.save(str(checkpoint))
         policy.offload()
         policy.onload()
         torch.testing.assert_close(policy.get_logprobs(second), saved_logprobs, rtol=0, atol=0)
-        continued = policy.train(second, loss_fn)
-    finally:
-        policy.shutdown()
+        return {"saved": saved_logprobs, "continued": policy.train(second, loss_fn)}
 
-    # The saved weights are a plain Hugging Face checkpoint.
-    hf = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
-    assert hf.config.vocab_size == ODD_VOCAB
-    assert hf.get_input_embeddings().weight.shape[0] == ODD_VOCAB
-    with torch.no_grad():
-        logp = torch.log_softmax(reference_logits(hf, second), -1)
-    targets = torch.roll(second["input_ids"], -1, dims=1)
-    hf_logprobs = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    valid = torch.arange(hf_logprobs.shape[1]) < second["input_lengths"].unsqueeze(1) - 1
-    assert (hf_logprobs - saved_logprobs).abs()[valid].max() < 2e-5
 
-    resumed = policy_config(model_dirs["odd_tied"], dtensor_cfg__tensor_parallel_size=resumed_tp)
-    again = train_after_resume(resumed, 2, str(checkpoint), second, loss_fn, step=1)
-    rtol = 1e-6 if resumed_tp == saved_tp else 1e-5  # another layout sums in another order
-    for name in ("loss", "grad_norm", "lr"):
+def test_save_loads_in_transformers_and_resumes(model_dirs, ray_session, tmp_path):
+    """A checkpoint of the odd-vocabulary model (padded inside the engine), saved at tp=2 and
+    at tp=1 (dp=2), is a plain Hugging Face checkpoint with the real shapes; one tp=2 Policy
+    resumes each in turn (load restores weights, optimizer, scheduler, RNG and step, whatever
+    the policy held): the tp=2 one exactly, the other within float rounding."""
+    first = make_batch(4, k=K, seed=11, vocab=ODD_VOCAB)
+    second = make_batch(4, k=K, seed=12, vocab=ODD_VOCAB)
+    loss_fn = DistillationLossFn(implementation="torch")  # reverse KL, the default
+    saved = {}
+    for saved_tp in (2, 1):
+        cfg = policy_config(model_dirs["odd_tied"], dtensor_cfg__tensor_parallel_size=saved_tp)
+        checkpoint = tmp_path / f"tp{saved_tp}_step_1"
+        saved[saved_tp] = save_after_a_step(cfg, first, second, loss_fn, checkpoint)
+        saved[saved_tp]["checkpoint"] = checkpoint
+
+        # The saved weights are a plain Hugging Face checkpoint.
+        hf = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
+        assert hf.config.vocab_size == ODD_VOCAB
+        assert hf.get_input_embeddings().weight.shape[0] == ODD_VOCAB
+        with torch.no_grad():
+            logp = torch.log_softmax(reference_logits(hf, second), -1)
+        targets = torch.roll(second["input_ids"], -1, dims=1)
+        hf_logprobs = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        valid = torch.arange(hf_logprobs.shape[1]) < second["input_lengths"].unsqueeze(1) - 1
+        assert (hf_logprobs - saved[saved_tp]["saved"]).abs()[valid].max() < 2e-5
+        # Scoring between training steps must not disturb training: the step after the save
+        # matches a plain HF backward from the saved weights.
+        _, ref_norms, _, _ = reference_train(hf, second, loss_fn, cfg, steps_rows=4)
         torch.testing.assert_close(
-            torch.tensor(again[name]), torch.tensor(continued[name]), rtol=rtol, atol=0
+            torch.tensor(saved[saved_tp]["continued"]["grad_norm"]),
+            torch.tensor(ref_norms),
+            rtol=1e-5,
+            atol=0,
         )
-    # Scoring between training steps must not disturb training: the step after the save
-    # matches a plain HF backward from the saved weights.
-    _, ref_norms, _, _ = reference_train(hf, second, loss_fn, cfg, steps_rows=4)
-    torch.testing.assert_close(
-        torch.tensor(continued["grad_norm"]), torch.tensor(ref_norms), rtol=1e-5, atol=0
-    )
+
+    resumed_cfg = policy_config(model_dirs["odd_tied"], dtensor_cfg__tensor_parallel_size=2)
+    with running_policy(resumed_cfg, 2, name="resumed_tp2") as resumed:
+        for saved_tp, result in saved.items():
+            resumed.load(str(result["checkpoint"]))
+            assert resumed.step == 1
+            again = resumed.train(second, loss_fn)
+            rtol = 1e-6 if saved_tp == 2 else 1e-5  # another layout sums in another order
+            for name in ("loss", "grad_norm", "lr"):
+                torch.testing.assert_close(
+                    torch.tensor(again[name]),
+                    torch.tensor(result["continued"][name]),
+                    rtol=rtol,
+                    atol=0,
+                    msg=lambda m, tp=saved_tp, name=name: f"saved at tp={tp}, {name}: {m}",
+                )
 
 
 def test_teacher_topk_equals_hf_topk(model_dirs, ray_session):

@@ -2,7 +2,7 @@
 each takes half of every bundle, and both work."""
 
 import torch
-from conftest import cpu_cluster, make_batch, policy_config
+from tiny_policies import cpu_cluster, make_batch, policy_config
 
 from nemo_opd.distributed.cluster import WorkerResources, build_placement_group
 from nemo_opd.losses import DistillationLossFn

@@ -1,13 +1,14 @@
 """A Policy of one worker computes the same in the driver's process (the local executor) as in a
 Ray actor: the same training metrics, top-k, log-probs, gathered weights and checkpoint, for the
 DTensor engine, LoRA and Megatron, at the same thread count (one, as the Ray worker's
-cluster.cpus_per_worker). A worker's error reads the same under both."""
+cluster.cpus_per_worker). A worker's error reads the same under both, and the worker serves the
+next call."""
 
 import pytest
 import ray
 import torch
 import torch.distributed as dist
-from conftest import cpu_cluster, make_batch, policy_config
+from tiny_policies import cpu_cluster, make_batch, policy_config
 
 from nemo_opd.distributed.process_group import init_local_process_group
 from nemo_opd.distributed.worker_group import WorkerError
@@ -22,10 +23,15 @@ LAYOUTS = {
 
 
 def run_policy(executor: str, cfg, tmp_path) -> dict:
-    """Train two steps, then score, gather and save: everything the loop asks of a policy."""
-    policy = Policy(cfg, cpu_cluster(1), name=f"policy_{executor}", executor=executor)
+    """A worker's error first (the worker serves the next call), then train two steps, score,
+    gather and save: everything the loop asks of a policy."""
+    name = f"policy_{executor}"
+    policy = Policy(cfg, cpu_cluster(1), name=name, executor=executor)
     loss_fn = DistillationLossFn(implementation="torch")
     try:
+        with pytest.raises(WorkerError, match=rf"^{name}: worker rank 0 raised FileNotFoundError"):
+            policy.load(str(tmp_path / "nowhere"))
+        assert policy.step == 0
         metrics = [policy.train(make_batch(8, seed=seed), loss_fn) for seed in (1, 2)]
         batch = make_batch(4, seed=3, teacher=False)
         handle = policy.full_weights_ref()
@@ -75,17 +81,6 @@ def test_weights_handed_over_in_one_process_are_a_snapshot(layout, model_dirs):
             assert torch.equal(tensor, before[name]), name
         now = policy.full_weights_ref()
         assert any(not torch.equal(tensor, now[name]) for name, tensor in handed.items())
-    finally:
-        policy.shutdown()
-
-
-@pytest.mark.parametrize("executor", ["ray", "local"])
-def test_a_worker_error_reads_the_same(executor, model_dirs, ray_session, tmp_path):
-    policy = Policy(policy_config(model_dirs["tied"]), cpu_cluster(1), executor=executor)
-    try:
-        with pytest.raises(WorkerError, match=r"^policy: worker rank 0 raised FileNotFoundError"):
-            policy.load(str(tmp_path / "nowhere"))
-        assert policy.step == 0  # and the worker serves the next call
     finally:
         policy.shutdown()
 

@@ -5,8 +5,8 @@ config's global batch: checked on 2 data-parallel workers against the single-pro
 reference trained on the copies."""
 
 import torch
-from conftest import make_batch, policy_config, running_policy
 from references import load_reference, reference_train
+from tiny_policies import make_batch, policy_config, running_policy
 
 from nemo_opd.losses import DistillationLossFn, TopkKLParams
 

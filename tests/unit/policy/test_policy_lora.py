@@ -5,25 +5,26 @@ initialization its log-probs are the base model's; two AdamW steps have the loss
 norms of a plain Hugging Face model with peft's adapters, trained on one process; afterwards its
 log-probs are that model's, the refit weights are peft's own merge of it, a Hugging Face model
 loaded with them gives the adapter model's log-probs, and no frozen weight moved. A tp2
-checkpoint holds only the adapters and their optimizer state, loads in peft, and resumes
-exactly; the export is the merged model plus the adapter.
+checkpoint (the tp2 layout's Policy, trained on) holds only the adapters and their optimizer
+state, loads in peft, and resumes exactly; the export is the merged model plus the adapter.
 """
 
 import json
 
 import pytest
 import torch
-from conftest import make_batch, policy_config, running_policy, train_after_resume
 from peft import PeftModel
 from peft.tuners.lora import LoraLayer
 from references import load_reference, reference_logprobs, reference_train
 from safetensors.torch import load_file
+from tiny_policies import make_batch, policy_config, running_policy, train_after_resume
 from transformers import AutoModelForCausalLM
 
 from nemo_opd.distributed.worker_group import WorkerError
 from nemo_opd.losses import DistillationLossFn, TopkKLParams
 from nemo_opd.policy.engines.lora import hf_name, inject_lora, is_adapter, train_only_adapters
 
+RAY_CPUS = 4  # the tp2 layout's Policy is kept for the checkpoint test, which starts another
 K = 4
 LOGPROB_ATOL = 2e-5
 LOSS_RTOL = 1e-4
@@ -77,20 +78,53 @@ def logprob_error(logprobs: torch.Tensor, expected: torch.Tensor) -> float:
     return float((logprobs - expected).abs().max())
 
 
-@pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_lora_layout_matches_reference(layout, model_dirs, ray_session):
-    kind, workers, overrides = LAYOUTS[layout]
-    model_dir = model_dirs[kind]
-    cfg = policy_config(model_dir, **LORA, **overrides)
+def layout_batch() -> dict:
     batch = make_batch(8, k=K, seed=3)
     batch["sample_mask"][5] = 0.0
+    return batch
+
+
+def layout_run(policy) -> dict:
+    """What a fresh LoRA Policy answers on layout_batch(): its initial log-probs and refit
+    weights, two top-k steps, its log-probs and merged weights after them."""
+    batch = layout_batch()
     loss_fn = DistillationLossFn(params=TopkKLParams(kl_type="mixed"), implementation="torch")
-    with running_policy(cfg, workers, name=f"lora_{layout}") as policy:
-        initial = policy.get_logprobs(batch)
-        initial_weights = policy.full_weights()  # refit before training, as the loop does
-        metrics = policy.train(batch, loss_fn)
-        trained = policy.get_logprobs(batch)
-        merged = policy.full_weights()
+    return {
+        "initial": policy.get_logprobs(batch),
+        "initial_weights": policy.full_weights(),  # refit before training, as the loop does
+        "metrics": policy.train(batch, loss_fn),
+        "trained": policy.get_logprobs(batch),
+        "merged": policy.full_weights(),
+    }
+
+
+def layout_config(model_dirs, layout: str):
+    kind, _, overrides = LAYOUTS[layout]
+    return policy_config(model_dirs[kind], **LORA, **overrides)
+
+
+@pytest.fixture(scope="module")
+def tp2_student(model_dirs, ray_session):
+    """(the tp2 layout's Policy after its layout_run, that run): its layout test reads the run,
+    the checkpoint test trains the Policy on."""
+    with running_policy(layout_config(model_dirs, "tp2"), 2, name="lora_tp2") as policy:
+        yield policy, layout_run(policy)
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_lora_layout_matches_reference(layout, model_dirs, ray_session, request):
+    kind, workers, _ = LAYOUTS[layout]
+    model_dir = model_dirs[kind]
+    cfg = layout_config(model_dirs, layout)
+    batch = layout_batch()
+    loss_fn = DistillationLossFn(params=TopkKLParams(kl_type="mixed"), implementation="torch")
+    if layout == "tp2":
+        _, run = request.getfixturevalue("tp2_student")
+    else:
+        with running_policy(cfg, workers, name=f"lora_{layout}") as policy:
+            run = layout_run(policy)
+    initial, initial_weights, metrics = run["initial"], run["initial_weights"], run["metrics"]
+    trained, merged = run["trained"], run["merged"]
 
     base = load_reference(model_dir)
     base_weights = dict(base.named_parameters())
@@ -124,18 +158,18 @@ def test_lora_layout_matches_reference(layout, model_dirs, ray_session):
     print(f"\nlora {layout}: merged vs adapter log-probs {merged_error:.2g}")
 
 
-def test_lora_checkpoint_holds_adapters_resumes_and_exports(model_dirs, ray_session, tmp_path):
-    model_dir = model_dirs["untied"]
-    cfg = policy_config(model_dir, dtensor_cfg__tensor_parallel_size=2, **LORA)
+def test_lora_checkpoint_holds_adapters_resumes_and_exports(model_dirs, tp2_student, tmp_path):
+    policy, _ = tp2_student  # two steps of its layout run taken
+    model_dir = model_dirs[LAYOUTS["tp2"][0]]
+    cfg = layout_config(model_dirs, "tp2")
     first, second = make_batch(4, k=K, seed=21), make_batch(4, k=K, seed=22)
     loss_fn = DistillationLossFn(implementation="torch")
-    checkpoint, export = tmp_path / "step_1", tmp_path / "final_model"
-    with running_policy(cfg, 2) as policy:
-        policy.train(first, loss_fn)
-        saved_logprobs = policy.get_logprobs(second)
-        policy.save(str(checkpoint))
-        policy.export(str(export))
-        continued = policy.train(second, loss_fn)
+    checkpoint, export = tmp_path / "step_3", tmp_path / "final_model"
+    policy.train(first, loss_fn)
+    saved_logprobs = policy.get_logprobs(second)
+    policy.save(str(checkpoint))
+    policy.export(str(export))
+    continued = policy.train(second, loss_fn)
 
     # Adapters and their optimizer state only: no base weight is written.
     files = sorted(path.name for path in checkpoint.iterdir())
@@ -162,7 +196,7 @@ def test_lora_checkpoint_holds_adapters_resumes_and_exports(model_dirs, ray_sess
     exported = load_file(export / "adapter" / "adapter_model.safetensors")
     assert all(torch.equal(exported[k], adapters[k]) for k in adapters)
 
-    again = train_after_resume(cfg, 2, str(checkpoint), second, loss_fn, step=1)
+    again = train_after_resume(cfg, 2, str(checkpoint), second, loss_fn, step=3)
     for name in ("loss", "grad_norm", "lr"):
         torch.testing.assert_close(
             torch.tensor(again[name]), torch.tensor(continued[name]), rtol=1e-6, atol=0

@@ -9,8 +9,8 @@ import os
 
 import pytest
 import torch
-from conftest import cpu_cluster, policy_config, tiny_qwen3
 from real_tokenizers import HOSTILE_TEXTS
+from tiny_policies import cpu_cluster, policy_config, tiny_qwen3
 from transformers import AutoModelForCausalLM
 
 from nemo_opd.data.chat import ChatFormatter

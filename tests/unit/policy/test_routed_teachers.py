@@ -4,7 +4,7 @@ loop)."""
 
 import pytest
 import torch
-from conftest import executor_for, make_batch, policy_config, start_policy
+from tiny_policies import executor_for, make_batch, policy_config, start_policy
 from torch_threads import threads_kept
 
 from nemo_opd.data.batching import TensorBatch

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from conftest import make_batch, policy_config
+from tiny_policies import make_batch, policy_config
 
 from nemo_opd.data.batching import TensorBatch
 from nemo_opd.distributed.parallel_dims import ParallelDims

@@ -10,8 +10,8 @@ log-probs must equal a single-process Hugging Face forward.
 from pathlib import Path
 
 import pytest
-from conftest import make_batch
 from references import load_reference, reference_logprobs
+from tiny_policies import make_batch
 
 from nemo_opd.config import load_config
 from nemo_opd.policy.policy import Policy
