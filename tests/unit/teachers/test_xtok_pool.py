@@ -9,7 +9,8 @@ parent on their PYTHONPATH, as a run's workers get the driver's).
 
 A worker's start (torch's import, the rendering read back) is most of this module's time: each
 pool has only the workers its test is about (two where rows are shared out or a teacher is
-split, one elsewhere), and each pair's rendering and rows are built once for the module.
+split, one elsewhere), and each pair's rendering and rows are built once for the session
+(conftest.py's xtok_setup).
 """
 
 import http.server
@@ -25,15 +26,11 @@ from xtok_teachers import (
     K,
     PositionTeacher,
     StuckTeacher,
-    conversations,
 )
 
-from nemo_opd.data.chat import ChatFormatter
-from nemo_opd.data.message_log import flatten_message_logs
 from nemo_opd.errors import RunError
-from nemo_opd.scoring.base import Rollouts, TeacherNeed
+from nemo_opd.scoring.base import TeacherNeed
 from nemo_opd.scoring.render_pool import RenderPool, RenderPoolError
-from nemo_opd.scoring.rendering import TeacherRendering
 from nemo_opd.teachers.cross_tokenizer import CrossTokenizerTeacher
 from nemo_opd.teachers.served import ServedTeacher, ServedTeacherError
 
@@ -48,42 +45,17 @@ def teachers_importable(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(TESTS))
 
 
-@pytest.fixture(scope="module")
-def setups(real_tokenizer):
-    """(student, teacher) -> (rendering, rollouts, the teacher's vocabulary size), built once
-    for the module: no test changes them (a pool pickles the rendering to its workers)."""
-    built = {}
-
-    def setup(student_name="qwen3", teacher_name="llama3"):
-        if (student_name, teacher_name) not in built:
-            built[student_name, teacher_name] = _setup(real_tokenizer, student_name, teacher_name)
-        return built[student_name, teacher_name]
-
-    return setup
-
-
-def _setup(real_tokenizer, student_name, teacher_name):
-    student, teacher = real_tokenizer(student_name), real_tokenizer(teacher_name)
-    logs = conversations(student)
-    pad = student.pad_token_id if student.pad_token_id is not None else student.eos_token_id
-    rollouts = Rollouts(flatten_message_logs(logs, pad), logs, [{}] * len(logs))
-    rendering = TeacherRendering(student, ChatFormatter(teacher))
-    # the longest row is cut 8 tokens short (a served teacher's context)
-    rendering.max_length = int(rendering.teacher_rows(logs).batch["input_lengths"].max()) - 8
-    return rendering, rollouts, len(teacher)
-
-
 @pytest.mark.parametrize(
     ("student_name", "teacher_name", "workers"),
     [(*PAIRS[0], 2), *((*pair, 1) for pair in PAIRS[1:])],
 )
 def test_the_pool_gives_the_drivers_answers_bit_for_bit(
-    setups, student_name, teacher_name, workers
+    xtok_setup, student_name, teacher_name, workers
 ):
     """Every pair's answers through the pool's workers (the first pair's rows shared out between
     two, with a call of fewer rows than workers); then the pool's shutdown stops its workers
     and leaves no file, while the answers it mapped stay readable."""
-    rendering, rollouts, vocab = setups(student_name, teacher_name)
+    rendering, rollouts, vocab = xtok_setup(student_name, teacher_name)
     on_driver = CrossTokenizerTeacher(PositionTeacher(vocab), rendering)
     pool = RenderPool(rendering, [CountingTeacher(vocab) for _ in range(workers)])
     pooled = CrossTokenizerTeacher(PositionTeacher(vocab), rendering, pool=pool)
@@ -125,8 +97,8 @@ def _check_same(expected, got) -> None:
         assert torch.equal(got.tensors()[name], tensor), name
 
 
-def test_rows_the_template_refuses_count_against_max_unrendered_share(setups):
-    rendering, rollouts, vocab = setups("qwen3", "mistral_sp")
+def test_rows_the_template_refuses_count_against_max_unrendered_share(xtok_setup):
+    rendering, rollouts, vocab = xtok_setup("qwen3", "mistral_sp")
     pool = RenderPool(rendering, [PositionTeacher(vocab)])
     pooled = CrossTokenizerTeacher(
         PositionTeacher(vocab), rendering, max_unrendered_share=0.0, pool=pool
@@ -139,8 +111,8 @@ def test_rows_the_template_refuses_count_against_max_unrendered_share(setups):
         pooled.shutdown()
 
 
-def _failing(setups, teacher_class, **kwargs):
-    rendering, rollouts, vocab = setups()
+def _failing(xtok_setup, teacher_class, **kwargs):
+    rendering, rollouts, vocab = xtok_setup()
     return RenderPool(rendering, [teacher_class(vocab)], **kwargs), rollouts
 
 
@@ -155,8 +127,8 @@ def _gone(pids: list[int]) -> bool:
     return True
 
 
-def test_a_worker_that_overruns_is_stopped_with_one_line(setups):
-    pool, rollouts = _failing(setups, StuckTeacher, timeout_s=1.0)
+def test_a_worker_that_overruns_is_stopped_with_one_line(xtok_setup):
+    pool, rollouts = _failing(xtok_setup, StuckTeacher, timeout_s=1.0)
     pids = pool.pids()
     with pytest.raises(RenderPoolError, match=r"did not answer for rows 0-12 within its time-out"):
         pool.score(rollouts.batch, rollouts.message_logs, NEEDS[0])
@@ -165,8 +137,8 @@ def test_a_worker_that_overruns_is_stopped_with_one_line(setups):
         pool.score(rollouts.batch, rollouts.message_logs, NEEDS[0])
 
 
-def test_a_worker_that_dies_is_named_with_one_line(setups):
-    pool, rollouts = _failing(setups, DyingTeacher)
+def test_a_worker_that_dies_is_named_with_one_line(xtok_setup):
+    pool, rollouts = _failing(xtok_setup, DyingTeacher)
     pids = pool.pids()
     with pytest.raises(RenderPoolError) as raised:
         pool.score(rollouts.batch, rollouts.message_logs, NEEDS[0])
@@ -176,9 +148,9 @@ def test_a_worker_that_dies_is_named_with_one_line(setups):
     assert _gone(pids)
 
 
-def test_a_worker_that_cannot_start_says_why(setups, monkeypatch):
+def test_a_worker_that_cannot_start_says_why(xtok_setup, monkeypatch):
     monkeypatch.delenv("PYTHONPATH")  # the worker cannot import its teacher's module
-    pool, rollouts = _failing(setups, PositionTeacher)
+    pool, rollouts = _failing(xtok_setup, PositionTeacher)
     with pytest.raises(RenderPoolError) as raised:
         pool.score(rollouts.batch, rollouts.message_logs, NEEDS[0])
     message = str(raised.value)
@@ -201,11 +173,11 @@ class Refusing(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def test_a_teachers_error_in_the_workers_reaches_the_driver_as_itself(setups):
+def test_a_teachers_error_in_the_workers_reaches_the_driver_as_itself(xtok_setup):
     """The run's own served teacher's client, pickled to the workers: its key is sent from
     there, the error it ends with is raised in the driver as itself, and the pool is then
     closed, no worker left."""
-    rendering, rollouts, _ = setups()
+    rendering, rollouts, _ = xtok_setup()
     Refusing.seen = []
     with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refusing) as httpd:
         threading.Thread(target=httpd.serve_forever, daemon=True).start()
