@@ -26,6 +26,7 @@ Tekkenizer, sentencepiece) as `text -> ids`, for the checks that the built ones 
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import json
 import os
@@ -213,7 +214,7 @@ def reference(name: str) -> Callable[[str], list[int]]:
         model = Llama3.get_instance().model
         return lambda text: model.encode_ordinary(text)
     if name == "tekken":
-        tekken = _tekkenizer()
+        tekken = mistral_tekken().instruct_tokenizer.tokenizer
         return lambda text: tekken.encode(text, bos=False, eos=False)
     import sentencepiece
 
@@ -259,6 +260,15 @@ def _tiktoken(name: str, path: Path, pattern: str, first_special: int):
     ranks = load_tiktoken_bpe(str(path))
     return tiktoken.Encoding(name, pat_str=pattern, mergeable_ranks=ranks,
                              special_tokens={"<|endoftext|>": first_special})  # fmt: skip
+
+
+@functools.cache
+def mistral_tekken():
+    """mistral-common's own MistralTokenizer for Tekken (chat encoding; its Tekkenizer is the
+    reference's), loaded once per process: its vocabulary takes seconds to read."""
+    from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
+
+    return MistralTokenizer.from_file(str(_mistral_file("tekken")))
 
 
 def _tekkenizer():

@@ -3,9 +3,8 @@ them to its worker processes, which import this module: tests put this folder on
 and the conversations those tests score.
 
 PositionTeacher answers exactly, from each position alone (CountingTeacher also counts the
-rows it scored); the others fail as a worker's
-teacher can: StuckTeacher never answers, DyingTeacher's process dies, DownTeacher raises the
-served teacher's error.
+rows it scored); the others fail as a worker's teacher can: StuckTeacher never answers,
+DyingTeacher's process dies.
 """
 
 import os
@@ -17,7 +16,6 @@ from real_tokenizers import HOSTILE_TEXTS
 
 from nemo_opd.data.chat import ChatFormatter
 from nemo_opd.scoring.base import Rollouts, TeacherNeed, TeacherScores
-from nemo_opd.teachers.served import ServedTeacherError
 
 K = 16
 LEVELS = torch.log_softmax(torch.randn(K + 1, generator=torch.Generator().manual_seed(0)), -1)
@@ -89,13 +87,6 @@ class DyingTeacher(PositionTeacher):
     def score(self, rollouts: Rollouts, need: TeacherNeed) -> TeacherScores:
         os.kill(os.getpid(), signal.SIGKILL)
         raise AssertionError("unreachable")
-
-
-class DownTeacher(PositionTeacher):
-    """A served teacher whose server stays down."""
-
-    def score(self, rollouts: Rollouts, need: TeacherNeed) -> TeacherScores:
-        raise ServedTeacherError("the teacher server at http://127.0.0.1:9/v1 did not answer")
 
 
 def conversations(student) -> list[list[dict]]:

@@ -47,7 +47,7 @@ def stopped(address: str, within_s: float = 60.0) -> bool:
     return False
 
 
-def test_a_clean_module_leaves_the_instance_to_the_next(recwarn):
+def test_a_clean_module_leaves_the_instance_to_the_next_until_it_is_idle(recwarn, monkeypatch):
     with shared_ray(2, user="test_first") as first:
         actor = Idle.options(num_cpus=1).remote()
         assert ray.get(actor.ping.remote())
@@ -56,32 +56,24 @@ def test_a_clean_module_leaves_the_instance_to_the_next(recwarn):
     with shared_ray(2, user="test_second") as second:
         assert ray.cluster_resources()["CPU"] == ray_local.SHARED_CPUS
         assert ray_local.leftovers(settle_s=0) == []
+        monkeypatch.setattr(ray_local, "IDLE_STOP_S", 0.5)  # from the last module's end
     assert second == first
     assert not [w for w in recwarn if issubclass(w.category, SharedRayLeftovers)]
+    assert stopped(second)
 
 
-@pytest.mark.parametrize(
-    ("leave", "named"),
-    [
-        ("actor", r"1 live actor\(s\) \(Idle\); 1 of 4 CPU in use"),
-        ("placement group", r"1 placement group\(s\); 1 of 4 CPU in use"),
-    ],
-    ids=["actor", "placement_group"],
-)
-def test_what_a_module_leaves_is_named_and_the_next_gets_a_fresh_instance(
-    leave, named, monkeypatch
-):
+def test_what_a_module_leaves_is_named_and_the_next_gets_a_fresh_instance(monkeypatch):
+    """An actor and a placement group left by one module: both named in its warning."""
     monkeypatch.setattr(ray_local, "SETTLE_S", 1.0)
+    named = r"1 live actor\(s\) \(Idle\); 1 placement group\(s\); 2 of 4 CPU in use"
     message = rf"^test_leaky left on the shared Ray instance: {named}; it is stopped"
     with (
         pytest.warns(SharedRayLeftovers, match=message),
         shared_ray(2, user="test_leaky") as first,
     ):
-        if leave == "actor":
-            held = Idle.options(num_cpus=1).remote()
-            assert ray.get(held.ping.remote())
-        else:
-            ray.get(placement_group([{"CPU": 1}]).ready(), timeout=60)
+        held = Idle.options(num_cpus=1).remote()
+        assert ray.get(held.ping.remote())
+        ray.get(placement_group([{"CPU": 1}]).ready(), timeout=60)
     assert stopped(first, within_s=5.0)
     with shared_ray(2, user="test_next") as second:
         assert ray_local.leftovers(settle_s=0) == []
@@ -104,11 +96,12 @@ def test_sizes_at_least_or_exactly_what_a_module_asks_for():
 
 
 def test_a_module_that_starts_its_own_ray_finds_the_shared_one_stopped():
+    """A process connected to a Ray of its own (here: the shared instance's, by its address,
+    as a module that attaches to a running one) cannot use the shared instance; stopped, the
+    instance no longer answers (a module's own ray.init would start a fresh one)."""
     with shared_ray(2) as address:
         pass
-    stop_shared_ray()
-    assert stopped(address, within_s=5.0)
-    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
+    ray.init(address=address, log_to_driver=False)
     try:
         with (
             pytest.raises(RuntimeError, match="already connected to Ray"),
@@ -117,13 +110,8 @@ def test_a_module_that_starts_its_own_ray_finds_the_shared_one_stopped():
             pass
     finally:
         ray.shutdown()
-
-
-def test_an_idle_instance_is_stopped(monkeypatch):
-    monkeypatch.setattr(ray_local, "IDLE_STOP_S", 0.5)
-    with shared_ray(1) as address:
-        pass
-    assert stopped(address)
+    stop_shared_ray()
+    assert stopped(address, within_s=5.0)
 
 
 def test_the_instance_ends_with_its_process():

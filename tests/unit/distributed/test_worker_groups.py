@@ -81,6 +81,22 @@ def group_of(executor: str, worker_cls: type, workers: int, ray_started):
     )
 
 
+@pytest.fixture(scope="module")
+def tallies(ray_started):
+    """executor -> a group of 2 Tally ranks on it, started on first use and shared by the
+    tests that leave it as it was (usable, each rank's total whatever it is)."""
+    started = {}
+
+    def get(executor: str):
+        if executor not in started:
+            started[executor] = group_of(executor, Tally, 2, ray_started)
+        return started[executor]
+
+    yield get
+    for group in started.values():
+        group.shutdown()
+
+
 @pytest.mark.parametrize("executor", EXECUTORS)
 def test_same_calls_same_answers_in_rank_order(executor, ray_started):
     group = group_of(executor, Tally, 2, ray_started)
@@ -107,17 +123,16 @@ def test_same_calls_same_answers_in_rank_order(executor, ray_started):
 
 
 @pytest.mark.parametrize("executor", EXECUTORS)
-def test_a_raising_worker_is_named_alike_and_serves_the_next_call(executor, ray_started):
-    group = group_of(executor, Tally, 2, ray_started)
-    try:
-        with pytest.raises(WorkerError) as caught:
-            group.run(Tally.fail, "no such batch", ranks=[1])
-        assert str(caught.value) == "tally: worker rank 1 raised ValueError: no such batch"
-        assert (caught.value.rank, caught.value.died) == (1, False)
-        assert isinstance(caught.value.cause, ValueError)
-        assert group.run(Tally.add, 1) == [1, 11]  # state as it was, the group usable
-    finally:
-        group.shutdown()
+def test_a_raising_worker_is_named_alike_and_serves_the_next_call(executor, tallies):
+    group = tallies(executor)
+    totals = group.run(Tally.add, 0)
+    with pytest.raises(WorkerError) as caught:
+        group.run(Tally.fail, "no such batch", ranks=[1])
+    assert str(caught.value) == "tally: worker rank 1 raised ValueError: no such batch"
+    assert (caught.value.rank, caught.value.died) == (1, False)
+    assert isinstance(caught.value.cause, ValueError)
+    # state as it was, the group usable
+    assert group.run(Tally.add, 1) == [total + 1 for total in totals]
 
 
 @pytest.mark.parametrize("executor", EXECUTORS)
@@ -131,15 +146,12 @@ def test_a_constructor_that_raises_is_named_alike(executor, ray_started):
 
 
 @pytest.mark.parametrize("executor", EXECUTORS)
-def test_a_method_is_named_by_a_function_of_the_class(executor, ray_started):
-    group = group_of(executor, Tally, 1, ray_started)
-    try:
-        with pytest.raises(TypeError, match="not 'add'"):
-            group.run("add", 1)
-        with pytest.raises(TypeError, match="Tally has no method _ping"):
-            group.run(_ping)
-    finally:
-        group.shutdown()
+def test_a_method_is_named_by_a_function_of_the_class(executor, tallies):
+    group = tallies(executor)
+    with pytest.raises(TypeError, match="not 'add'"):
+        group.run("add", 1)
+    with pytest.raises(TypeError, match="Tally has no method _ping"):
+        group.run(_ping)
 
 
 def _ping(worker) -> None:

@@ -17,6 +17,9 @@ from nemo_opd.environments.grader_pool import GraderPool, GraderPoolError
 
 TIMEOUT_S = 2.0
 MEMORY_MB = 1024
+SILENT_STOP_S = 1.5
+"""How long a pool's close waits for a silent worker (it never reads its stdin, so it never
+exits of itself) before it kills it, instead of the pool's seconds for a real one."""
 
 # A truncated response about (2+sqrt 3)^1000 whose last formula makes math-verify compare a
 # 500-term binomial sum with sympy: minutes on one core, with math-verify's own time-out (a
@@ -119,6 +122,7 @@ def test_a_worker_killed_mid_answer_is_replaced(pool):
 
 
 def test_a_worker_that_cannot_start_is_an_error(monkeypatch):
+    monkeypatch.setattr(grader_pool, "_STOP_TIMEOUT_S", SILENT_STOP_S)
     monkeypatch.setattr(grader_pool, "worker_command", lambda *a: [sys.executable, "-c", "1/0"])
     with pytest.raises(GraderPoolError, match="(?s)exited while starting: .*ZeroDivisionError"):
         GraderPool(1, TIMEOUT_S, 1000, "math_verify", MEMORY_MB)
@@ -133,6 +137,7 @@ def test_a_worker_that_cannot_start_is_an_error(monkeypatch):
 def test_a_pool_that_does_not_wait_reports_a_failed_start_when_waited_for(monkeypatch):
     """wait=False returns while the workers start; wait_ready() (or the first grade) raises what
     the constructor would have raised."""
+    monkeypatch.setattr(grader_pool, "_STOP_TIMEOUT_S", SILENT_STOP_S)
     monkeypatch.setattr(grader_pool, "READY_TIMEOUT_S", 0.5)
     silent = [sys.executable, "-c", "import time; time.sleep(60)"]
     monkeypatch.setattr(grader_pool, "worker_command", lambda *a: silent)
@@ -159,7 +164,7 @@ def test_workers_die_with_their_parent():
         """
         import time
         from nemo_opd.environments.grader_pool import GraderPool
-        pool = GraderPool(2, 5.0, 1000, "math_verify", 512)
+        pool = GraderPool(2, 5.0, 1000, "builtin", 512)  # any grader's workers: the lightest
         print(*pool.pids(), flush=True)
         time.sleep(60)
         """

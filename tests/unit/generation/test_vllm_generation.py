@@ -28,16 +28,39 @@ pytestmark = pytest.mark.skipif(
 ATOL = 1e-3
 
 
-@pytest.fixture(scope="module")
-def generation(ray_session, model_dirs):
-    """Two engines on model "a" (so prompts are split and gathered)."""
-    from nemo_opd.generation import VllmGeneration
+class Engines:
+    """The module's two engines on model "a" (so prompts are split and gathered), started on
+    first use. The test that kills one ends them (spend); a test after it gets new ones."""
 
-    engine = VllmGeneration(
-        generation_config(), model_dirs["a"], None, device_type="cpu", num_engines=2
-    )
-    yield engine
-    engine.shutdown()
+    def __init__(self, model_dir: str) -> None:
+        self.model_dir, self.generation = model_dir, None
+
+    def get(self):
+        from nemo_opd.generation import VllmGeneration
+
+        if self.generation is None:
+            self.generation = VllmGeneration(
+                generation_config(), self.model_dir, None, device_type="cpu", num_engines=2
+            )
+        return self.generation
+
+    def spend(self) -> None:
+        generation, self.generation = self.generation, None
+        if generation is not None:
+            generation.shutdown()
+
+
+@pytest.fixture(scope="module")
+def engines(ray_session, model_dirs):
+    held = Engines(model_dirs["a"])
+    yield held
+    held.spend()
+
+
+@pytest.fixture
+def generation(engines):
+    """The module's two engines (Engines)."""
+    return engines.get()
 
 
 @pytest.fixture(scope="module")
@@ -301,48 +324,6 @@ def test_an_engine_that_is_never_scheduled_times_out_with_the_reason(
         )
 
 
-def test_an_engine_that_raises_or_dies_ends_the_call_with_one_line_naming_it(
-    ray_session, model_dirs
-):
-    """Real faults of a running engine: a call it rejects (a prompt past max_model_len), then
-    its process killed with SIGKILL (as the OOM killer does). Each ends the call with a
-    one-line RunError naming the engine and what happened, never a Ray traceback."""
-    import contextlib
-    import os
-    import re
-    import signal
-
-    import psutil
-    import ray
-
-    from nemo_opd.errors import RunError
-    from nemo_opd.generation import VllmGeneration
-
-    generation = VllmGeneration(generation_config(), model_dirs["a"], None, device_type="cpu")
-    engine = f"vLLM engine 0 (of 1, serving {model_dirs['a']})"
-    try:
-        with pytest.raises(RunError) as raised:
-            generation.generate(random_prompts(1, min_len=MAX_LEN + 1, max_len=MAX_LEN + 1))
-        message = str(raised.value)
-        assert message.startswith(f"{engine} raised ") and " while generating; " in message
-        assert "\n" not in message
-
-        [actor] = generation.engines.actors
-        pid = ray.get(actor.__ray_call__.remote(lambda worker: os.getpid()))
-        os.kill(pid, signal.SIGKILL)
-        with contextlib.suppress(psutil.NoSuchProcess):
-            psutil.Process(pid).wait(timeout=30)
-        with pytest.raises(RunError) as raised:
-            generation.generate(random_prompts(2), seed=1)
-        message = str(raised.value)
-        died = rf"{re.escape(engine)} died \(pid {pid}: [^\n]*\) while generating; "
-        assert re.match(died, message), message
-        assert message.endswith("run the same command to resume from the newest")
-        assert "\n" not in message
-    finally:
-        generation.shutdown()
-
-
 def test_an_engine_in_this_process_serves_as_the_ray_engines_do(generation, model_dirs):
     """The engine as an object of the test process (the local executor) samples the Ray
     engines' tokens with their log-probs at the same seeds and thread count, refits from a dict
@@ -380,3 +361,43 @@ def test_an_engine_in_this_process_serves_as_the_ray_engines_do(generation, mode
     finally:
         local.shutdown()
         torch.set_num_threads(threads)
+
+
+def test_an_engine_that_raises_or_dies_ends_the_call_with_one_line_naming_it(engines, model_dirs):
+    """Real faults of a running engine: a call it rejects (a prompt past max_model_len), then
+    its process killed with SIGKILL (as the OOM killer does). Each ends the call with a
+    one-line RunError naming the engine and what happened, never a Ray traceback. The module's
+    engines are spent by it (the last test here that uses them)."""
+    import contextlib
+    import os
+    import re
+    import signal
+
+    import psutil
+    import ray
+
+    from nemo_opd.errors import RunError
+
+    generation = engines.get()
+    engine = f"vLLM engine 0 (of 2, serving {model_dirs['a']})"
+    try:
+        with pytest.raises(RunError) as raised:  # one prompt: engine 0's
+            generation.generate(random_prompts(1, min_len=MAX_LEN + 1, max_len=MAX_LEN + 1))
+        message = str(raised.value)
+        assert message.startswith(f"{engine} raised ") and " while generating; " in message
+        assert "\n" not in message
+
+        actor = generation.engines.actors[0]
+        pid = ray.get(actor.__ray_call__.remote(lambda worker: os.getpid()))
+        os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            psutil.Process(pid).wait(timeout=30)
+        with pytest.raises(RunError) as raised:  # a prompt each: engine 1 answers its own
+            generation.generate(random_prompts(2), seed=1)
+        message = str(raised.value)
+        died = rf"{re.escape(engine)} died \(pid {pid}: [^\n]*\) while generating; "
+        assert re.match(died, message), message
+        assert message.endswith("run the same command to resume from the newest")
+        assert "\n" not in message
+    finally:
+        engines.spend()

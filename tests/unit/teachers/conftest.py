@@ -37,3 +37,35 @@ def real_reference():
     """name -> the family's own tokenizer as text -> ids."""
     module = _real_tokenizers()
     return functools.cache(module.reference)
+
+
+@pytest.fixture(scope="session")
+def xtok_setup(real_tokenizer):
+    """(student, teacher) -> (rendering, rollouts, the teacher's vocabulary size): the
+    cross-tokenizer tests' conversations (tests/xtok_teachers.py) as the student's rows, and
+    the teacher's rendering of them with its longest row cut 8 tokens short (a served
+    teacher's context). Built once per session: no test changes them (a pool or a worker
+    gets a pickled copy of the rendering)."""
+    from xtok_teachers import conversations
+
+    from nemo_opd.data.chat import ChatFormatter
+    from nemo_opd.data.message_log import flatten_message_logs
+    from nemo_opd.scoring.base import Rollouts
+    from nemo_opd.scoring.rendering import TeacherRendering
+
+    built = {}
+
+    def setup(student_name: str = "qwen3", teacher_name: str = "llama3"):
+        if (student_name, teacher_name) in built:
+            return built[student_name, teacher_name]
+        student, teacher = real_tokenizer(student_name), real_tokenizer(teacher_name)
+        logs = conversations(student)
+        pad = student.pad_token_id if student.pad_token_id is not None else student.eos_token_id
+        rollouts = Rollouts(flatten_message_logs(logs, pad), logs, [{}] * len(logs))
+        rendering = TeacherRendering(student, ChatFormatter(teacher))
+        longest = int(rendering.teacher_rows(logs).batch["input_lengths"].max())
+        rendering.max_length = longest - 8
+        built[student_name, teacher_name] = rendering, rollouts, len(teacher)
+        return built[student_name, teacher_name]
+
+    return setup

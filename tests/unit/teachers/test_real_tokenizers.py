@@ -3,7 +3,6 @@ from the packages that ship their vocabularies: each reads text as its family's 
 does (tiktoken for Qwen and Llama 3, mistral-common's Tekkenizer, sentencepiece), round-trips
 it, and has the published special tokens and chat template."""
 
-import copy
 import random
 
 import pytest
@@ -89,8 +88,7 @@ def test_tekken_template_matches_mistral_common(real_tokenizer):
     """Mistral Nemo's template, tokenized, is mistral-common's own chat encoding."""
     from mistral_common.protocol.instruct.messages import AssistantMessage, UserMessage
     from mistral_common.protocol.instruct.request import ChatCompletionRequest
-    from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
-    from real_tokenizers import _mistral_file
+    from real_tokenizers import mistral_tekken
 
     tokenizer = real_tokenizer("tekken")
     conversation = [
@@ -106,8 +104,8 @@ def test_tekken_template_matches_mistral_common(real_tokenizer):
         AssistantMessage(content="4"),
         UserMessage(content="And 3 + 3?"),
     ]
-    mistral = MistralTokenizer.from_file(str(_mistral_file("tekken")))
-    theirs = mistral.encode_chat_completion(ChatCompletionRequest(messages=messages)).tokens
+    request = ChatCompletionRequest(messages=messages)
+    theirs = mistral_tekken().encode_chat_completion(request).tokens
     assert ours == theirs
 
 
@@ -132,12 +130,20 @@ def test_prompt_encoding_equals_transformers(name, real_tokenizer):
     batch) gives transformers' ids, special-token strings read as the special tokens, also
     after a call that split them (transformers leaves the backend's flag set); with
     truncation set on the backend (as a tokenizer.json can ship it) nothing is cut either."""
-    tokenizer = copy.deepcopy(real_tokenizer(name))
+    tokenizer = real_tokenizer(name)  # the session's: its truncation is put back below
     texts = [*HOSTILE_TEXTS, *_random_texts(200, seed=3)]
     expected = tokenizer(texts, add_special_tokens=False)["input_ids"]
     assert encode_texts(tokenizer, texts) == expected
     split = tokenizer(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"]
     assert split != expected  # the texts hold special-token strings
     assert encode_texts(tokenizer, texts) == expected
-    tokenizer.backend_tokenizer.enable_truncation(4)
-    assert encode_texts(tokenizer, texts) == expected
+    backend = tokenizer.backend_tokenizer
+    truncation = backend.truncation
+    backend.enable_truncation(4)
+    try:
+        assert encode_texts(tokenizer, texts) == expected
+    finally:
+        if truncation is None:
+            backend.no_truncation()
+        else:
+            backend.enable_truncation(**truncation)

@@ -188,11 +188,10 @@ def test_only_temperature_one_can_be_served():
 
 
 def test_equals_the_in_process_teacher_on_a_ragged_batch(server):
-    # The DTensor teacher the loop starts for the same config (one Ray worker), same batch:
+    # The DTensor teacher the loop starts for the same config (here in this process, the
+    # local executor, which computes as a Ray worker does: test_policy_executors), same batch:
     # top-k values, the ids' log-probs and the sampled-token log-probs within 1e-4, and the
     # same zeros; the served teacher is a drop-in for it.
-    from ray_local import shared_ray
-
     from nemo_opd.config import load_config
     from nemo_opd.policy.policy import Policy
 
@@ -201,13 +200,12 @@ def test_equals_the_in_process_teacher_on_a_ragged_batch(server):
     tokenizer = cfg.teacher.tokenizer.model_copy(update={"name": model})
     teacher_cfg = cfg.teacher.model_copy(update={"model_name": model, "tokenizer": tokenizer})
     batch = ragged_batch([9, 33, 17, 1, 26], seed=3, width=40)
-    with shared_ray(2, user=__name__):
-        local = Policy(teacher_cfg, cfg.cluster, optimizer=False, name="teacher")
-        try:
-            values, indices = local.get_topk_logits(batch, K)
-            logprobs = local.get_logprobs(batch)
-        finally:
-            local.shutdown()
+    local = Policy(teacher_cfg, cfg.cluster, optimizer=False, name="teacher", executor="local")
+    try:
+        values, indices = local.get_topk_logits(batch, K)
+        logprobs = local.get_logprobs(batch)
+    finally:
+        local.shutdown()
     served = ServedTeacher(*server)
     served_values, served_indices = served.get_topk_logits(batch, K)
     torch.testing.assert_close(served_values, values, atol=1e-4, rtol=0)

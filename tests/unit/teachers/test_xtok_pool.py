@@ -6,6 +6,11 @@ cannot start or raises ends the run with one line, after which no worker is left
 
 The workers' teachers come from tests/xtok_teachers.py, which the workers import (this folder's
 parent on their PYTHONPATH, as a run's workers get the driver's).
+
+A worker's start (torch's import, the rendering read back) is most of this module's time: each
+pool has only the workers its test is about (two where rows are shared out or a teacher is
+split, one elsewhere), and each pair's rendering and rows are built once for the session
+(conftest.py's xtok_setup).
 """
 
 import http.server
@@ -17,20 +22,15 @@ import pytest
 import torch
 from xtok_teachers import (
     CountingTeacher,
-    DownTeacher,
     DyingTeacher,
     K,
     PositionTeacher,
     StuckTeacher,
-    conversations,
 )
 
-from nemo_opd.data.chat import ChatFormatter
-from nemo_opd.data.message_log import flatten_message_logs
 from nemo_opd.errors import RunError
-from nemo_opd.scoring.base import Rollouts, TeacherNeed
+from nemo_opd.scoring.base import TeacherNeed
 from nemo_opd.scoring.render_pool import RenderPool, RenderPoolError
-from nemo_opd.scoring.rendering import TeacherRendering
 from nemo_opd.teachers.cross_tokenizer import CrossTokenizerTeacher
 from nemo_opd.teachers.served import ServedTeacher, ServedTeacherError
 
@@ -45,22 +45,19 @@ def teachers_importable(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(TESTS))
 
 
-def _setup(real_tokenizer, student_name="qwen3", teacher_name="llama3"):
-    student, teacher = real_tokenizer(student_name), real_tokenizer(teacher_name)
-    logs = conversations(student)
-    pad = student.pad_token_id if student.pad_token_id is not None else student.eos_token_id
-    rollouts = Rollouts(flatten_message_logs(logs, pad), logs, [{}] * len(logs))
-    rendering = TeacherRendering(student, ChatFormatter(teacher))
-    # the longest row is cut 8 tokens short (a served teacher's context)
-    rendering.max_length = int(rendering.teacher_rows(logs).batch["input_lengths"].max()) - 8
-    return rendering, rollouts, len(teacher)
-
-
-@pytest.mark.parametrize(("student_name", "teacher_name"), PAIRS)
-def test_the_pool_gives_the_drivers_answers_bit_for_bit(real_tokenizer, student_name, teacher_name):
-    rendering, rollouts, vocab = _setup(real_tokenizer, student_name, teacher_name)
+@pytest.mark.parametrize(
+    ("student_name", "teacher_name", "workers"),
+    [(*PAIRS[0], 2), *((*pair, 1) for pair in PAIRS[1:])],
+)
+def test_the_pool_gives_the_drivers_answers_bit_for_bit(
+    xtok_setup, student_name, teacher_name, workers
+):
+    """Every pair's answers through the pool's workers (the first pair's rows shared out between
+    two, with a call of fewer rows than workers); then the pool's shutdown stops its workers
+    and leaves no file, while the answers it mapped stay readable."""
+    rendering, rollouts, vocab = xtok_setup(student_name, teacher_name)
     on_driver = CrossTokenizerTeacher(PositionTeacher(vocab), rendering)
-    pool = RenderPool(rendering, [CountingTeacher(vocab) for _ in range(2)])
+    pool = RenderPool(rendering, [CountingTeacher(vocab) for _ in range(workers)])
     pooled = CrossTokenizerTeacher(PositionTeacher(vocab), rendering, pool=pool)
     try:
         for need in NEEDS:
@@ -71,10 +68,26 @@ def test_the_pool_gives_the_drivers_answers_bit_for_bit(real_tokenizer, student_
         assert got == metrics
         assert metrics["teacher/xtok_truncated_rows"] > 0
         assert 0.0 < metrics["teacher/xtok_graded_share"] < 1.0
-        one_row = rollouts.select(torch.tensor([4]))  # fewer rows than workers
+        one_row = rollouts.select(torch.tensor([4]))  # fewer rows than workers, with two
         _check_same(on_driver.score(one_row, NEEDS[2]), pooled.score(one_row, NEEDS[2]))
+        answer = pool.score(rollouts.batch, rollouts.message_logs, NEEDS[2])
+        # setup, requests and answers' files removed once read or mapped
+        assert [os.listdir(folder) for folder in pool._folders.values()] == [[]]
     finally:
+        folders, pids = list(pool._folders.values()), pool.pids()
         pooled.shutdown()
+    _check_shut_down(pool, folders, pids, answer, rollouts)
+
+
+def _check_shut_down(pool, folders, pids, answer, rollouts) -> None:
+    """After a pool's close (twice): no worker runs, no file or folder is left, and the last
+    answer's tensors, mapped from files now removed, are still read whole."""
+    assert answer["topk_logprobs"].shape == (13, rollouts.batch["input_ids"].shape[1], K)
+    kept = {name: tensor.clone() for name, tensor in answer.items()}
+    pool.close()
+    assert _gone(pids) and not any(os.path.exists(folder) for folder in folders)
+    for name, tensor in kept.items():  # the mapped pages outlive the files and the workers
+        assert torch.equal(answer[name], tensor), name
 
 
 def _check_same(expected, got) -> None:
@@ -84,8 +97,8 @@ def _check_same(expected, got) -> None:
         assert torch.equal(got.tensors()[name], tensor), name
 
 
-def test_rows_the_template_refuses_count_against_max_unrendered_share(real_tokenizer):
-    rendering, rollouts, vocab = _setup(real_tokenizer, "qwen3", "mistral_sp")
+def test_rows_the_template_refuses_count_against_max_unrendered_share(xtok_setup):
+    rendering, rollouts, vocab = xtok_setup("qwen3", "mistral_sp")
     pool = RenderPool(rendering, [PositionTeacher(vocab)])
     pooled = CrossTokenizerTeacher(
         PositionTeacher(vocab), rendering, max_unrendered_share=0.0, pool=pool
@@ -98,8 +111,8 @@ def test_rows_the_template_refuses_count_against_max_unrendered_share(real_token
         pooled.shutdown()
 
 
-def _failing(real_tokenizer, teacher_class, **kwargs):
-    rendering, rollouts, vocab = _setup(real_tokenizer)
+def _failing(xtok_setup, teacher_class, **kwargs):
+    rendering, rollouts, vocab = xtok_setup()
     return RenderPool(rendering, [teacher_class(vocab)], **kwargs), rollouts
 
 
@@ -114,8 +127,8 @@ def _gone(pids: list[int]) -> bool:
     return True
 
 
-def test_a_worker_that_overruns_is_stopped_with_one_line(real_tokenizer):
-    pool, rollouts = _failing(real_tokenizer, StuckTeacher, timeout_s=1.0)
+def test_a_worker_that_overruns_is_stopped_with_one_line(xtok_setup):
+    pool, rollouts = _failing(xtok_setup, StuckTeacher, timeout_s=1.0)
     pids = pool.pids()
     with pytest.raises(RenderPoolError, match=r"did not answer for rows 0-12 within its time-out"):
         pool.score(rollouts.batch, rollouts.message_logs, NEEDS[0])
@@ -124,8 +137,8 @@ def test_a_worker_that_overruns_is_stopped_with_one_line(real_tokenizer):
         pool.score(rollouts.batch, rollouts.message_logs, NEEDS[0])
 
 
-def test_a_worker_that_dies_is_named_with_one_line(real_tokenizer):
-    pool, rollouts = _failing(real_tokenizer, DyingTeacher)
+def test_a_worker_that_dies_is_named_with_one_line(xtok_setup):
+    pool, rollouts = _failing(xtok_setup, DyingTeacher)
     pids = pool.pids()
     with pytest.raises(RenderPoolError) as raised:
         pool.score(rollouts.batch, rollouts.message_logs, NEEDS[0])
@@ -135,38 +148,14 @@ def test_a_worker_that_dies_is_named_with_one_line(real_tokenizer):
     assert _gone(pids)
 
 
-def test_a_worker_that_cannot_start_says_why(real_tokenizer, monkeypatch):
+def test_a_worker_that_cannot_start_says_why(xtok_setup, monkeypatch):
     monkeypatch.delenv("PYTHONPATH")  # the worker cannot import its teacher's module
-    pool, rollouts = _failing(real_tokenizer, PositionTeacher)
+    pool, rollouts = _failing(xtok_setup, PositionTeacher)
     with pytest.raises(RenderPoolError) as raised:
         pool.score(rollouts.batch, rollouts.message_logs, NEEDS[0])
     message = str(raised.value)
     assert "died while starting (exit status 1): ModuleNotFoundError: No module named" in message
     assert "\n" not in message
-
-
-def test_a_teachers_error_in_a_worker_reaches_the_driver_as_itself(real_tokenizer):
-    pool, rollouts = _failing(real_tokenizer, DownTeacher)
-    pids = pool.pids()
-    with pytest.raises(ServedTeacherError, match=r"http://127.0.0.1:9/v1 did not answer"):
-        pool.score(rollouts.batch, rollouts.message_logs, NEEDS[0])
-    assert _gone(pids)
-
-
-def test_shutdown_stops_the_workers_and_leaves_no_file(real_tokenizer):
-    rendering, rollouts, vocab = _setup(real_tokenizer)
-    pool = RenderPool(rendering, [PositionTeacher(vocab) for _ in range(2)])
-    folders = list(pool._folders.values())
-    answer = pool.score(rollouts.batch, rollouts.message_logs, NEEDS[2])
-    assert [os.listdir(folder) for folder in folders] == [[]]  # setup, requests, answers
-    kept = {name: tensor.clone() for name, tensor in answer.items()}
-    pids = pool.pids()
-    pool.close()
-    pool.close()
-    assert _gone(pids) and not any(os.path.exists(folder) for folder in folders)
-    assert answer["topk_logprobs"].shape == (13, rollouts.batch["input_ids"].shape[1], K)
-    for name, tensor in kept.items():  # the mapped pages outlive the files and the workers
-        assert torch.equal(answer[name], tensor), name
 
 
 class Refusing(http.server.BaseHTTPRequestHandler):
@@ -184,19 +173,22 @@ class Refusing(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def test_a_served_teacher_in_the_workers_reaches_its_server(real_tokenizer):
-    """The run's own client, pickled to the workers: its key is sent from there, and the
-    error it ends with is raised in the driver as itself."""
-    rendering, rollouts, _ = _setup(real_tokenizer)
+def test_a_teachers_error_in_the_workers_reaches_the_driver_as_itself(xtok_setup):
+    """The run's own served teacher's client, pickled to the workers: its key is sent from
+    there, the error it ends with is raised in the driver as itself, and the pool is then
+    closed, no worker left."""
+    rendering, rollouts, _ = xtok_setup()
     Refusing.seen = []
     with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refusing) as httpd:
         threading.Thread(target=httpd.serve_forever, daemon=True).start()
         url = f"http://127.0.0.1:{httpd.server_port}/v1"
         served = ServedTeacher(url, "m", max_retries=0, api_key="sk-pool-1", rows_per_request=13)
         pool = RenderPool(rendering, served.split(2))
+        pids = pool.pids()
         try:
             with pytest.raises(ServedTeacherError, match=r"did not answer after 0 retries"):
                 pool.score(rollouts.batch, rollouts.message_logs, NEEDS[0])
+            assert _gone(pids)
         finally:
             pool.close()
             httpd.shutdown()

@@ -9,6 +9,7 @@ normalizing tokenizer), every student token that starts where a teacher token st
 from the teacher's position before that token, and no other is.
 """
 
+import copy
 import unicodedata
 
 import pytest
@@ -54,6 +55,31 @@ def _raw_bytes(tokenizer) -> dict[int, bytes]:
         else:
             out[index] = bytes(alphabet[char] for char in piece)
     return out
+
+
+@pytest.fixture(scope="module")
+def rendering(real_tokenizer):
+    """(student, teacher) -> TeacherRendering(student, ChatFormatter(teacher)), built once for
+    the module (what it caches, the vocabulary map and the templates' closings, are the same
+    for every test; a test that needs other settings builds its own)."""
+    built = {}
+
+    def get(student_name, teacher_name):
+        if (student_name, teacher_name) not in built:
+            student, teacher = real_tokenizer(student_name), real_tokenizer(teacher_name)
+            built[student_name, teacher_name] = TeacherRendering(student, ChatFormatter(teacher))
+        return built[student_name, teacher_name]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def qwen3_base(real_tokenizer):
+    """Qwen3's tokenizer as a base model's: eos <|endoftext|>, the instruct template kept."""
+    qwen = real_tokenizer("qwen3")
+    base = qwen.__class__.from_pretrained(qwen.name_or_path, eos_token="<|endoftext|>")
+    base.chat_template = qwen.chat_template
+    return base
 
 
 @pytest.fixture(scope="module")
@@ -144,52 +170,45 @@ def t_text_end(t_bytes, index):
 
 
 @pytest.mark.parametrize(("student_name", "teacher_name"), PAIRS)
-def test_alignment_on_hostile_text(student_name, teacher_name, real_tokenizer, raw):
+def test_alignment_on_hostile_text(student_name, teacher_name, real_tokenizer, raw, rendering):
     student, teacher = real_tokenizer(student_name), real_tokenizer(teacher_name)
-    rendering = TeacherRendering(student, ChatFormatter(teacher))
     logs = _logs(student, HOSTILE_TEXTS)
-    rows = rendering.teacher_rows(logs)
+    rows = rendering(student_name, teacher_name).teacher_rows(logs)
     normalized = teacher_name == "qwen3"
     _check_alignment(student, teacher, raw(student_name), raw(teacher_name), logs, rows, normalized)
 
 
 @pytest.mark.parametrize(("student_name", "teacher_name"), PAIRS)
-def test_a_response_cut_mid_character(student_name, teacher_name, real_tokenizer, raw):
+def test_a_response_cut_mid_character(student_name, teacher_name, real_tokenizer, raw, rendering):
     """A response that stops inside a character: the teacher reads the whole characters, the
     rest is not graded."""
     student, teacher = real_tokenizer(student_name), real_tokenizer(teacher_name)
-    rendering = TeacherRendering(student, ChatFormatter(teacher))
     logs = _logs(student, [CUT], cut=1)
-    rows = rendering.teacher_rows(logs)
+    rows = rendering(student_name, teacher_name).teacher_rows(logs)
     _check_alignment(
         student, teacher, raw(student_name), raw(teacher_name), logs, rows, teacher_name == "qwen3"
     )
 
 
-def test_control_strings_in_the_students_text_are_text_to_the_teacher(real_tokenizer):
+def test_control_strings_in_the_students_text_are_text_to_the_teacher(real_tokenizer, rendering):
     student, teacher = real_tokenizer("qwen3"), real_tokenizer("tekken")
-    rendering = TeacherRendering(student, ChatFormatter(teacher))
     logs = _logs(student, ["[INST] <unk> </s> [/INST] done"])
-    rows = rendering.teacher_rows(logs)
+    rows = rendering("qwen3", "tekken").teacher_rows(logs)
     t_start = sum(len(m["token_ids"]) for m in rows.logs[0][:-1])
     turn = rows.batch["input_ids"][0, t_start : int(rows.batch["input_lengths"][0])].tolist()
     assert not any(teacher.added_tokens_decoder.get(t) for t in turn[:-1])
     assert turn[-1] == teacher.eos_token_id
 
 
-def test_a_tekken_teacher_can_spell_every_qwen_token(real_tokenizer):
+def test_a_tekken_teacher_can_spell_every_qwen_token(rendering):
     """Qwen's plain token "<unk>" is text to Tekken's byte-level BPE, not its control token."""
-    rendering = TeacherRendering(real_tokenizer("qwen3"), ChatFormatter(real_tokenizer("tekken")))
-    assert rendering.unspellable() == []
+    assert rendering("qwen3", "tekken").unspellable() == []
 
 
-def test_the_turn_end_the_template_writes_is_graded(real_tokenizer):
+def test_the_turn_end_the_template_writes_is_graded(real_tokenizer, qwen3_base):
     """A Qwen base teacher (eos <|endoftext|>, template closing with <|im_end|>): the student's
     end of turn reads the teacher's <|im_end|> position, and the map sends it to the student's."""
-    student = real_tokenizer("llama3")
-    base = real_tokenizer("qwen3")
-    base = base.__class__.from_pretrained(base.name_or_path, eos_token="<|endoftext|>")
-    base.chat_template = real_tokenizer("qwen3").chat_template
+    student, base = real_tokenizer("llama3"), qwen3_base
     rendering = TeacherRendering(student, ChatFormatter(base))
     logs = _logs(student, ["Four."])
     rows = rendering.teacher_rows(logs)
@@ -202,11 +221,10 @@ def test_the_turn_end_the_template_writes_is_graded(real_tokenizer):
     assert int(rendering.vocab_map().teacher_to_student[im_end]) == student.eos_token_id
 
 
-def test_a_tokenizer_that_differs_only_in_eos_reads_the_rows_as_they_are(real_tokenizer):
-    qwen = real_tokenizer("qwen3")
-    base = qwen.__class__.from_pretrained(qwen.name_or_path, eos_token="<|endoftext|>")
-    base.chat_template = qwen.chat_template
-    assert tokenizer_difference(qwen, base) is None
+def test_a_tokenizer_that_differs_only_in_eos_reads_the_rows_as_they_are(
+    real_tokenizer, qwen3_base
+):
+    assert tokenizer_difference(real_tokenizer("qwen3"), qwen3_base) is None
 
 
 def test_the_difference_names_the_vocabulary(real_tokenizer):
@@ -214,14 +232,13 @@ def test_the_difference_names_the_vocabulary(real_tokenizer):
     assert "vocabular" in difference and "bos_token" not in difference
 
 
-def test_qwen3s_template_is_a_teacher_template(real_tokenizer):
+def test_qwen3s_template_is_a_teacher_template(real_tokenizer, rendering):
     """Qwen3's template writes <think>...</think> before the last assistant turn: the teacher
     reads the student's text after its generation prompt, as it would read its own."""
     student, teacher = real_tokenizer("llama3"), real_tokenizer("qwen3")
-    rendering = TeacherRendering(student, ChatFormatter(teacher))
-    rendering.check()
+    rendering("llama3", "qwen3").check()
     logs = _logs(student, [" Four.\n"])
-    rows = rendering.teacher_rows(logs)
+    rows = rendering("llama3", "qwen3").teacher_rows(logs)
     length = int(rows.batch["input_lengths"][0])
     text = teacher.decode(rows.batch["input_ids"][0, :length])
     assert text.endswith("<|im_start|>assistant\n Four.\n<|im_end|>")
@@ -234,14 +251,13 @@ def test_a_template_that_refuses_a_system_message_is_refused_at_setup(real_token
         rendering.check()
 
 
-def test_a_row_that_cannot_be_rendered_is_counted_not_raised(real_tokenizer):
+def test_a_row_that_cannot_be_rendered_is_counted_not_raised(real_tokenizer, rendering):
     """A conversation the teacher's template refuses mid-run (two user turns in a row for
     Mistral's alternation rule) is left ungraded and counted; the other rows are graded."""
-    student, teacher = real_tokenizer("qwen3"), real_tokenizer("mistral_sp")
-    rendering = TeacherRendering(student, ChatFormatter(teacher))
+    student = real_tokenizer("qwen3")
     good = _logs(student, ["Four."])[0]
     bad = [*good[:-1], {"role": "user", "content": "again", "token_ids": [16, 17]}, good[-1]]
-    rows = rendering.teacher_rows([good, bad])
+    rows = rendering("qwen3", "mistral_sp").teacher_rows([good, bad])
     width = max(sum(len(m["token_ids"]) for m in log) for log in (good, bad))
     source = rows.source_positions(width)
     assert (source[0] >= 0).any() and (source[1] < 0).all()
@@ -269,12 +285,14 @@ def test_chat_template_kwargs_reach_every_rendering(real_tokenizer):
 
 
 @pytest.mark.parametrize(("student_name", "teacher_name"), PAIRS)
-def test_sampled_log_probs_sum_to_the_teachers_per_turn(student_name, teacher_name, real_tokenizer):
+def test_sampled_log_probs_sum_to_the_teachers_per_turn(
+    student_name, teacher_name, real_tokenizer, rendering
+):
     """OPD as RL: the student's per-token shares of each turn sum to the teacher's
     log-probability of its content and its end of turn (the chain rule), on hostile text."""
-    student, teacher = real_tokenizer(student_name), real_tokenizer(teacher_name)
+    student = real_tokenizer(student_name)
     logs = _logs(student, HOSTILE_TEXTS)
-    rows = TeacherRendering(student, ChatFormatter(teacher)).teacher_rows(logs)
+    rows = rendering(student_name, teacher_name).teacher_rows(logs)
     logprobs = -torch.rand(
         rows.batch["input_ids"].shape, generator=torch.Generator().manual_seed(0)
     )
@@ -296,16 +314,20 @@ def rendering_closing(rows, row):
     return ids[pair.num_teacher + 1 :]
 
 
-def test_a_conversation_too_long_in_the_teachers_tokens_is_cut_and_counted(real_tokenizer):
+def test_a_conversation_too_long_in_the_teachers_tokens_is_cut_and_counted(
+    real_tokenizer, rendering
+):
     """A Llama 3 student writes a long number in thirds of the tokens a Qwen teacher needs:
     past the teacher's longest row the turn is not graded (no top-k, no end of turn, no share
     of a group the row does not hold), before it as usual."""
-    student, teacher = real_tokenizer("llama3"), real_tokenizer("qwen3")
+    student = real_tokenizer("llama3")
     logs = _logs(student, ["1234567890" * 12])
-    full = TeacherRendering(student, ChatFormatter(teacher)).teacher_rows(logs)
+    full = rendering("llama3", "qwen3").teacher_rows(logs)
     length = int(full.batch["input_lengths"][0])
     limit = length - 60
-    cut = TeacherRendering(student, ChatFormatter(teacher), max_length=limit).teacher_rows(logs)
+    cutting = copy.copy(rendering("llama3", "qwen3"))  # its tables shared; its own max_length
+    cutting.max_length = limit
+    cut = cutting.teacher_rows(logs)
     assert cut.truncated == 1 and int(cut.batch["input_lengths"][0]) == limit
     width = sum(len(m["token_ids"]) for m in logs[0])
     before, after = full.source_positions(width)[0], cut.source_positions(width)[0]

@@ -13,11 +13,9 @@ import pickle
 
 import pytest
 import torch
-from xtok_teachers import K, PositionTeacher, conversations
+from xtok_teachers import K, PositionTeacher
 
 from nemo_opd.data.batching import TensorBatch
-from nemo_opd.data.chat import ChatFormatter
-from nemo_opd.data.message_log import flatten_message_logs
 from nemo_opd.policy.policy import joined, rendered_shards
 from nemo_opd.scoring.base import Rollouts, TeacherNeed
 from nemo_opd.scoring.rendering import TeacherRendering, score_rendered
@@ -52,15 +50,10 @@ class LocalWorkers:
 
 
 @pytest.mark.parametrize(("student_name", "teacher_name"), PAIRS)
-def test_workers_give_the_drivers_answers_bit_for_bit(real_tokenizer, student_name, teacher_name):
-    student, teacher = real_tokenizer(student_name), real_tokenizer(teacher_name)
-    logs = conversations(student)
-    pad = student.pad_token_id if student.pad_token_id is not None else student.eos_token_id
-    rollouts = Rollouts(flatten_message_logs(logs, pad), logs, [{}] * len(logs))
-    rendering = TeacherRendering(student, ChatFormatter(teacher))
-    # the longest row is cut 8 tokens short (a served teacher's context)
-    rendering.max_length = int(rendering.teacher_rows(logs).batch["input_lengths"].max()) - 8
-    inner = PositionTeacher(len(teacher))
+def test_workers_give_the_drivers_answers_bit_for_bit(xtok_setup, student_name, teacher_name):
+    # the longest row cut 8 tokens short (a served teacher's context): conftest.py
+    rendering, rollouts, vocab = xtok_setup(student_name, teacher_name)
+    inner = PositionTeacher(vocab)
     on_driver = CrossTokenizerTeacher(inner, rendering)
     workers = LocalWorkers(inner, dp=1)
     in_workers = CrossTokenizerTeacher(inner, rendering, workers=workers)  # sent once: seconds
