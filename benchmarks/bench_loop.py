@@ -36,6 +36,7 @@ copying refit would start with: gathering the student's weights (Policy.full_wei
 """
 
 import argparse
+import itertools
 import json
 import os
 import signal
@@ -128,13 +129,23 @@ def tiny(args) -> int:
     metrics = _read_metrics(run_dir / "logs" / "metrics.jsonl")
     output = (run_dir / "command.log").read_text()
     record = _tiny_record(args, status, seconds, metrics)
-    record["workers"] = next(
-        (line for line in output.splitlines() if line.startswith("workers: ")), None
-    )  # what the run said it started: the executor, the engine, whether it reads the student
+    # what the run said it started: the executor, the engine, whether it reads the student
+    record["workers"] = _said(output, "workers: ")
     print(output[-3000:] if status != 0 else "", flush=True)
     print(_tiny_table(record))
     _write_json(args.json, record)
     return 0 if record["passed"] else 1
+
+
+def _said(output: str, head: str) -> str | None:
+    """The run's line that starts with `head`, its wrapped rest (lines indented by two
+    spaces) joined back on, or None."""
+    lines = output.splitlines()
+    for index, line in enumerate(lines):
+        if line.startswith(head):
+            rest = itertools.takewhile(lambda x: x.startswith("  "), lines[index + 1 :])
+            return " ".join([line, *(part.strip() for part in rest)])
+    return None
 
 
 def _run_until(command: list[str], deadline_s: float, log: Path) -> int | str:

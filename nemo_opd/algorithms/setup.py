@@ -246,7 +246,7 @@ def _choose_executor(
     device = resolve_device_type(cfg.cluster, executor)
     if executor == "local":
         torch.set_num_threads(local_threads(cfg, device))
-    print(describe_device(cfg.cluster, device, gpus_seen(executor), executor))
+    print(wrapped(describe_device(cfg.cluster, device, gpus_seen(executor), executor)))
     print(wrapped(describe_workers(cfg, device, split)))
     check_megatron_training_precision(cfg.policy, device)
     cannot_overlap = overlap_problem(cfg, device)

@@ -212,8 +212,9 @@ def test_the_device_and_the_workers_are_said_at_start(
     )
     assert code == 2
     out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 80  # wrapped at the console's width
     for line in SAID_AT_START[executor]:
-        assert line.format(engine=engine) in out
+        assert line.format(engine=engine) in " ".join(out.split())
 
 
 def _data_files(tmp_path, train_lines, val_rows=5):
