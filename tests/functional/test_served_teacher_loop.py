@@ -49,17 +49,25 @@ class TeacherServer:
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
         self.process = None
 
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "nemo_opd.teacher_server", "--config", str(SERVED)]
-            + ["--port", str(self.port)],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
-        if not any(line.startswith("teacher server ready") for line in self.process.stdout):
-            pytest.fail(f"the teacher server did not start (status {self.process.poll()})")
+    def start(self, attempts: int = 3) -> None:
+        """Start the server; a start that ends before it is ready is tried again on a new
+        port (another process of the machine may bind the free port before the server does,
+        seconds later), up to `attempts` times."""
+        for _ in range(attempts):
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "nemo_opd.teacher_server", "--config", str(SERVED)]
+                + ["--port", str(self.port)],
+                cwd=ROOT,
+                stdout=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
+            if any(line.startswith("teacher server ready") for line in self.process.stdout):
+                return
+            self.process.wait(60)
+            self.port = free_port()
+            self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        pytest.fail(f"the teacher server did not start (status {self.process.poll()})")
 
     def kill(self) -> None:
         """SIGKILL to every process of the server: no clean shutdown."""
@@ -244,7 +252,7 @@ def test_a_server_killed_mid_run_then_restarted_resumes_exactly(server, straight
     assert "Traceback" not in err.split("error: ")[-1]
     assert sorted(p.name for p in checkpoints.glob("step_*")) == [f"step_{done}"]
 
-    server.start()
+    server.start(attempts=1)  # on the port the run knows
     assert run_loop(tmp_path, *args, steps=STEPS) == 0
     assert f"resumed from {checkpoints / f'step_{done}'}" in capsys.readouterr().out
     assert_resumed_like(read_metrics(tmp_path), straight[1], straight[1])
