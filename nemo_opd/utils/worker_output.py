@@ -21,6 +21,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from nemo_opd.utils.text_width import wrapped
+
 WORKERS_LOG = "workers.log"
 """In logger.log_dir: what the workers wrote to standard error while they started."""
 TAIL_LINES = 20
@@ -54,7 +56,7 @@ def start_up_output_to(path: Path) -> Iterator[Path]:
         if failed:
             _show_tail(path, size)
     if path.stat().st_size > size:
-        print(f"workers' start-up messages (vLLM, torch, the models): {path}")
+        print(wrapped(f"workers' start-up messages (vLLM, torch, the models): {path}"))
 
 
 def _show_tail(path: Path, start: int) -> None:
