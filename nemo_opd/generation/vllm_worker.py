@@ -50,7 +50,6 @@ import torch
 
 from nemo_opd.generation.interface import FinishReason, GenerationOutput
 from nemo_opd.utils.startup import StartupMarks
-from nemo_opd.utils.worker_output import send_vllm_logs_to_stderr
 
 # Set in the engine's process before vLLM reads them (VllmGeneration also passes them as a Ray
 # actor's runtime_env, which gives the actor a fresh process that has them from the start).
@@ -103,7 +102,7 @@ def quiet_vllm_logs() -> None:
     Through VLLM_LOGGING_LEVEL itself: vLLM re-applies its logging config (level included)
     when an engine is built, which undoes a level set on its logger beforehand."""
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    send_vllm_logs_to_stderr()
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # not its stdout
     reload_logger = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
     reload_logger.addFilter(_RotaryReloadFilter())
     logging.getLogger("vllm.v1.worker.cpu_worker").addFilter(_ThreadCountFilter())

@@ -6,7 +6,8 @@ warnings, the models' weight-loading progress bars) would interleave with the ru
 on the user's console. While the workers start, the process's standard error (file
 descriptor 2, so that C and C++ code writing to it is caught too) is appended to a log file;
 the run's own lines go to standard output and stay on the console. vLLM logs to standard error
-for this (VLLM_LOGGING_STREAM, unless the user chose a stream).
+for this (generation/vllm_worker.py's quiet_vllm_logs sets VLLM_LOGGING_STREAM, unless the
+user chose a stream).
 
     with start_up_output_to(Path(cfg.logger.log_dir) / WORKERS_LOG):
         ...start the workers...
@@ -27,12 +28,6 @@ WORKERS_LOG = "workers.log"
 """In logger.log_dir: what the workers wrote to standard error while they started."""
 TAIL_LINES = 20
 """How many of the log's last lines a failed start shows."""
-
-
-def send_vllm_logs_to_stderr() -> None:
-    """vLLM's log lines on standard error (it writes them to standard output by default),
-    unless the user chose where with VLLM_LOGGING_STREAM. Before vLLM is imported."""
-    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 
 
 @contextmanager

@@ -17,6 +17,16 @@ def test_vllm_level_is_warning_unless_the_user_chose_one(monkeypatch):
     assert os.environ["VLLM_LOGGING_LEVEL"] == "DEBUG"
 
 
+def test_vllm_logs_to_standard_error_unless_the_user_chose(monkeypatch):
+    # standard error is what a run in one process keeps in workers.log (utils/worker_output.py)
+    monkeypatch.delenv("VLLM_LOGGING_STREAM", raising=False)
+    quiet_vllm_logs()
+    assert os.environ["VLLM_LOGGING_STREAM"] == "ext://sys.stderr"
+    monkeypatch.setenv("VLLM_LOGGING_STREAM", "ext://sys.stdout")
+    quiet_vllm_logs()
+    assert os.environ["VLLM_LOGGING_STREAM"] == "ext://sys.stdout"
+
+
 def record(layer: str, msg: str = "%s: Failed to load weights") -> logging.LogRecord:
     return logging.LogRecord("vllm", logging.WARNING, __file__, 1, msg, (layer,), None)
 

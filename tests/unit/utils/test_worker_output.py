@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from nemo_opd.utils.worker_output import TAIL_LINES, send_vllm_logs_to_stderr, start_up_output_to
+from nemo_opd.utils.worker_output import TAIL_LINES, start_up_output_to
 
 CHILD = """
 import os, subprocess, sys
@@ -56,12 +56,3 @@ def test_a_quiet_start_names_no_log_and_a_failed_one_shows_its_last_lines(tmp_pa
     err = capfd.readouterr().err.splitlines()
     assert err[0] == f"the workers' last start-up messages ({log}):"
     assert err[1:] == [f"  line {index}" for index in range(5, TAIL_LINES + 5)]
-
-
-def test_vllm_logs_to_standard_error_unless_the_user_chose(monkeypatch):
-    monkeypatch.delenv("VLLM_LOGGING_STREAM", raising=False)
-    send_vllm_logs_to_stderr()
-    assert os.environ["VLLM_LOGGING_STREAM"] == "ext://sys.stderr"
-    monkeypatch.setenv("VLLM_LOGGING_STREAM", "ext://sys.stdout")
-    send_vllm_logs_to_stderr()
-    assert os.environ["VLLM_LOGGING_STREAM"] == "ext://sys.stdout"
