@@ -42,15 +42,22 @@ def test_steady_state_leaves_out_the_first_step():
 @pytest.mark.parametrize(
     ("runs", "verdict"),
     [
-        # 2x the rate of TRL's fastest and 4x less memory than TRL's leanest: met
+        # 2x the rate of TRL's fastest, no more memory than TRL's leanest: met
         ({"trl_gkd": run(60, pss_gib=18), "trl_distillation": run(50, pss_gib=8),
-          "nemo_opd": run(25, pss_gib=2)}, "check: met"),
-        # fast enough but not lean enough
-        ({"trl_distillation": run(50, pss_gib=8), "nemo_opd": run(20, pss_gib=4)},
+          "nemo_opd": run(25, pss_gib=8)}, "check: met: nemo_opd, lockstep: 2.00x"),
+        # fast enough but more memory than TRL's leanest
+        ({"trl_distillation": run(50, pss_gib=8), "nemo_opd": run(20, pss_gib=8.5)},
          "check: not met"),
         # lean enough but not fast enough
         ({"trl_distillation": run(50, pss_gib=8), "nemo_opd": run(30, pss_gib=1)},
          "check: not met"),
+        # one run fast, the other lean: neither meets both
+        ({"trl_distillation": run(50, pss_gib=8), "nemo_opd": run(30, pss_gib=1),
+          "nemo_opd_staleness1": run(20, pss_gib=9)}, "check: not met"),
+        # the overlapped run meets both where the lockstep one is too slow
+        ({"trl_distillation": run(50, pss_gib=8), "nemo_opd": run(30, pss_gib=6),
+          "nemo_opd_staleness1": run(22, pss_gib=7.9)},
+         "check: met: nemo_opd, max_staleness 1"),
         # TRL does not fit where nemo_opd does
         ({"trl_gkd": run(fits=False), "trl_distillation": run(fits=False),
           "nemo_opd": run(40, pss_gib=15)}, "check: met (TRL does not fit"),
