@@ -153,11 +153,11 @@ HOSTILE = {
 @pytest.mark.parametrize("name", list(HOSTILE))
 def test_hostile_answers_are_refused_quickly(name):
     response = HOSTILE[name]
-    start = time.perf_counter()
+    start = time.thread_time()  # this thread's CPU: the grader's work, whatever the load
     result = builtin_verify(response, "5", 1000)
-    elapsed = time.perf_counter() - start
+    elapsed = time.thread_time() - start
     assert result is False
-    assert elapsed < 1.0, f"{name}: {elapsed:.2f} s"  # a correctness bound, not a benchmark
+    assert elapsed < 1.0, f"{name}: {elapsed:.2f} CPU-s"  # a correctness bound, not a benchmark
 
 
 @pytest.mark.parametrize("name", list(HOSTILE))
