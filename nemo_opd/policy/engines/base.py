@@ -515,7 +515,8 @@ class Engine(ABC):
     def _with_teacher_logits(self, fields: dict) -> dict:
         """A chunk's (or microbatch's) fields with the teacher's hidden states [..., H_T]
         replaced by its logits [..., V_pad / tp] over this rank's columns, padding at -inf,
-        made block of rows by block of rows as the loss reaches them (TeacherLogits)."""
+        made a slab of rows at a time as the loss reaches them (TeacherLogits: one product of
+        the head per chunk of 256 positions at Qwen3's vocabulary)."""
         if self.teacher_head is None:
             raise RuntimeError(
                 "the loss reads the teacher's hidden states, but this engine holds no teacher "

@@ -271,7 +271,7 @@ def test_teacher_logits_made_block_by_block_from_hidden_states():
     """TeacherLogits.from_hidden (what the engine hands the loss) gives the tensor's answer,
     for both supports, over several row blocks."""
     gen = torch.Generator().manual_seed(10)
-    vocab, hidden_size = BLOCK_ELEMENTS // 4 + 3, 8  # 4 rows per block: 9 rows, 3 blocks
+    vocab, hidden_size = BLOCK_ELEMENTS // 4 + 3, 8  # 3 rows per block: 9 rows, 3 blocks
     hidden = torch.randn(1, 9, hidden_size, generator=gen)
     head = torch.randn(vocab, hidden_size, generator=gen)
     student = torch.randn(1, 9, vocab, generator=gen)
@@ -283,3 +283,33 @@ def test_teacher_logits_made_block_by_block_from_hidden_states():
         got = loss_fn(student, {"teacher_logits": lazy, "loss_mask": mask}, 9)
         want = loss_fn(student, {"teacher_logits": eager, "loss_mask": mask}, 9)
         torch.testing.assert_close(got, want, msg=support)
+
+
+@pytest.mark.parametrize(("slab_rows", "calls"), [(None, [9]), (6, [6, 3]), (5, [5, 5, 3])])
+def test_the_teachers_head_runs_once_per_slab_not_per_block(monkeypatch, slab_rows, calls):
+    """The loss walks 9 rows in blocks of 3; the teacher's head makes its logits a slab at a
+    time: by default the whole chunk in one product; 6-row slabs hold two blocks each; a 5-row
+    slab ends inside a block, whose rows the next slab makes from the block's start. The loss
+    is the eager tensor's."""
+    import nemo_opd.losses.teacher_logits as teacher_logits
+
+    gen = torch.Generator().manual_seed(11)
+    vocab, hidden_size = BLOCK_ELEMENTS // 4 + 3, 8  # 3 rows per block of the loss
+    if slab_rows is not None:
+        monkeypatch.setattr(teacher_logits, "SLAB_ELEMENTS", slab_rows * vocab + 1)
+    hidden = torch.randn(1, 9, hidden_size, generator=gen)
+    head = torch.randn(vocab, hidden_size, generator=gen)
+    student = torch.randn(1, 9, vocab, generator=gen)
+    mask = torch.ones(1, 9)
+    made: list[int] = []
+
+    def head_logits(rows: torch.Tensor) -> torch.Tensor:
+        made.append(rows.shape[0])
+        return rows @ head.t()
+
+    loss_fn = FullVocabDistillationLossFn(support="full", implementation="torch")
+    lazy = TeacherLogits.from_hidden(hidden, head_logits, vocab)
+    got = loss_fn(student, {"teacher_logits": lazy, "loss_mask": mask}, 9)
+    want = loss_fn(student, {"teacher_logits": hidden @ head.t(), "loss_mask": mask}, 9)
+    torch.testing.assert_close(got, want)
+    assert made == calls
