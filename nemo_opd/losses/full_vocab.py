@@ -136,10 +136,15 @@ def full_vocab_forward(
     stats = torch.zeros(n, 3, dtype=torch.float32, device=student.device)
     grad = torch.zeros_like(student) if need_grad else None
     rows_per_block = max(1, BLOCK_ELEMENTS // max(vocab, 1))
+    # Whether any id is ruled out (a padded vocabulary's -inf): asked once, not per block (on a
+    # GPU each answer waits for the device).
+    rules_out = not bool(torch.isfinite(student.detach()).all())
     for start in range(0, n, rows_per_block):
         rows = slice(start, min(start + rows_per_block, n))
         teacher_rows = teacher.rows(rows.start, rows.stop)
-        block = _Block(student[rows].detach(), teacher_rows, params, teacher_temperature, tp_group)
+        block = _Block(
+            student[rows].detach(), teacher_rows, params, teacher_temperature, tp_group, rules_out
+        )
         divergence[rows] = block.divergence
         stats[rows, 0], stats[rows, 1] = block.forward_kl, block.reverse_kl
         stats[rows, 2] = _top1_agreement(student[rows].detach(), teacher_rows, tp_group)
@@ -149,22 +154,27 @@ def full_vocab_forward(
 
 
 class _Block:
-    """One block of rows: both log-softmaxes over the full vocabulary and the divergence."""
+    """One block of rows: both log-softmaxes over the full vocabulary and the divergence, in
+    as few passes over the block's [R, V_local] as the formulas allow (each pass reads or
+    writes R x V_local fp32: the block's time is its passes). rules_out: whether the student
+    may rule ids out (logits that are not finite) anywhere in the call's rows."""
 
-    def __init__(self, student, teacher, params: TopkKLParams, teacher_temperature, group):
+    def __init__(
+        self, student, teacher, params: TopkKLParams, teacher_temperature, group, rules_out=True
+    ):
         self.params, self.group = params, group
-        self.log_q = _log_softmax(student.float() / params.temperature, group)
-        log_p = _log_softmax(teacher.float() / teacher_temperature, group)
+        self.log_q = _log_softmax(_scaled(student, params.temperature), group)
+        self.log_p = _log_softmax(_scaled(teacher, teacher_temperature), group)
         self.q = self.log_q.exp()
-        self.p = log_p.exp()
-        # An id the student rules out (logit -inf) is no bucket: weights and logs made 0.
-        self.present = torch.isfinite(self.log_q)
-        self.log_p = torch.where(self.present, log_p.clamp_min(math.log(EPS)), 0.0)
-        self.log_q = torch.where(self.present, self.log_q, 0.0)
-        self.p = torch.where(self.present, self.p, 0.0)
-        diff = self.log_q - self.log_p
-        self.forward_kl = _row_sum(self.p * -diff, group)
-        self.reverse_kl = _row_sum(self.q * diff, group)
+        self.p = self.log_p.exp()
+        self.log_p.clamp_min_(math.log(EPS))
+        if rules_out:  # an id the student rules out is no bucket: weights and logs made 0
+            absent = ~torch.isfinite(self.log_q)
+            for tensor in (self.log_p, self.log_q, self.p):
+                tensor.masked_fill_(absent, 0.0)
+        self.diff = self.log_q - self.log_p
+        self.forward_kl = -_row_sum(self.p * self.diff, group)
+        self.reverse_kl = _row_sum(self.q * self.diff, group)
         if params.kl_type == "jsd":
             beta = params.jsd_beta
             self.log_m = torch.logaddexp(
@@ -174,21 +184,44 @@ class _Block:
             to_q = _row_sum(self.q * (self.log_q - self.log_m), group)
             self.divergence = beta * to_p + (1.0 - beta) * to_q
         else:
-            w = {"forward": 1.0, "reverse": 0.0}.get(params.kl_type, params.mixed_kl_weight)
+            w = _forward_weight(params)
             self.divergence = w * self.forward_kl + (1.0 - w) * self.reverse_kl
 
     def gradient(self, row_weights: torch.Tensor) -> torch.Tensor:
-        """d(sum row_weights * divergence)/d(logits) of the block [R, V_local], fp32."""
-        params = self.params
+        """d(sum row_weights * divergence)/d(logits) of the block [R, V_local], fp32: 0 in
+        rows of weight 0, whatever their logits."""
+        grad = self._unscaled_gradient()
+        scale = torch.where(row_weights != 0, row_weights / self.params.temperature, 0.0)
+        grad.mul_(scale.unsqueeze(-1))
+        grad[scale == 0] = 0.0
+        return grad
+
+    def _unscaled_gradient(self) -> torch.Tensor:
+        """G - q sum(G) [R, V_local] fp32, G as in the module docstring (a new tensor)."""
+        params, q = self.params, self.q
+        if params.kl_type != "jsd" and _forward_weight(params) == 1.0:
+            # G = -p, so G - q sum(G) = q sum(p) - p
+            return (q * _row_sum(self.p, self.group).unsqueeze(-1)).sub_(self.p)
         if params.kl_type == "jsd":
-            g = (1.0 - params.jsd_beta) * self.q * (self.log_q - self.log_m)
+            g = (1.0 - params.jsd_beta) * q * (self.log_q - self.log_m)
+        elif _forward_weight(params) == 0.0:
+            g = q * self.diff
         else:
-            w = {"forward": 1.0, "reverse": 0.0}.get(params.kl_type, params.mixed_kl_weight)
-            g = -w * self.p + (1.0 - w) * self.q * (self.log_q - self.log_p)
-        g_sum = _row_sum(g, self.group)
-        scale = torch.where(row_weights != 0, row_weights / params.temperature, 0.0)
-        grad = (g - self.q * g_sum.unsqueeze(-1)) * scale.unsqueeze(-1)
-        return torch.where(scale.unsqueeze(-1) != 0, grad, 0.0)
+            w = _forward_weight(params)
+            g = (q * self.diff).mul_(1.0 - w).sub_(self.p, alpha=w)
+        return g.sub_(q * _row_sum(g, self.group).unsqueeze(-1))
+
+
+def _forward_weight(params: TopkKLParams) -> float:
+    """The forward KL's weight w in w * forward + (1 - w) * reverse (kl_type not jsd)."""
+    return {"forward": 1.0, "reverse": 0.0}.get(params.kl_type, params.mixed_kl_weight)
+
+
+def _scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """logits / temperature in fp32 (the logits themselves when already so at temperature 1:
+    nothing writes into them)."""
+    x = logits.float()
+    return x if temperature == 1.0 else x / temperature
 
 
 def _is_parallel(group: dist.ProcessGroup | None) -> bool:
@@ -196,13 +229,15 @@ def _is_parallel(group: dist.ProcessGroup | None) -> bool:
 
 
 def _log_softmax(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
-    """log_softmax over the full vocabulary of fp32 shard rows [R, V_local]."""
+    """log_softmax over the full vocabulary of fp32 shard rows [R, V_local], as a new tensor."""
     row_max = x.max(dim=-1).values
     shift = torch.where(torch.isfinite(row_max), row_max, torch.finfo(torch.float32).min)
-    sumexp = torch.exp(x - shift.unsqueeze(-1)).sum(dim=-1, keepdim=True)
+    shifted = x - shift.unsqueeze(-1)
+    sumexp = shifted.exp().sum(dim=-1, keepdim=True)
     if _is_parallel(group):
-        shift, sumexp, _ = all_reduce_vocab_stats(shift, sumexp, None, group)
-    return (x - shift.unsqueeze(-1)) - sumexp.log()
+        global_shift, sumexp, _ = all_reduce_vocab_stats(shift, sumexp, None, group)
+        shifted.sub_((global_shift - shift).unsqueeze(-1))
+    return shifted.sub_(sumexp.log())
 
 
 def _row_sum(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
