@@ -160,7 +160,7 @@ class _Block:
     may rule ids out (logits that are not finite) anywhere in the call's rows."""
 
     def __init__(
-        self, student, teacher, params: TopkKLParams, teacher_temperature, group, rules_out=True
+        self, student, teacher, params: TopkKLParams, teacher_temperature, group, rules_out
     ):
         self.params, self.group = params, group
         self.log_q = _log_softmax(_scaled(student, params.temperature), group)
@@ -199,16 +199,13 @@ class _Block:
     def _unscaled_gradient(self) -> torch.Tensor:
         """G - q sum(G) [R, V_local] fp32, G as in the module docstring (a new tensor)."""
         params, q = self.params, self.q
-        if params.kl_type != "jsd" and _forward_weight(params) == 1.0:
-            # G = -p, so G - q sum(G) = q sum(p) - p
-            return (q * _row_sum(self.p, self.group).unsqueeze(-1)).sub_(self.p)
         if params.kl_type == "jsd":
             g = (1.0 - params.jsd_beta) * q * (self.log_q - self.log_m)
-        elif _forward_weight(params) == 0.0:
-            g = q * self.diff
         else:
             w = _forward_weight(params)
-            g = (q * self.diff).mul_(1.0 - w).sub_(self.p, alpha=w)
+            if w == 1.0:  # G = -p, so G - q sum(G) = q sum(p) - p
+                return (q * _row_sum(self.p, self.group).unsqueeze(-1)).sub_(self.p)
+            g = q * self.diff if w == 0.0 else (q * self.diff).mul_(1.0 - w).sub_(self.p, alpha=w)
         return g.sub_(q * _row_sum(g, self.group).unsqueeze(-1))
 
 
