@@ -4,27 +4,28 @@ the one warning dropped (rotary embeddings 'failing' to reload: they hold no che
 import logging
 import os
 
+import pytest
+
 from nemo_opd.generation.vllm_worker import _RotaryReloadFilter, quiet_vllm_logs
 
 
-def test_vllm_level_is_warning_unless_the_user_chose_one(monkeypatch):
-    # vLLM re-reads VLLM_LOGGING_LEVEL whenever it (re)configures logging, e.g. in LLM().
-    monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
+@pytest.mark.parametrize(
+    ("variable", "default", "users"),
+    [
+        # vLLM re-reads VLLM_LOGGING_LEVEL whenever it (re)configures logging, e.g. in LLM().
+        ("VLLM_LOGGING_LEVEL", "WARNING", "DEBUG"),
+        # standard error is what a run in one process keeps in workers.log
+        # (utils/worker_output.py)
+        ("VLLM_LOGGING_STREAM", "ext://sys.stderr", "ext://sys.stdout"),
+    ],
+)
+def test_vllm_logging_default_unless_the_user_chose(monkeypatch, variable, default, users):
+    monkeypatch.delenv(variable, raising=False)
     quiet_vllm_logs()
-    assert os.environ["VLLM_LOGGING_LEVEL"] == "WARNING"
-    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "DEBUG")
+    assert os.environ[variable] == default
+    monkeypatch.setenv(variable, users)
     quiet_vllm_logs()
-    assert os.environ["VLLM_LOGGING_LEVEL"] == "DEBUG"
-
-
-def test_vllm_logs_to_standard_error_unless_the_user_chose(monkeypatch):
-    # standard error is what a run in one process keeps in workers.log (utils/worker_output.py)
-    monkeypatch.delenv("VLLM_LOGGING_STREAM", raising=False)
-    quiet_vllm_logs()
-    assert os.environ["VLLM_LOGGING_STREAM"] == "ext://sys.stderr"
-    monkeypatch.setenv("VLLM_LOGGING_STREAM", "ext://sys.stdout")
-    quiet_vllm_logs()
-    assert os.environ["VLLM_LOGGING_STREAM"] == "ext://sys.stdout"
+    assert os.environ[variable] == users
 
 
 def record(layer: str, msg: str = "%s: Failed to load weights") -> logging.LogRecord:
