@@ -19,8 +19,11 @@ lengths drawn uniformly from [--seq / 4, --seq] and a random teacher top-k (k = 
 on with DistillationLossFn (the fused kernel on CUDA, `implementation="auto"`), first in
 padded microbatches of --micro rows, then sequence-packed (microbatches of --micro x --seq
 tokens); tokens/s counts the rows' real tokens over the median wall time of --repeats calls of
-Engine.train (one optimizer step each) after one warm-up call. The teacher phase times
-Engine.get_topk_logits on the same batch. Peak memory is torch.cuda.max_memory_allocated
+Engine.train (one optimizer step each) after one warm-up call. The packed phase runs once per
+--packed-attention choice (dtensor_cfg.packed_attention: per_segment, one attention call per
+sequence; varlen, every sequence of a microbatch in one call of torch's varlen flash attention,
+CUDA only). The teacher phase times Engine.get_topk_logits on the same batch, packed, once per
+choice. Peak memory is torch.cuda.max_memory_allocated
 during each phase. Packing and padding share one engine (its microbatching setting is switched
 between the phases; weights keep training).
 
@@ -170,6 +173,20 @@ def timed(device: torch.device, call, repeats: int) -> tuple[float, float]:
     return statistics.median(times), peak
 
 
+def measure(record: dict, key: str, title: str, tokens: int, device, call, repeats: int) -> None:
+    """record[key + "_tokens_per_s"] and [key + "_peak_gib"] of timed(call), printed; a phase
+    that fails is recorded (key + "_error") and printed, and the others still run."""
+    try:
+        seconds, peak = timed(device, call, repeats)
+    except Exception as error:  # a choice the device cannot run: the other phases still count
+        record[f"{key}_error"] = f"{type(error).__name__}: {error}"
+        print(f"{title}: failed: {record[f'{key}_error']}", flush=True)
+        return
+    record[f"{key}_tokens_per_s"] = round(tokens / seconds, 1)
+    record[f"{key}_peak_gib"] = None if peak is None else round(peak, 2)
+    print(f"{title}: {tokens / seconds:,.0f} tokens/s{gib(peak)}", flush=True)
+
+
 def gib(peak: float | None) -> str:
     return "" if peak is None else f", peak {peak:.1f} GiB"
 
@@ -211,23 +228,25 @@ def throughput(args) -> dict:
     packed = padded.model_copy(
         update={"sequence_packing": padded.sequence_packing.model_copy(update=packing)}
     )
+    phases = [("padded", padded)]
+    for choice in args.packed_attention:  # packed rows attending per segment, or in one call
+        label = "packed" if choice == "per_segment" else f"packed_{choice}"
+        dtensor_cfg = packed.dtensor_cfg.model_copy(update={"packed_attention": choice})
+        phases.append((label, packed.model_copy(update={"dtensor_cfg": dtensor_cfg})))
     losses = []
 
     def train():
         losses.append(engine.train(batch, loss_fn, args.rows)["loss"][0])
 
-    for label, cfg in (("padded", padded), ("packed", packed)):
+    for label, cfg in phases:
         engine.cfg = cfg
-        seconds, peak = timed(device, train, args.repeats)
-        record[f"train_{label}_tokens_per_s"] = round(tokens / seconds, 1)
-        record[f"train_{label}_peak_gib"] = None if peak is None else round(peak, 2)
-        print(f"train {label}: {tokens / seconds:,.0f} tokens/s{gib(peak)}", flush=True)
+        measure(record, f"train_{label}", f"train {label}", tokens, device, train, args.repeats)
     record["losses"] = losses
-    engine.cfg = packed
-    seconds, peak = timed(device, lambda: engine.get_topk_logits(batch, args.k), args.repeats)
-    record["teacher_topk_tokens_per_s"] = round(tokens / seconds, 1)
-    record["teacher_topk_peak_gib"] = None if peak is None else round(peak, 2)
-    print(f"teacher top-k: {tokens / seconds:,.0f} tokens/s{gib(peak)}", flush=True)
+    for label, cfg in phases[1:]:
+        engine.cfg = cfg
+        score = lambda: engine.get_topk_logits(batch, args.k)  # noqa: E731
+        name = "teacher_topk" + label.removeprefix("packed")
+        measure(record, name, f"teacher top-k, {label}", tokens, device, score, args.repeats)
     if not all(torch.isfinite(torch.tensor(losses))):
         raise SystemExit(f"non-finite training loss: {losses}")
     return record
@@ -367,6 +386,13 @@ def parse_args(argv=None):
             p.add_argument("--chunk", type=int, default=1024, help="logits_chunk_tokens")
             p.add_argument("--repeats", type=int, default=2)
             p.add_argument("--tmp", default=None, help="where the random model is saved")
+            p.add_argument(
+                "--packed-attention",
+                nargs="+",
+                default=["per_segment"],
+                choices=["per_segment", "varlen", "auto"],
+                help="dtensor_cfg.packed_attention of the packed phases, one phase each",
+            )
         if mode == "world1":
             p.add_argument("--repeats", type=int, default=8)
     p = sub.add_parser("compare")

@@ -14,13 +14,15 @@
 # next starts, so a step that fails or runs long never costs the others:
 #   env       the device, the versions, and the imports every later step needs
 #   a_kernel  the Triton kernel compiled for real: the kernel tests (gpu-marked included) on
-#             CUDA, fp32 and bf16, against the float64 reference; a pass/fail table
+#             CUDA, fp32 and bf16, against the float64 reference, and torch's varlen flash
+#             attention for packed rows (test_segment_attention.py); a pass/fail table
 #   b_topk    benchmarks/bench_topk_kl.py at V = 151936, k 64 and 128, N 4096 and 16384, bf16,
 #             the training path: fused kernel, torch twin, NeMo-RL's algorithm; the copy
 #             bandwidth and the fraction of the traffic bound; a vocabulary-block sweep
 #   c_scale   benchmarks/bench_scale.py at V = 151936, H = 2048: chunked vs unchunked
 #   d_engine  the DTensor engine in process (world size 1, no Ray): a Qwen3-1.7B-shaped model's
-#             training and teacher top-k tokens/s; the tiny models on the GPU against the CPU
+#             training and teacher top-k tokens/s, packed rows attending per segment and in one
+#             varlen call; the tiny models on the GPU against the CPU
 #   e_mcore   megatron-core on the GPU (no CPU shim): the same tiny-model parity
 #   f_full    benchmarks/bench_scale.py's exact full-vocabulary path (loss_fn.support full)
 #             beside the chunked top-k path, at V = 151936, H = 1024 and 2048
@@ -129,7 +131,7 @@ else
     SCALE_ARGS=(--device cuda --vocab 151936 --hidden 2048 --tokens 4096 16384 --k 64
         --chunk 1024 --repeats 3 --memory-gb 0)
     ENGINE_ARGS=(--device cuda --shape qwen3-1.7b --precision bfloat16 --rows 16 --seq 2048
-        --micro 2 --k 64 --chunk 1024 --repeats 2)
+        --micro 2 --k 64 --chunk 1024 --repeats 2 --packed-attention per_segment varlen)
     FULL_ARGS=(--device cuda --vocab 151936 --tokens 4096 16384 --k 64 --chunk 1024 --repeats 3
         --memory-gb 0)
     FULL_HIDDEN=(1024 2048)
@@ -148,7 +150,8 @@ step a_kernel 110 60 "${KERNEL_ENV[@]}" bash -c "
     xdist='${XDIST[*]}'
     '$PY' -c 'import xdist' 2> /dev/null || xdist=''  # pytest-xdist: compile in parallel
     '$PY' -m pytest -q -p no:cacheprovider \$xdist -o addopts='' \
-        tests/unit/ops/test_topk_kl_triton.py --junitxml='$RES/kernel.xml' ${KERNEL_TESTS[*]@Q}
+        tests/unit/ops/test_topk_kl_triton.py tests/unit/distributed/test_segment_attention.py \
+        --junitxml='$RES/kernel.xml' ${KERNEL_TESTS[*]@Q}
     status=\$?
     '$PY' benchmarks/gpu_lane_report.py junit '$RES/kernel.xml'
     exit \$status"

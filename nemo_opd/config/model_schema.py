@@ -89,6 +89,12 @@ class DTensorConfig(Section):
     and MLP along the sequence over the tensor-parallel ranks."""
     activation_checkpointing: bool = False
     """Recompute activations in the backward pass instead of storing them."""
+    packed_attention: Literal["auto", "per_segment", "varlen"] = "auto"
+    """How the sequences packed into one row attend (sequence_packing; without context
+    parallelism): per_segment, one attention call per sequence (any device and precision);
+    varlen, one call for every sequence of the microbatch, torch's variable-length flash
+    attention (torch.nn.attention.varlen: CUDA, computing in bfloat16 or float16; refused
+    elsewhere when the engine starts); auto, varlen where it runs, else per_segment."""
     cpu_offload: bool = False
     """Keep parameters, gradients and optimizer state in host memory between uses."""
 

@@ -14,13 +14,18 @@ Which attention runs:
   (is_causal, so the fused kernels apply);
 - no context parallel, packed rows: causal attention per segment (a segment is a contiguous run
   of equal ids, as packing writes them), so the cost is the sum of the squared sequence lengths,
-  not the square of the packed row's.
+  not the square of the packed row's. Per segment, one scaled_dot_product_attention call each
+  (`per_segment`, any device), or every segment of the microbatch in one call of torch's
+  variable-length flash attention (`varlen`: CUDA, bf16 or fp16, no dropout), as the layout's
+  packed_attention says (policy.dtensor_cfg.packed_attention; `auto` is varlen where it runs).
 
 The function is registered with transformers' AttentionInterface under ATTENTION_NAME and
 receives the layout of the current microbatch through the model's forward kwargs
 (`nemo_opd_layout=AttentionLayout(...)`), which transformers passes down to attention.
 """
 
+import functools
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -49,6 +54,9 @@ class AttentionLayout:
     """Per row, the (start, end) of each run of equal segment ids (segment_runs), precomputed
     by the DTensor engine when there is no context parallelism; None computes it where needed.
     (A plain list: FSDP rebuilds tensor-holding kwargs before every layer, and copies it.)"""
+    packed_attention: str = "per_segment"
+    """How packed rows attend without context parallelism: "per_segment", "varlen" or "auto"
+    (module docstring; policy.dtensor_cfg.packed_attention)."""
 
 
 def segment_runs(segment_ids: torch.Tensor) -> list[list[tuple[int, int]]]:
@@ -126,20 +134,25 @@ def segment_causal_attention(
             query.shape[0], query.shape[2], dtype=torch.long, device=query.device
         )
         layout = AttentionLayout(segments)
+    dropout_p = dropout if module.training else 0.0
+    runs = None
+    if layout.cp_group is None:
+        runs = layout.runs if layout.runs is not None else segment_runs(layout.segment_ids)
+        packed = any(len(row) > 1 for row in runs)
+        if packed and use_varlen(layout.packed_attention, query, dropout_p):
+            return causal_varlen(query, key, value, runs, scaling), None
     key = gather_sequence(key, layout.cp_group)
     value = gather_sequence(value, layout.cp_group)
     repeats = query.shape[1] // key.shape[1]
     if repeats > 1:
         key = key.repeat_interleave(repeats, dim=1)
         value = value.repeat_interleave(repeats, dim=1)
-    dropout_p = dropout if module.training else 0.0
-    if key.shape[2] != query.shape[2]:  # context parallel: the shard attends to the whole row
+    if runs is None:  # context parallel: the shard attends to the whole row
         mask = segment_causal_mask(layout, query.shape[2], key.shape[2])
         out = F.scaled_dot_product_attention(
             query, key, value, attn_mask=mask, dropout_p=dropout_p, scale=scaling
         )
     else:
-        runs = layout.runs if layout.runs is not None else segment_runs(layout.segment_ids)
         out = _causal_per_segment(query, key, value, runs, dropout_p, scaling)
     return out.transpose(1, 2).contiguous(), None
 
@@ -172,6 +185,83 @@ def _causal_per_segment(
         ]
         rows.append(torch.cat(pieces, dim=2))
     return torch.cat(rows, dim=0)
+
+
+def varlen_available(device: torch.device) -> bool:
+    """Whether torch's variable-length flash attention can run on `device`: CUDA, and a torch
+    whose torch.nn.attention.varlen.varlen_attn takes the window and grouped-query arguments
+    causal_varlen passes (torch 2.12 and later; the first releases took is_causal instead)."""
+    return device.type == "cuda" and _varlen_takes_our_arguments()
+
+
+@functools.cache
+def _varlen_takes_our_arguments() -> bool:
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return False
+    parameters = inspect.signature(varlen_attn).parameters
+    return {"window_size", "enable_gqa", "scale"} <= parameters.keys()
+
+
+def use_varlen(choice: str, query: torch.Tensor, dropout_p: float) -> bool:
+    """Whether packed rows attend through causal_varlen: asked for ("varlen"), or "auto" where
+    it runs (CUDA, bf16 or fp16, no dropout)."""
+    if choice == "per_segment":
+        return False
+    runs = query.dtype in (torch.bfloat16, torch.float16) and dropout_p == 0.0
+    if choice == "varlen" and not (runs and varlen_available(query.device)):
+        raise RuntimeError(
+            "packed_attention varlen needs CUDA, bf16 or fp16 and no attention dropout; this "
+            f"attention computes in {query.dtype} on {query.device.type} with dropout "
+            f"{dropout_p}: set policy.dtensor_cfg.packed_attention to auto or per_segment"
+        )
+    return runs and varlen_available(query.device)
+
+
+def causal_varlen(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    runs: list[list[tuple[int, int]]],
+    scaling: float | None,
+    attend=None,
+) -> torch.Tensor:
+    """Causal attention within each run of every row, all in one call of torch's varlen flash
+    attention: the rows laid end to end, one sequence per run.
+
+    Args:
+        query: [b, h_q, s, d]; key, value: [b, h_kv, s, d] (h_q a multiple of h_kv).
+        runs: per row, the (start, end) of each run, covering the row (segment_runs).
+        attend: the varlen function (torch.nn.attention.varlen.varlen_attn's arguments and
+            result); default torch's.
+
+    Returns:
+        [b, s, h_q, d], the layout transformers expects from an attention function.
+    """
+    if attend is None:
+        from torch.nn.attention.varlen import varlen_attn as attend
+    b, h, s, d = query.shape
+    starts = [row * s + start for row, spans in enumerate(runs) for start, _ in spans]
+    bounds = torch.tensor([*starts, b * s], dtype=torch.int32, device=query.device)
+    longest = max(end - start for spans in runs for start, end in spans)
+
+    def tokens(t: torch.Tensor) -> torch.Tensor:  # [b, heads, s, d] -> [b * s, heads, d]
+        return t.transpose(1, 2).reshape(b * s, t.shape[1], d)
+
+    out = attend(
+        tokens(query),
+        tokens(key),
+        tokens(value),
+        bounds,
+        bounds,
+        longest,
+        longest,
+        scale=scaling,
+        window_size=(-1, 0),  # causal
+        enable_gqa=key.shape[1] != h,
+    )
+    return out.view(b, s, h, d)
 
 
 def register_attention() -> str:

@@ -44,6 +44,7 @@ from nemo_opd.distributed.context_parallel import (
     AttentionLayout,
     register_attention,
     segment_runs,
+    varlen_available,
 )
 from nemo_opd.distributed.grad_norm import all_reduce_grads, clip_grad_norm
 from nemo_opd.distributed.parallel_dims import ParallelDims
@@ -127,6 +128,7 @@ class DTensorEngine(Engine):
     def _build_model(self) -> torch.nn.Module:
         if self.cfg.dtensor_cfg.sequence_parallel:
             raise NotImplementedError("dtensor_cfg.sequence_parallel is not implemented yet")
+        self._check_packed_attention()
         attention = register_attention()
         model = AutoModelForCausalLM.from_pretrained(
             self.model_dir,
@@ -155,6 +157,21 @@ class DTensorEngine(Engine):
             train_only_adapters(model)
         return model
 
+    def _check_packed_attention(self) -> None:
+        """dtensor_cfg.packed_attention varlen refused where torch's varlen flash attention
+        cannot run: off CUDA, or computing in float32."""
+        if self.cfg.dtensor_cfg.packed_attention != "varlen":
+            return
+        compute = DTYPES[self.cfg.precision]
+        if varlen_available(self.device) and compute in (torch.bfloat16, torch.float16):
+            return
+        raise ValueError(
+            "policy.dtensor_cfg.packed_attention=varlen runs torch's variable-length flash "
+            f"attention, which needs CUDA and bfloat16 or float16; this engine computes in "
+            f"{self.cfg.precision} on {self.device.type}: set policy.dtensor_cfg."
+            "packed_attention=auto (varlen where it runs) or per_segment"
+        )
+
     def _storage_dtype(self) -> torch.dtype:
         """The dtype the weights are held in: float32 master weights for a model that trains;
         a frozen one (a teacher) in its precision, since FSDP's mixed precision would cast its
@@ -175,9 +192,7 @@ class DTensorEngine(Engine):
     def forward_logits(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, layout: AttentionLayout
     ) -> torch.Tensor:
-        if layout.cp_group is None:
-            # Once per microbatch: FSDP hands every layer a rebuilt copy of the layout.
-            layout = replace(layout, runs=segment_runs(layout.segment_ids))
+        layout = self._attention_layout(layout)
         output = self.model(
             input_ids=input_ids,
             position_ids=position_ids,
@@ -197,8 +212,7 @@ class DTensorEngine(Engine):
         # [:, -1:] is a strided view, whose product with the head runs as a batched matmul
         # over a copy of the [H, V] weight per row (slow at a real vocabulary:
         # docs/benchmarks.md); the index gathers a contiguous [b, 1, H] (one small matmul).
-        if layout.cp_group is None:
-            layout = replace(layout, runs=segment_runs(layout.segment_ids))
+        layout = self._attention_layout(layout)
         captured: list[torch.Tensor] = []
         hook = self.model.get_decoder().register_forward_hook(
             lambda module, args, output: captured.append(output.last_hidden_state)
@@ -215,6 +229,15 @@ class DTensorEngine(Engine):
             hook.remove()
         (hidden,) = captured
         return hidden.to_local() if isinstance(hidden, DTensor) else hidden
+
+    def _attention_layout(self, layout: AttentionLayout) -> AttentionLayout:
+        """The layout with how packed rows attend, and without context parallelism its runs:
+        computed once per microbatch, since FSDP hands every layer a rebuilt copy of it."""
+        packed_attention = self.cfg.dtensor_cfg.packed_attention
+        if layout.cp_group is not None:
+            return replace(layout, packed_attention=packed_attention)
+        runs = segment_runs(layout.segment_ids)
+        return replace(layout, runs=runs, packed_attention=packed_attention)
 
     def output_weight(self) -> torch.Tensor:
         # After the forward the root FSDP group keeps its parameters gathered (in the compute

@@ -138,3 +138,53 @@ def test_a_frozen_model_holds_its_precision_and_scores_as_the_float32_masters_do
         frozen.get_topk_logits(batch, 4, 1.0), masters.get_topk_logits(batch, 4, 1.0), strict=True
     ):
         assert torch.equal(mine, theirs)
+
+
+def test_varlen_packed_attention_is_refused_where_it_cannot_run(world1, model_dirs):
+    """On the CPU (or in float32) torch's varlen flash attention cannot run: asked for, the
+    engine refuses at its start, naming the key and what to set."""
+    cfg = policy_config(model_dirs["tied"], dtensor_cfg__packed_attention="varlen")
+    with pytest.raises(ValueError, match=r"packed_attention=varlen .* needs CUDA.*=auto"):
+        DTensorEngine(cfg, world1, torch.device("cpu"), total_steps=10)
+
+
+def test_packed_rows_through_the_varlen_path_train_as_per_segment(world1, model_dirs, monkeypatch):
+    """Packed microbatches (several sequences per row) attend in one varlen call per layer
+    (the kernel's documented semantics on the CPU: tests/varlen_reference.py; the kernel itself
+    on CUDA: test_segment_attention.py), and two training steps give the per-segment path's
+    losses, gradient norms and weights."""
+    import torch.nn.attention.varlen as torch_varlen
+    from varlen_reference import reference_varlen
+
+    import nemo_opd.distributed.context_parallel as context_parallel
+
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(args[3].numel() - 1)  # sequences in the call
+        return reference_varlen(*args, **kwargs)
+
+    monkeypatch.setattr(torch_varlen, "varlen_attn", counted)
+    monkeypatch.setattr(context_parallel, "use_varlen", lambda choice, *_: choice == "auto")
+    packing = {
+        "sequence_packing__enabled": True,
+        "sequence_packing__train_mb_tokens": 48,
+        "sequence_packing__logprob_mb_tokens": 48,
+        "sequence_packing__sequence_length_round": 4,
+    }
+    histories, weights = {}, {}
+    for choice in ("per_segment", "auto"):
+        cfg = policy_config(model_dirs["tied"], dtensor_cfg__packed_attention=choice, **packing)
+        engine = DTensorEngine(cfg, world1, torch.device("cpu"), total_steps=10)
+        loss_fn = DistillationLossFn(params=TopkKLParams(kl_type="reverse"))
+        histories[choice] = [
+            engine.train(TensorBatch(make_batch(8, seed=seed)), loss_fn, global_batch_size=4)
+            for seed in (0, 1)
+        ]
+        weights[choice] = engine.gather_weights()
+    assert calls and max(calls) > 1, "the varlen path never saw a packed row"
+    for plain, varlen in zip(histories["per_segment"], histories["auto"], strict=True):
+        for name in ("loss", "grad_norm"):
+            assert varlen[name] == pytest.approx(plain[name], rel=1e-5)
+    for name, weight in weights["per_segment"].items():
+        torch.testing.assert_close(weights["auto"][name], weight, rtol=1e-5, atol=1e-6)
