@@ -189,19 +189,19 @@ def _causal_per_segment(
 
 def varlen_available(device: torch.device) -> bool:
     """Whether torch's variable-length flash attention can run on `device`: CUDA, and a torch
-    whose torch.nn.attention.varlen.varlen_attn takes the window and grouped-query arguments
-    causal_varlen passes (torch 2.12 and later; the first releases took is_causal instead)."""
-    return device.type == "cuda" and _varlen_takes_our_arguments()
+    whose torch.nn.attention.varlen.varlen_attn takes a window (for causality) and a scale
+    (the releases since 2.10; the first one took is_causal instead)."""
+    return device.type == "cuda" and {"window_size", "scale"} <= _varlen_parameters()
 
 
 @functools.cache
-def _varlen_takes_our_arguments() -> bool:
+def _varlen_parameters() -> frozenset[str]:
+    """The keyword arguments torch's varlen_attn takes (none without torch.nn.attention.varlen)."""
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
-        return False
-    parameters = inspect.signature(varlen_attn).parameters
-    return {"window_size", "enable_gqa", "scale"} <= parameters.keys()
+        return frozenset()
+    return frozenset(inspect.signature(varlen_attn).parameters)
 
 
 def use_varlen(choice: str, query: torch.Tensor, dropout_p: float) -> bool:
@@ -234,14 +234,22 @@ def causal_varlen(
         query: [b, h_q, s, d]; key, value: [b, h_kv, s, d] (h_q a multiple of h_kv).
         runs: per row, the (start, end) of each run, covering the row (segment_runs).
         attend: the varlen function (torch.nn.attention.varlen.varlen_attn's arguments and
-            result); default torch's.
+            result, enable_gqa included); default torch's, with the key and value heads
+            repeated where it has no enable_gqa.
 
     Returns:
         [b, s, h_q, d], the layout transformers expects from an attention function.
     """
+    grouped = {"enable_gqa": True}  # key and value heads shared by groups of query heads
     if attend is None:
         from torch.nn.attention.varlen import varlen_attn as attend
+
+        if "enable_gqa" not in _varlen_parameters():  # a release before grouped heads
+            grouped = {}
     b, h, s, d = query.shape
+    if key.shape[1] != h and not grouped:
+        key = key.repeat_interleave(h // key.shape[1], dim=1)
+        value = value.repeat_interleave(h // value.shape[1], dim=1)
     starts = [row * s + start for row, spans in enumerate(runs) for start, _ in spans]
     bounds = torch.tensor([*starts, b * s], dtype=torch.int32, device=query.device)
     longest = max(end - start for spans in runs for start, end in spans)
@@ -259,7 +267,7 @@ def causal_varlen(
         longest,
         scale=scaling,
         window_size=(-1, 0),  # causal
-        enable_gqa=key.shape[1] != h,
+        **(grouped if key.shape[1] != h else {}),
     )
     return out.view(b, s, h, d)
 

@@ -100,6 +100,40 @@ def test_varlen_path_hands_the_kernel_every_run_as_a_sequence(name, kv_heads):
     assert_matches_brute_force(attend, inputs(SEGMENTS[name], kv_heads=kv_heads), segment_ids)
 
 
+@pytest.mark.parametrize("takes_enable_gqa", [True, False])
+def test_varlen_path_calls_torchs_function_as_its_release_takes_it(takes_enable_gqa, monkeypatch):
+    """torch's own varlen_attn (here its semantics, on the CPU) is called with grouped key and
+    value heads where it takes enable_gqa, and with them repeated per query head where it does
+    not (torch 2.10 and 2.11)."""
+    import torch.nn.attention.varlen as torch_varlen
+
+    import nemo_opd.distributed.context_parallel as context_parallel
+
+    seen = []
+
+    def release(query, key, value, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=(-1, -1)):
+        seen.append(key.shape[1])
+        return reference_varlen(
+            query, key, value, cu_q, cu_k, max_q, max_k, scale=scale, window_size=window_size
+        )
+
+    def newer(*args, enable_gqa=False, **kwargs):
+        seen.append(args[1].shape[1])
+        return reference_varlen(*args, enable_gqa=enable_gqa, **kwargs)
+
+    monkeypatch.setattr(torch_varlen, "varlen_attn", newer if takes_enable_gqa else release)
+    parameters = {"scale", "window_size"} | ({"enable_gqa"} if takes_enable_gqa else set())
+    monkeypatch.setattr(context_parallel, "_varlen_parameters", lambda: frozenset(parameters))
+    segment_ids = torch.tensor(SEGMENTS["packed rows"])
+    runs = segment_runs(segment_ids)
+
+    def attend(query, key, value, scale):
+        return causal_varlen(query, key, value, runs, scale)
+
+    assert_matches_brute_force(attend, inputs(SEGMENTS["packed rows"], kv_heads=2), segment_ids)
+    assert seen == [2 if takes_enable_gqa else 4]
+
+
 def test_varlen_asked_where_it_cannot_run_says_what_to_set():
     segment_ids = torch.tensor(SEGMENTS["packed rows"])
     layout = AttentionLayout(segment_ids, packed_attention="varlen")

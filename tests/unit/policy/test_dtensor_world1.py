@@ -186,5 +186,7 @@ def test_packed_rows_through_the_varlen_path_train_as_per_segment(world1, model_
     for plain, varlen in zip(histories["per_segment"], histories["auto"], strict=True):
         for name in ("loss", "grad_norm"):
             assert varlen[name] == pytest.approx(plain[name], rel=1e-5)
+    # The reference attends in float64: fp32 noise apart, AdamW (lr 1e-3) moves each element by
+    # about lr in the gradient's direction, so a wrong step would differ by ~1e-3.
     for name, weight in weights["per_segment"].items():
-        torch.testing.assert_close(weights["auto"][name], weight, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(weights["auto"][name], weight, rtol=1e-5, atol=1e-5)
