@@ -32,10 +32,12 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parent.parent
-LANE_PACKAGES = ("pydantic", "omegaconf", "hydra-core", "megatron-core", "math-verify")
+LANE_PACKAGES = (
+    "pydantic", "omegaconf", "hydra-core", "megatron-core", "math-verify", "liger-kernel",
+)  # fmt: skip
 """What the lane imports that the device lacks: nemo_opd.config (pydantic, omegaconf, hydra's
-override grammar), the Megatron engine, and the math environment's grader (math-verify: the
-loop steps run the tiny task)."""
+override grammar), the Megatron engine, the math environment's grader (math-verify: the loop
+steps run the tiny task), and the peer i_liger runs beside the loss path (liger-kernel)."""
 DEVICE_PACKAGES = frozenset(
     canonicalize_name(name)
     for name in (
@@ -102,10 +104,11 @@ BUNDLE_LIMIT_MIB = 48
 
 
 def lane_requirements(pyproject: Path = ROOT / "pyproject.toml") -> list[Requirement]:
-    """LANE_PACKAGES as pyproject.toml pins them (dependencies and the gpu extra) for Python
-    3.12 on Linux."""
-    project = tomllib.loads(pyproject.read_text())["project"]
-    pins = [*project["dependencies"], *project["optional-dependencies"]["gpu"]]
+    """LANE_PACKAGES as pyproject.toml pins them (dependencies, the gpu extra, and the dev
+    group for the peers the lane measures beside) for Python 3.12 on Linux."""
+    toml = tomllib.loads(pyproject.read_text())
+    project, groups = toml["project"], toml["dependency-groups"]
+    pins = [*project["dependencies"], *project["optional-dependencies"]["gpu"], *groups["dev"]]
     wanted = {canonicalize_name(name) for name in LANE_PACKAGES}
     found = {}
     for text in pins:
