@@ -63,6 +63,11 @@ SHAPES = {
         num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True,
         max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6,
     ),
+    "qwen3-8b": dict(
+        hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=False,
+        max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6,
+    ),
     "qwen3-1.7b": dict(
         hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
         num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True,
@@ -292,6 +297,96 @@ def parity(args) -> dict:
     }
 
 
+def grouped_batch(prompts: int, samples: int, prompt_len: int, new_tokens: int, vocab: int):
+    """`samples` rows per prompt in the loop's order: the prompt's tokens, then a response of
+    new_tokens / 2 to new_tokens tokens, every response token graded."""
+    from nemo_opd.data.batching import TensorBatch
+
+    gen = torch.Generator().manual_seed(0)
+    width = prompt_len + new_tokens
+    rows = prompts * samples
+    ids = torch.zeros(rows, width, dtype=torch.long)
+    lengths = torch.zeros(rows, dtype=torch.long)
+    for p in range(prompts):
+        prompt = torch.randint(1, vocab, (prompt_len,), generator=gen)
+        for s in range(samples):
+            r = p * samples + s
+            length = prompt_len + int(
+                torch.randint(new_tokens // 2, new_tokens + 1, (1,), generator=gen)
+            )
+            ids[r, :prompt_len] = prompt
+            ids[r, prompt_len:length] = torch.randint(
+                1, vocab, (length - prompt_len,), generator=gen
+            )
+            lengths[r] = length
+    positions = torch.arange(width)
+    token_mask = (positions >= prompt_len) & (positions < lengths.unsqueeze(1))
+    return TensorBatch(
+        input_ids=ids,
+        input_lengths=lengths,
+        token_mask=token_mask.float(),
+        sample_mask=torch.ones(rows),
+    )
+
+
+def prefix(args) -> dict:
+    """A teacher's scoring (its top-k of the graded positions, as the loop asks for it) of
+    --prompts prompts x --samples samples, each row run whole against shared-prefix scoring
+    (dtensor_cfg.shared_prefix_scoring): seconds, tokens/s of the rows' tokens, the tokens
+    each ran forward, and the largest difference between their top-k log-probs."""
+    device = torch.device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    vocab = SHAPES[args.shape]["vocab_size"]
+    batch = grouped_batch(args.prompts, args.samples, args.prompt_len, args.new_tokens, vocab)
+    tokens, width = int(batch["input_lengths"].sum()), batch["input_ids"].shape[1]
+    budget = args.mb_tokens
+    packing = {"enabled": True, "train_mb_tokens": budget, "logprob_mb_tokens": budget}
+    record = {
+        "shape": args.shape, "precision": args.precision, "prompts": args.prompts,
+        "samples": args.samples, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
+        "k": args.k, "mb_tokens": budget, "tokens": tokens,
+    }  # fmt: skip
+    scores = {}
+    with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
+        model_dir = save_random_model(args.shape, Path(tmp), device)
+        for shared in (False, True):
+            engine = build_engine(
+                model_dir, device, "dtensor", args.precision, optimizer=None, scheduler=None,
+                logprob_batch_size=args.samples, max_total_sequence_length=width,
+                logits_chunk_tokens=args.chunk, sequence_packing=packing,
+                dtensor_cfg={"shared_prefix_scoring": shared},
+            )  # fmt: skip
+            forwarded = []
+            run_forward = engine._forward_hidden
+
+            def counted(mb, run_forward=run_forward, forwarded=forwarded):
+                forwarded.append(int(mb.input_ids.numel()))
+                return run_forward(mb)
+
+            engine._forward_hidden = counted
+
+            def score(engine=engine):
+                return engine.score(batch, topk=args.k, trained_only=True)
+
+            seconds, peak = timed(device, score, args.repeats)
+            label = "shared_prefix" if shared else "whole"
+            scores[label] = score()["topk_logprobs"]
+            runs = args.repeats + 2  # the warm-up, the timed calls, the one kept
+            record[f"{label}_seconds"] = round(seconds, 4)
+            record[f"{label}_tokens_per_s"] = round(tokens / seconds, 1)
+            record[f"{label}_tokens_forward"] = sum(forwarded) // runs
+            record[f"{label}_peak_gib"] = None if peak is None else round(peak, 2)
+            print(f"{label}: {seconds:.3f} s, {tokens / seconds:,.0f} tokens/s, "
+                  f"{sum(forwarded) // runs:,} tokens forward{gib(peak)}", flush=True)  # fmt: skip
+            del engine
+    difference = float((scores["shared_prefix"] - scores["whole"]).abs().max())
+    record["topk_logprobs_max_difference"] = difference
+    record["speedup"] = round(record["whole_seconds"] / record["shared_prefix_seconds"], 2)
+    print(f"speed-up {record['speedup']}x; top-k log-probs differ by at most {difference:.2e}")
+    return record
+
+
 def world1(args) -> dict:
     """The unwrapped and the FSDP-wrapped engine of one process, in turns (module docstring)."""
     import nemo_opd.policy.engines.dtensor as dtensor
@@ -371,7 +466,7 @@ def compare(paths: list[Path]) -> int:
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="mode", required=True)
-    for mode in ("throughput", "parity", "world1"):
+    for mode in ("throughput", "parity", "world1", "prefix"):
         p = sub.add_parser(mode)
         p.add_argument("--device", default="cuda")
         p.add_argument("--backend", default="dtensor", choices=["dtensor", "megatron"])
@@ -395,6 +490,19 @@ def parse_args(argv=None):
             )
         if mode == "world1":
             p.add_argument("--repeats", type=int, default=8)
+        if mode == "prefix":
+            p.add_argument("--shape", default="qwen3-8b", choices=sorted(SHAPES))
+            p.add_argument("--precision", default="bfloat16")
+            p.add_argument("--prompts", type=int, default=4)
+            p.add_argument("--samples", type=int, default=16)
+            p.add_argument("--prompt-len", type=int, default=512)
+            p.add_argument("--new-tokens", type=int, default=512)
+            p.add_argument("--mb-tokens", type=int, default=16384, help="logprob_mb_tokens")
+            p.add_argument("--k", type=int, default=64)
+            p.add_argument("--chunk", type=int, default=256, help="logits_chunk_tokens")
+            p.add_argument("--repeats", type=int, default=2)
+            p.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+            p.add_argument("--tmp", default=None, help="where the random model is saved")
     p = sub.add_parser("compare")
     p.add_argument("records", type=Path, nargs=2)
     return parser.parse_args(argv)
@@ -408,7 +516,7 @@ def main(argv=None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("no CUDA device: use --device cpu", file=sys.stderr)
         return 2
-    modes = {"throughput": throughput, "parity": parity, "world1": world1}
+    modes = {"throughput": throughput, "parity": parity, "world1": world1, "prefix": prefix}
     record = modes[args.mode](args)
     record["device_name"] = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     if args.json:

@@ -6,11 +6,12 @@
 #                                           # interpreter (the test suite runs this)
 #   bash benchmarks/gpu_lane.sh b_topk d_engine   # only these steps (a rerun)
 #   bash benchmarks/gpu_lane.sh env g_loop h_shapes   # the loop steps: a device call of their own
-#   bash benchmarks/gpu_lane.sh env f_full i_liger    # the loss paths at scale: another
+#   bash benchmarks/gpu_lane.sh env f_full i_liger j_prefix   # at scale: 9 min, a call
 #
 # The steps' time limits add up to 8 minutes (env 45 s, a 110, b 100, c 80, d 110, e 35);
 # f_full (150 s) runs when named (`bash benchmarks/gpu_lane.sh f_full`) or with --all, and so do
-# the loop steps (env 45 s, g 240, h 190: another 8 minutes) and i_liger (150 s).
+# the loop steps (env 45 s, g 240, h 190: another 8 minutes), i_liger (150 s) and j_prefix
+# (180 s).
 # Steps, in order, each time-boxed (`timeout`) and each writing its log and results before the
 # next starts, so a step that fails or runs long never costs the others:
 #   env       the device, the versions, and the imports every later step needs
@@ -36,6 +37,8 @@
 #   i_liger   benchmarks/bench_vs_liger.py: the student's loss path (the full-vocabulary JSD)
 #             in bf16 beside Liger-Kernel's fused and chunked JSD, at Liger's benchmark shape
 #             and Qwen3's vocabulary: time, memory, gradients against float64
+#   j_prefix  benchmarks/bench_engine.py prefix: a Qwen3-8B-shaped teacher's top-k of 4 prompts
+#             x 16 samples, each row whole against shared-prefix scoring
 #
 # Carried wheels (benchmarks/gpu_wheels.py builds them into .whl/) are installed first when
 # present. Results: $OUT/summary.md (a table of the steps, then each step's own table) and
@@ -49,7 +52,7 @@ if [[ "${1:-}" == "--dry-run" ]]; then DRY=1; shift; fi
 ALL=0
 if [[ "${1:-}" == "--all" ]]; then ALL=1; shift; fi
 ONLY=" $* "  # the steps to run; the default ones when none is named
-OPTIONAL=" f_full g_loop h_shapes i_liger "  # run only when named, or with --all
+OPTIONAL=" f_full g_loop h_shapes i_liger j_prefix "  # run only when named, or with --all
 TINY_CPU_ACCURACY=${TINY_CPU_ACCURACY:-0.596}  # the same command's held-out accuracy on a CPU
 # (bench_loop.py tiny --device cpu, docs/benchmarks.md); g_loop passes within 2 points of it
 OUT=${OUT:-$ROOT/runs/gpu_lane}
@@ -127,6 +130,8 @@ if [[ $DRY == 1 ]]; then
         --new-tokens 16 --warmup 0 --steps 1 --threads 2 --copy-refit)
     LIGER_ARGS=(--device cpu --tokens 64 --hidden 32 --vocab 1024 --grad-tokens 32 --warmup 0
         --repeats 1)
+    PREFIX_ARGS=(--device cpu --shape tiny --precision float32 --prompts 2 --samples 4
+        --prompt-len 32 --new-tokens 16 --mb-tokens 256 --k 8 --chunk 32 --repeats 1)
     XDIST=()
 else
     DEVICE=cuda
@@ -145,6 +150,8 @@ else
     SHAPES_ARGS=(--device cuda --student qwen3-1.7b-base --teacher qwen3-8b --rows 64
         --prompt-len 256 --new-tokens 512 --warmup 1 --steps 2 --copy-refit)
     LIGER_ARGS=(--device cuda)
+    PREFIX_ARGS=(--device cuda --shape qwen3-8b --precision bfloat16 --prompts 4 --samples 16
+        --prompt-len 512 --new-tokens 512 --mb-tokens 16384 --k 64 --chunk 1024 --repeats 2)
     XDIST=(-n 8)
 fi
 
@@ -207,6 +214,9 @@ step h_shapes 190 16 "$PY" benchmarks/bench_loop.py shapes "${SHAPES_ARGS[@]}" -
     --json "$RES/loop_shapes.json"
 
 step i_liger 150 24 "$PY" benchmarks/bench_vs_liger.py "${LIGER_ARGS[@]}" --json "$RES/liger.json"
+
+step j_prefix 180 6 "$PY" benchmarks/bench_engine.py prefix "${PREFIX_ARGS[@]}" --tmp "$WORK" \
+    --json "$RES/prefix.json"
 
 echo "lane finished in $(($(date +%s) - LANE_START))s"
 cat "$SUMMARY"

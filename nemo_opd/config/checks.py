@@ -69,6 +69,27 @@ def check_backend_features_available(cfg: DistillationConfig) -> Iterator[str]:
         )
 
 
+def check_shared_prefix_scoring(cfg: DistillationConfig) -> Iterator[str]:
+    """dtensor_cfg.shared_prefix_scoring only on the DTensor backend, without context
+    parallelism (whose ranks each hold a slice of a row: a prefix and its suffixes would span
+    ranks)."""
+    for name, model in _models(cfg, one_backend=True):
+        dtensor = model.dtensor_cfg
+        if not dtensor.shared_prefix_scoring:
+            continue
+        if model.backend != "dtensor":
+            yield (
+                f"{name}.dtensor_cfg.shared_prefix_scoring is a DTensor backend option, and "
+                f"{name} runs on {model.backend}; set it to false"
+            )
+        elif dtensor.context_parallel_size > 1:
+            yield (
+                f"{name}.dtensor_cfg.shared_prefix_scoring is not supported with "
+                f"context_parallel_size {dtensor.context_parallel_size}; set it to false, or "
+                "context_parallel_size to 1"
+            )
+
+
 def check_policy_trains_teacher_frozen(cfg: DistillationConfig) -> Iterator[str]:
     """The policy has an optimizer and a generation section; the teacher has neither (it is
     frozen and does not sample), nor a scheduler."""
@@ -643,6 +664,7 @@ CHECKS: tuple[Callable[[DistillationConfig], Iterable[str]], ...] = (
     check_overlap,
     check_tools,
     check_self_teacher,
+    check_shared_prefix_scoring,
 )
 
 

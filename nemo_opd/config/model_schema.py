@@ -95,6 +95,13 @@ class DTensorConfig(Section):
     varlen, one call for every sequence of the microbatch, torch's variable-length flash
     attention (torch.nn.attention.varlen: CUDA, computing in bfloat16 or float16; refused
     elsewhere when the engine starts); auto, varlen where it runs, else per_segment."""
+    shared_prefix_scoring: bool = False
+    """Run the tokens rows share at their start once (the prompt of a prompt's samples) when
+    this model scores rollouts as a teacher (its top-k, log-probs and hidden states): each such
+    prefix is run once per scoring microbatch, and every row's remaining tokens attend to it and
+    causally to themselves. The same scores as each row run whole, to the float rounding of the
+    attention's order; rows that share fewer than 16 tokens with another are run whole. Not
+    with context parallelism (refused at load)."""
     cpu_offload: bool = False
     """Keep parameters, gradients and optimizer state in host memory between uses."""
 

@@ -57,6 +57,10 @@ class AttentionLayout:
     packed_attention: str = "per_segment"
     """How packed rows attend without context parallelism: "per_segment", "varlen" or "auto"
     (module docstring; policy.dtensor_cfg.packed_attention)."""
+    contexts: list[dict[int, tuple[int, int]]] | None = None
+    """Shared-prefix scoring (policy/engines/shared_prefix.py), without context parallelism:
+    per row, {start of a run: (start, end) of the run it also attends to, all of it} (a
+    suffix's shared prefix, earlier in the row); runs not named attend only to themselves."""
 
 
 def segment_runs(segment_ids: torch.Tensor) -> list[list[tuple[int, int]]]:
@@ -139,7 +143,8 @@ def segment_causal_attention(
     if layout.cp_group is None:
         runs = layout.runs if layout.runs is not None else segment_runs(layout.segment_ids)
         packed = any(len(row) > 1 for row in runs)
-        if packed and use_varlen(layout.packed_attention, query, dropout_p):
+        plain = layout.contexts is None
+        if packed and plain and use_varlen(layout.packed_attention, query, dropout_p):
             return causal_varlen(query, key, value, runs, scaling), None
     key = gather_sequence(key, layout.cp_group)
     value = gather_sequence(value, layout.cp_group)
@@ -153,7 +158,8 @@ def segment_causal_attention(
             query, key, value, attn_mask=mask, dropout_p=dropout_p, scale=scaling
         )
     else:
-        out = _causal_per_segment(query, key, value, runs, dropout_p, scaling)
+        contexts = layout.contexts or [{} for _ in runs]
+        out = _causal_per_segment(query, key, value, runs, dropout_p, scaling, contexts)
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -164,25 +170,29 @@ def _causal_per_segment(
     runs: list[list[tuple[int, int]]],
     dropout_p: float,
     scaling: float | None,
+    contexts: list[dict[int, tuple[int, int]]],
 ) -> torch.Tensor:
-    """[b, h, s, d] causal attention within each run of every row (see segment_runs)."""
-    if all(len(row) == 1 for row in runs):
+    """[b, h, s, d] causal attention within each run of every row (see segment_runs); a run
+    with a context (AttentionLayout.contexts) also sees every key of that context."""
+    if all(len(row) == 1 for row in runs) and not any(contexts):
         return F.scaled_dot_product_attention(
             query, key, value, is_causal=True, dropout_p=dropout_p, scale=scaling
         )
     rows = []
-    for index, row in enumerate(runs):
-        pieces = [
-            F.scaled_dot_product_attention(
-                query[index : index + 1, :, start:end],
-                key[index : index + 1, :, start:end],
-                value[index : index + 1, :, start:end],
-                is_causal=True,
-                dropout_p=dropout_p,
-                scale=scaling,
-            )
-            for start, end in row
-        ]
+    for index, (row, row_contexts) in enumerate(zip(runs, contexts, strict=True)):
+        pieces = []
+        for start, end in row:
+            q, k, v = (t[index : index + 1, :, start:end] for t in (query, key, value))
+            context = row_contexts.get(start)
+            if context is None:
+                out = F.scaled_dot_product_attention(
+                    q, k, v, is_causal=True, dropout_p=dropout_p, scale=scaling
+                )
+            else:
+                first, last = context
+                before = (t[index : index + 1, :, first:last] for t in (key, value))
+                out = _causal_after_context(q, k, v, *before, dropout_p, scaling)
+            pieces.append(out)
         rows.append(torch.cat(pieces, dim=2))
     return torch.cat(rows, dim=0)
 
@@ -270,6 +280,30 @@ def causal_varlen(
         **(grouped if key.shape[1] != h else {}),
     )
     return out.view(b, s, h, d)
+
+
+def _causal_after_context(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    context_key: torch.Tensor,
+    context_value: torch.Tensor,
+    dropout_p: float,
+    scaling: float | None,
+) -> torch.Tensor:
+    """[1, h, n, d] attention of a run's n queries to every one of a context's m keys and
+    causally to the run's own: query i sees context keys 0..m-1 and run keys 0..i, as the run
+    would if it followed the context in one row."""
+    m, n = context_key.shape[2], query.shape[2]
+    visible = torch.ones(n, m + n, dtype=torch.bool, device=query.device).tril(diagonal=m)
+    return F.scaled_dot_product_attention(
+        query,
+        torch.cat([context_key, key], dim=2),
+        torch.cat([context_value, value], dim=2),
+        attn_mask=visible,
+        dropout_p=dropout_p,
+        scale=scaling,
+    )
 
 
 def register_attention() -> str:

@@ -230,6 +230,12 @@ class DTensorEngine(Engine):
         (hidden,) = captured
         return hidden.to_local() if isinstance(hidden, DTensor) else hidden
 
+    @property
+    def scores_shared_prefixes(self) -> bool:
+        """dtensor_cfg.shared_prefix_scoring, without context parallelism (the config refuses
+        it with context parallelism)."""
+        return self.cfg.dtensor_cfg.shared_prefix_scoring and self.dims.cp == 1
+
     def _attention_layout(self, layout: AttentionLayout) -> AttentionLayout:
         """The layout with how packed rows attend, and without context parallelism its runs:
         computed once per microbatch, since FSDP hands every layer a rebuilt copy of it."""

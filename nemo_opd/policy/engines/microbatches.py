@@ -37,6 +37,8 @@ class Microbatch:
         packed: the PackedRow when this microbatch is one packed row (b = 1).
         dummy: a stand-in that only keeps collectives in step (its fields are zero and its
             outputs are dropped).
+        contexts: shared-prefix scoring's attention contexts (AttentionLayout.contexts), or
+            None.
     """
 
     input_ids: torch.Tensor
@@ -46,6 +48,7 @@ class Microbatch:
     rows: list[int] | None = None
     packed: PackedRow | None = None
     dummy: bool = False
+    contexts: list[dict[int, tuple[int, int]]] | None = None
 
 
 def token_budget(cfg: PolicyConfig, train: bool) -> int | None:
@@ -78,7 +81,9 @@ def split_rows(
         groups = dynamic_microbatches(lengths, budget, round_to)
     else:
         groups = fixed_microbatches(len(lengths), rows_per_microbatch)
-    return [_padded(data["input_ids"], fields, lengths, rows, multiple) for rows in groups]
+    return [
+        padded_microbatch(data["input_ids"], fields, lengths, rows, multiple) for rows in groups
+    ]
 
 
 def dummy_like(template: Microbatch) -> Microbatch:
@@ -89,6 +94,7 @@ def dummy_like(template: Microbatch) -> Microbatch:
         segment_ids=template.segment_ids,
         fields={k: torch.zeros_like(v) for k, v in template.fields.items()},
         dummy=True,
+        contexts=template.contexts,
     )
 
 
@@ -104,8 +110,9 @@ def scatter(values: torch.Tensor, mb: Microbatch, out: torch.Tensor) -> None:
     out[index, :width] = values[:, :width].to(out.dtype)
 
 
-def _padded(input_ids, fields, lengths, rows, multiple) -> Microbatch:
-    """Rows `rows`, truncated to their longest length rounded to the multiple."""
+def padded_microbatch(input_ids, fields, lengths, rows, multiple) -> Microbatch:
+    """Rows `rows` of input_ids and fields [B, S, ...], truncated to their longest length
+    (lengths) rounded up to the multiple."""
     width = round_up(max(max(lengths[r] for r in rows), 1), multiple)
     index = torch.tensor(rows, device=input_ids.device)
 

@@ -60,8 +60,7 @@ def score_positions(
         fields = ("targets", "scored")
     engine.set_train_mode(False)
     out: dict[str, torch.Tensor] = {}
-    for mb in engine._scoring_microbatches(data, fields):
-        states = engine._forward_hidden(mb)
+    for mb, states in _hidden_states(engine, data, fields):
         parts = {"hidden_states": states} if hidden else {}
         if topk or logprobs:
             targets = engine._cp_shard(mb.fields["targets"])
@@ -74,6 +73,19 @@ def score_positions(
                 out[name] = torch.zeros(shape, dtype=value.dtype, device=engine.device)
             scatter(value, mb, out[name])
     return {name: _zero_past_lengths(name, value, data).cpu() for name, value in out.items()}
+
+
+def _hidden_states(engine, data: TensorBatch, fields: tuple[str, ...]):
+    """(microbatch, the final hidden states of its rows [b, s_local, H]) per scoring
+    microbatch: each run forward, or with shared-prefix scoring (engine.scores_shared_prefixes)
+    the rows of each shared-prefix microbatch, expanded from the run that holds their shared
+    prefixes once (shared_prefix.py)."""
+    if engine.scores_shared_prefixes:
+        for forward, output, row in engine._shared_prefix_microbatches(data, fields):
+            yield output, row.expand(engine._forward_hidden(forward))
+        return
+    for mb in engine._scoring_microbatches(data, fields):
+        yield mb, engine._forward_hidden(mb)
 
 
 def _head_scores(engine, states, targets, topk, temperature, logprobs, scored=None) -> dict:

@@ -30,6 +30,7 @@ STEPS = (
     "g_loop",
     "h_shapes",
     "i_liger",
+    "j_prefix",
 )
 
 
@@ -61,6 +62,7 @@ def test_dry_run_passes_every_step_and_keeps_each_result(tmp_path):
     results = ["kernel.xml", "topk_kl.json", "scale.json", "engine.json", "parity_cpu.json"]
     results += ["parity_dtensor.json", "parity_megatron.json", "full_vocab_h64.json"]
     results += ["loop_tiny.json", "loop_tiny_metrics.jsonl", "loop_shapes.json", "liger.json"]
+    results += ["prefix.json"]
     assert {f"results/{name}" for name in results} <= names
     assert "test_matches_brute_force" in summary  # the kernel's pass/fail table
     assert "triton bv=128" in summary and "triton inplace" in summary  # the block sweep

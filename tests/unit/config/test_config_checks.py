@@ -490,3 +490,19 @@ def test_tools_need_a_second_turn_and_known_names(minimal):
         "env.tools.names: 'shell' is neither a built-in tool (calculator) nor "
         "'package.module:attribute'"
     ]
+
+
+def test_shared_prefix_scoring_needs_dtensor_without_context_parallel(minimal):
+    minimal["teacher"]["dtensor_cfg"] = {"shared_prefix_scoring": True}
+    assert problems(minimal) == []
+    minimal["teacher"]["dtensor_cfg"]["context_parallel_size"] = 2
+    assert problems(minimal) == [
+        "teacher.dtensor_cfg.shared_prefix_scoring is not supported with context_parallel_size "
+        "2; set it to false, or context_parallel_size to 1"
+    ]
+    minimal["teacher"]["dtensor_cfg"] = {"enabled": False, "shared_prefix_scoring": True}
+    minimal["teacher"]["megatron_cfg"] = {"enabled": True}
+    assert problems(minimal) == [
+        "teacher.dtensor_cfg.shared_prefix_scoring is a DTensor backend option, and teacher "
+        "runs on megatron; set it to false"
+    ]
