@@ -31,20 +31,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from nemo_opd.tiny.build import (
-    MANIFEST,
-    ROLES,
-    build_tiny_assets,
-    quiet_progress_bars,
-    recipe_roles,
-    torch_threads,
-)
 from nemo_opd.tiny.prebuilt import export_prebuilt, install_prebuilt, prebuilt_dir
 from nemo_opd.tiny.recipe import (
+    MANIFEST,
+    ROLES,
     TinyRecipe,
     default_recipe,
     micro_recipe,
     recipe_key,
+    recipe_roles,
     tools_recipe,
     xtok_recipe,
 )
@@ -187,6 +182,10 @@ def ensure_tiny_assets(
             if shipped is not None:
                 install_prebuilt(recipe, shipped, build_dir, log)
             else:
+                # Training code, imported only to build: resolving a name (every engine does)
+                # needs none of it.
+                from nemo_opd.tiny.build import build_tiny_assets
+
                 log(f"building tiny assets {final.name} into {final}")
                 manifest = build_tiny_assets(recipe, build_dir, log, reuse=not rebuild)
                 log(f"built in {manifest['timings_seconds']['total']:.0f}s")
@@ -301,6 +300,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"prebuilt assets written to {export_prebuilt(assets.root, shipped)}")
     measured = {}
     if args.eval:
+        from nemo_opd.tiny.build import quiet_progress_bars, torch_threads
+
         with torch_threads(recipe.torch_threads), quiet_progress_bars():
             for role in recipe_roles(recipe):
                 measured[role] = evaluate_from_disk(

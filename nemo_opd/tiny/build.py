@@ -35,19 +35,19 @@ from transformers.utils import logging as hf_logging
 import nemo_opd
 from nemo_opd.tiny.evaluation import heldout_accuracy
 from nemo_opd.tiny.model import build_tiny_model, count_parameters
-from nemo_opd.tiny.recipe import ModelRecipe, TinyRecipe, TrainRecipe, recipe_key, role_key
+from nemo_opd.tiny.recipe import (
+    MANIFEST,
+    ModelRecipe,
+    TinyRecipe,
+    TrainRecipe,
+    recipe_key,
+    recipe_roles,
+    role_key,
+)
 from nemo_opd.tiny.sft import SFTExample, encode_sft_examples, train_sft
-from nemo_opd.tiny.task import build_tiny_math_splits, save_jsonl
+from nemo_opd.tiny.task import write_data_splits
 from nemo_opd.tiny.tokenizer import build_tiny_tokenizer
 from nemo_opd.tiny.tool_task import corpus_texts, encode_tool_examples, tool_accuracy
-
-MANIFEST = "manifest.json"
-ROLES = ("teacher", "student")
-
-
-def recipe_roles(recipe: TinyRecipe) -> tuple[str, ...]:
-    """The roles a recipe builds (a second teacher's recipe has no student)."""
-    return tuple(role for role in ROLES if getattr(recipe, role) is not None)
 
 
 @contextmanager
@@ -125,15 +125,6 @@ def versions() -> dict[str, str]:
     }
 
 
-def write_data_splits(recipe: TinyRecipe, out_dir: Path) -> dict[str, list[dict]]:
-    """Generate the task's splits and write them to ``out_dir/data/<split>.jsonl``."""
-    splits = build_tiny_math_splits(recipe.task)
-    (out_dir / "data").mkdir()
-    for split, records in splits.items():
-        save_jsonl(records, out_dir / "data" / f"{split}.jsonl")
-    return splits
-
-
 def reusable_role(recipe: TinyRecipe, role: str, cache: Path) -> Path | None:
     """A complete build in `cache` (a directory of builds) whose `role` model is the one
     `recipe` would train (the same role key, recipe.role_key, and the same versions), or
@@ -169,7 +160,7 @@ def build_tiny_assets(
     timings: dict[str, float] = {}
     with torch_threads(recipe.torch_threads), quiet_progress_bars():
         # 1. data: both splits, as jsonl
-        splits = write_data_splits(recipe, out_dir)
+        splits = write_data_splits(recipe.task, out_dir)
         timings["data"] = time.perf_counter() - start
         log(f"data: {len(splits['train']):,} train, {len(splits['validation']):,} held-out")
 

@@ -20,8 +20,8 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from nemo_opd.tiny.build import MANIFEST, write_data_splits
-from nemo_opd.tiny.recipe import TinyRecipe, recipe_key
+from nemo_opd.tiny.recipe import MANIFEST, TinyRecipe, recipe_key
+from nemo_opd.tiny.task import write_data_splits
 
 PREBUILT_ROOT = Path(__file__).resolve().parent / "prebuilt"
 CHECKSUMS = "checksums.json"
@@ -66,7 +66,7 @@ def install_prebuilt(
             "`python -m nemo_opd.tiny --rebuild`"
         )
     _copy_models(source, build_dir)
-    write_data_splits(recipe, build_dir)
+    write_data_splits(recipe.task, build_dir)
     shutil.copy2(source / MANIFEST, build_dir / MANIFEST)
     log(f"installed the prebuilt tiny assets shipped with nemo_opd ({recipe_key(recipe)})")
 

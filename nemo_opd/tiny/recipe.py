@@ -13,6 +13,9 @@ from dataclasses import asdict, dataclass, field, replace
 from nemo_opd.tiny.task import TinyMathConfig
 
 FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+"""The file a complete build writes last (assets.py reads it, build.py writes it)."""
+ROLES = ("teacher", "student")
 
 
 @dataclass(frozen=True)
@@ -195,3 +198,8 @@ def micro_recipe() -> TinyRecipe:
         eval_batch_size=40,
         eval_max_new_tokens=8,
     )
+
+
+def recipe_roles(recipe: TinyRecipe) -> tuple[str, ...]:
+    """The roles a recipe builds (a second teacher's recipe has no student)."""
+    return tuple(role for role in ROLES if getattr(recipe, role) is not None)

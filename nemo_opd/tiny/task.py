@@ -224,3 +224,12 @@ def load_jsonl(path: str | Path) -> list[dict]:
     """Read one JSON object per line (blank lines are skipped)."""
     with open(path, encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def write_data_splits(config: TinyMathConfig, out_dir: Path) -> dict[str, list[dict]]:
+    """Generate the task's splits and write them to ``out_dir/data/<split>.jsonl``."""
+    splits = build_tiny_math_splits(config)
+    (out_dir / "data").mkdir()
+    for split, records in splits.items():
+        save_jsonl(records, out_dir / "data" / f"{split}.jsonl")
+    return splits

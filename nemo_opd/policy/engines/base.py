@@ -43,7 +43,6 @@ from nemo_opd.models.output_head import output_head_of
 from nemo_opd.policy.engines.microbatches import (
     Microbatch,
     dummy_like,
-    padded_microbatch,
     scatter,
     split_rows,
     token_budget,
@@ -54,7 +53,6 @@ from nemo_opd.policy.engines.self_teacher_weights import (
     load_self_teacher,
     write_self_teacher,
 )
-from nemo_opd.policy.engines.shared_prefix import ScoringRow, plan_scoring_rows
 from nemo_opd.policy.engines.teacher_head import TeacherHead, load_teacher_head
 from nemo_opd.policy.engines.teacher_scores import score_positions
 from nemo_opd.policy.engines.training_state import (
@@ -550,35 +548,6 @@ class Engine(ABC):
     def _scoring_microbatches(self, data: TensorBatch, fields: tuple[str, ...]) -> list:
         budget = token_budget(self.cfg, train=False)
         return self._microbatches(data, fields, budget, self.cfg.logprob_batch_size)
-
-    def _shared_prefix_microbatches(
-        self, data: TensorBatch, fields: tuple[str, ...]
-    ) -> list[tuple[Microbatch, Microbatch, ScoringRow]]:
-        """Shared-prefix scoring's microbatches (shared_prefix.py), as many as the busiest dp
-        rank's: (what runs forward, the rows it scores as a padded microbatch carrying
-        `fields`, the ScoringRow that maps one to the other). The token budget is scoring's
-        (or logprob_batch_size full rows), at least the longest row."""
-        lengths = data["input_lengths"].tolist()
-        multiple = self._sequence_multiple()
-        budget = token_budget(self.cfg, train=False)
-        budget = budget or self.cfg.logprob_batch_size * data["input_ids"].shape[1]
-        budget = max(budget, max(lengths, default=1))
-        values = {key: data[key] for key in fields}
-        items = []
-        for row in plan_scoring_rows(data["input_ids"], lengths, budget, multiple):
-            forward = Microbatch(
-                input_ids=row.input_ids,
-                position_ids=row.position_ids,
-                segment_ids=row.segment_ids,
-                fields={},
-                contexts=row.contexts,
-            )
-            output = padded_microbatch(data["input_ids"], values, lengths, row.rows, multiple)
-            items.append((forward, output, row))
-        template = items[0]
-        while len(items) < self._busiest_count(len(items)):
-            items.append((dummy_like(template[0]), dummy_like(template[1]), template[2]))
-        return items
 
     def _sequence_multiple(self) -> int:
         """Row lengths are padded to a multiple of this (context parallel needs cp | S)."""

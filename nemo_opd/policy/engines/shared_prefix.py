@@ -18,14 +18,23 @@ repeated in each part.
 
     rows = plan_scoring_rows(input_ids, lengths, budget, multiple)
     states = row.expand(hidden)        # [1, T, H] of row.forward -> [n, width, H] of row.rows
+    items = shared_prefix_microbatches(data, fields, cfg, multiple, busiest_count)
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from nemo_opd.data.batching import round_up
+from nemo_opd.config import PolicyConfig
+from nemo_opd.data.batching import TensorBatch, round_up
 from nemo_opd.data.packing import plan_packing
+from nemo_opd.policy.engines.microbatches import (
+    Microbatch,
+    dummy_like,
+    padded_microbatch,
+    token_budget,
+)
 
 MIN_SHARED = 16
 """The fewest tokens rows must share at their start to be scored as a group."""
@@ -167,3 +176,37 @@ def _scoring_row(
         contexts=[contexts],
         index=index,
     )
+
+
+def shared_prefix_microbatches(
+    data: TensorBatch,
+    fields: tuple[str, ...],
+    cfg: PolicyConfig,
+    multiple: int,
+    busiest_count: Callable[[int], int],
+) -> list[tuple[Microbatch, Microbatch, ScoringRow]]:
+    """A rank's scoring microbatches under shared-prefix scoring, as many as the busiest dp
+    rank's (busiest_count: the most any rank runs, a collective): (what runs forward, the rows
+    it scores as a padded microbatch carrying `fields`, the ScoringRow that maps one to the
+    other). The token budget is scoring's (or logprob_batch_size full rows), at least the
+    longest row; rows are padded to a multiple of `multiple`."""
+    lengths = data["input_lengths"].tolist()
+    budget = token_budget(cfg, train=False)
+    budget = budget or cfg.logprob_batch_size * data["input_ids"].shape[1]
+    budget = max(budget, max(lengths, default=1))
+    values = {key: data[key] for key in fields}
+    items = []
+    for row in plan_scoring_rows(data["input_ids"], lengths, budget, multiple):
+        forward = Microbatch(
+            input_ids=row.input_ids,
+            position_ids=row.position_ids,
+            segment_ids=row.segment_ids,
+            fields={},
+            contexts=row.contexts,
+        )
+        output = padded_microbatch(data["input_ids"], values, lengths, row.rows, multiple)
+        items.append((forward, output, row))
+    template = items[0]
+    while len(items) < busiest_count(len(items)):
+        items.append((dummy_like(template[0]), dummy_like(template[1]), template[2]))
+    return items

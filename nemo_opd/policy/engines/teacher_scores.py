@@ -23,6 +23,7 @@ from nemo_opd.distributed.vocab_parallel import vocab_parallel_logprobs, vocab_p
 from nemo_opd.losses.chunked_head import chunked_scores
 from nemo_opd.losses.distillation_loss import build_loss_mask
 from nemo_opd.policy.engines.microbatches import scatter
+from nemo_opd.policy.engines.shared_prefix import shared_prefix_microbatches
 
 
 @torch.no_grad()
@@ -81,7 +82,9 @@ def _hidden_states(engine, data: TensorBatch, fields: tuple[str, ...]):
     the rows of each shared-prefix microbatch, expanded from the run that holds their shared
     prefixes once (shared_prefix.py)."""
     if engine.scores_shared_prefixes:
-        for forward, output, row in engine._shared_prefix_microbatches(data, fields):
+        multiple, busiest = engine._sequence_multiple(), engine._busiest_count
+        items = shared_prefix_microbatches(data, fields, engine.cfg, multiple, busiest)
+        for forward, output, row in items:
             yield output, row.expand(engine._forward_hidden(forward))
         return
     for mb in engine._scoring_microbatches(data, fields):

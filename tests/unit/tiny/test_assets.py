@@ -121,7 +121,7 @@ def test_second_call_reuses_the_build(in_micro_cache, monkeypatch):
     def no_build(*args, **kwargs):
         raise AssertionError("rebuilt a cached recipe")
 
-    monkeypatch.setattr(tiny_assets, "build_tiny_assets", no_build)
+    monkeypatch.setattr(tiny_build, "build_tiny_assets", no_build)
     again = ensure_tiny_assets(MICRO)
     assert again == in_micro_cache
     assert again.manifest()["build_id"] == before
@@ -189,13 +189,13 @@ def test_concurrent_callers_build_once(tmp_path, monkeypatch):
     monkeypatch.setenv("NEMO_OPD_CACHE", str(tmp_path))
     recipe = small_variant(seed=13)
     builds = []
-    real = tiny_assets.build_tiny_assets
+    real = tiny_build.build_tiny_assets
 
     def counting_build(*args, **kwargs):
         builds.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(tiny_assets, "build_tiny_assets", counting_build)
+    monkeypatch.setattr(tiny_build, "build_tiny_assets", counting_build)
     results = []
     threads = [
         threading.Thread(target=lambda: results.append(ensure_tiny_assets(recipe, log=print)))

@@ -7,6 +7,7 @@ import shutil
 import pytest
 
 from nemo_opd.tiny import assets as tiny_assets
+from nemo_opd.tiny import build as tiny_build
 from nemo_opd.tiny import prebuilt as tiny_prebuilt
 from nemo_opd.tiny.assets import ensure_tiny_assets
 from nemo_opd.tiny.prebuilt import CHECKSUMS, PrebuiltError, export_prebuilt, prebuilt_dir
@@ -43,7 +44,7 @@ def empty_cache(tmp_path, monkeypatch, shipped):
     def no_build(*args, **kwargs):
         raise AssertionError("trained although a prebuilt copy is shipped")
 
-    monkeypatch.setattr(tiny_assets, "build_tiny_assets", no_build)
+    monkeypatch.setattr(tiny_build, "build_tiny_assets", no_build)
     return monkeypatch
 
 
@@ -84,7 +85,7 @@ def test_damaged_copy_is_refused_and_leaves_no_build(shipped, empty_cache, tmp_p
 def test_rebuild_ignores_the_shipped_copy(shipped, empty_cache):
     calls = []
     empty_cache.setattr(
-        tiny_assets, "build_tiny_assets", lambda *a, **k: calls.append(1) or _fake_build(*a)
+        tiny_build, "build_tiny_assets", lambda *a, **k: calls.append(1) or _fake_build(*a)
     )
     with pytest.raises(RuntimeError, match="fake build"):
         ensure_tiny_assets(MICRO, rebuild=True, log=lambda _: None)
@@ -106,7 +107,7 @@ def test_the_shipped_recipes_are_intact(recipe, tmp_path, monkeypatch):
         "--export-prebuilt`"
     )
     monkeypatch.setenv("NEMO_OPD_CACHE", str(tmp_path))
-    monkeypatch.setattr(tiny_assets, "build_tiny_assets", _fake_build)
+    monkeypatch.setattr(tiny_build, "build_tiny_assets", _fake_build)
     assets = ensure_tiny_assets(recipe, log=lambda _: None)
     assert assets.key == recipe_key(recipe)
     assert len(load_jsonl(assets.validation_file)) == recipe.task.num_validation
