@@ -571,8 +571,8 @@ class Engine(ABC):
 
         FSDP gathers parameters in every forward, so all dp ranks must run the same number.
         """
-        template = microbatches[0]
-        while len(microbatches) < self._busiest_count(len(microbatches)):
+        template, busiest = microbatches[0], self._busiest_count(len(microbatches))
+        while len(microbatches) < busiest:  # one collective, then the same count everywhere
             microbatches.append(dummy_like(template))
         return microbatches
 

@@ -206,7 +206,7 @@ def shared_prefix_microbatches(
         )
         output = padded_microbatch(data["input_ids"], values, lengths, row.rows, multiple)
         items.append((forward, output, row))
-    template = items[0]
-    while len(items) < busiest_count(len(items)):
+    template, busiest = items[0], busiest_count(len(items))
+    while len(items) < busiest:  # one collective, then the same count everywhere
         items.append((dummy_like(template[0]), dummy_like(template[1]), template[2]))
     return items

@@ -137,3 +137,23 @@ def test_the_engine_scores_as_it_does_each_row_whole(world1, model_dirs, packed)
     torch.testing.assert_close(
         trained["topk_logprobs"], expected["topk_logprobs"], atol=1e-5, rtol=1e-5
     )
+
+
+def test_every_dp_rank_runs_as_many_microbatches_as_the_busiest():
+    """The busiest rank's count is asked once (a collective: every rank must call it the same
+    number of times), and the rank pads with dummies that score nothing."""
+    from nemo_opd.policy.engines.shared_prefix import shared_prefix_microbatches
+
+    batch = grouped_batch()
+    batch["targets"] = torch.roll(batch["input_ids"], -1, dims=1)
+    cfg = policy_config("unused", **PACKING)
+    asked = []
+
+    def busiest(count):
+        asked.append(count)
+        return count + 2
+
+    items = shared_prefix_microbatches(batch, ("targets",), cfg, 1, busiest)
+    assert len(asked) == 1 and len(items) == asked[0] + 2
+    assert [output.dummy for _, output, _ in items[-2:]] == [True, True]
+    assert not any(output.dummy for _, output, _ in items[:-2])
