@@ -62,6 +62,19 @@ def own_ray():
     stop_shared_ray()
 
 
+@pytest.fixture(scope="module")
+def world1():
+    """The process's one-rank gloo group (shared with every other model of the test process, as
+    in a run in one process), and its meshes: for engines built in the test process."""
+    from nemo_opd.distributed.parallel_dims import ParallelDims
+    from nemo_opd.distributed.process_group import init_local_process_group
+
+    init_local_process_group("cpu")
+    dims = ParallelDims(world_size=1, device_type="cpu")
+    dims.build_mesh()
+    return dims
+
+
 @pytest.fixture(autouse=True)
 def each_test_keeps_threads():
     """torch's thread count put back after every test (tests/torch_threads.py): a model a test

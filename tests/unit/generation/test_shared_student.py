@@ -11,8 +11,6 @@ from vllm_testing import random_prompts
 
 from nemo_opd.config import PolicyConfig
 from nemo_opd.data.batching import TensorBatch
-from nemo_opd.distributed.parallel_dims import ParallelDims
-from nemo_opd.distributed.process_group import init_local_process_group
 from nemo_opd.generation.hf_worker import HfWorker
 from nemo_opd.losses import DistillationLossFn, TopkKLParams
 from nemo_opd.policy.engines.dtensor import DTensorEngine, FSDPModule
@@ -26,14 +24,6 @@ LAYOUTS = {
         "lora": {"enabled": True, "rank": 4, "alpha": 16, "target_modules": ["q_proj", "v_proj"]},
     },
 }
-
-
-@pytest.fixture(scope="module")
-def world1():
-    init_local_process_group("cpu")
-    dims = ParallelDims(world_size=1, device_type="cpu")
-    dims.build_mesh()
-    return dims
 
 
 def student_config(model_dir: str, **overrides) -> PolicyConfig:

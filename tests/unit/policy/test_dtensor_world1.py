@@ -12,20 +12,9 @@ from nemo_opd.config import OptimizerConfig
 from nemo_opd.data.batching import TensorBatch
 from nemo_opd.distributed.context_parallel import AttentionLayout
 from nemo_opd.distributed.parallel_dims import ParallelDims
-from nemo_opd.distributed.process_group import init_local_process_group
 from nemo_opd.losses import DistillationLossFn, TopkKLParams
 from nemo_opd.policy.engines.dtensor import DTensorEngine, needs_fsdp
 from nemo_opd.policy.optim import build_optimizer
-
-
-@pytest.fixture(scope="module")
-def world1():
-    """The process's one-rank gloo group (shared with every other model of the test process, as
-    in a run in one process), and its meshes."""
-    init_local_process_group("cpu")
-    dims = ParallelDims(world_size=1, device_type="cpu")
-    dims.build_mesh()
-    return dims
 
 
 def test_only_one_float32_process_goes_unwrapped():

@@ -18,8 +18,6 @@ from references import load_reference, reference_logits, reference_train
 from tiny_policies import make_batch, policy_config
 
 from nemo_opd.data.batching import TensorBatch
-from nemo_opd.distributed.parallel_dims import ParallelDims
-from nemo_opd.distributed.process_group import init_local_process_group
 from nemo_opd.losses import DistillationLossFn, TopkKLParams, build_loss_mask
 from nemo_opd.losses.full_vocab_loss import FullVocabDistillationLossFn
 from nemo_opd.policy.engines.dtensor import DTensorEngine
@@ -29,16 +27,6 @@ TEMPERATURE = 0.8
 K = 4
 ATOL = 2e-5
 CPU = torch.device("cpu")
-
-
-@pytest.fixture(scope="module")
-def world1():
-    """The process's one-rank gloo group (shared with every other model of the test process, as
-    in a run in one process), and its meshes."""
-    init_local_process_group("cpu")
-    dims = ParallelDims(world_size=1, device_type="cpu")
-    dims.build_mesh()
-    return dims
 
 
 @pytest.fixture(scope="module")

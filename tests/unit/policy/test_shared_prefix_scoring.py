@@ -9,8 +9,6 @@ import torch
 from tiny_policies import SEQ, VOCAB, policy_config
 
 from nemo_opd.data.batching import TensorBatch
-from nemo_opd.distributed.parallel_dims import ParallelDims
-from nemo_opd.distributed.process_group import init_local_process_group
 from nemo_opd.policy.engines.dtensor import DTensorEngine
 from nemo_opd.policy.engines.shared_prefix import MIN_SHARED, find_groups, plan_scoring_rows
 
@@ -84,14 +82,6 @@ def test_every_row_is_laid_once_and_maps_back_to_itself(budget):
     laid = sum(int((row.segment_ids[0] != row.segment_ids[0, -1]).sum()) for row in rows)
     if budget >= 512:  # every group in one row: each prompt laid once instead of 4 times
         assert laid < whole - sum(3 * (p - 1) for p in PROMPTS)
-
-
-@pytest.fixture(scope="module")
-def world1():
-    init_local_process_group("cpu")
-    dims = ParallelDims(world_size=1, device_type="cpu")
-    dims.build_mesh()
-    return dims
 
 
 PACKING = {
