@@ -214,19 +214,25 @@ def _varlen_parameters() -> frozenset[str]:
     return frozenset(inspect.signature(varlen_attn).parameters)
 
 
+def varlen_runs(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether torch's varlen flash attention runs for attention computing in `dtype` on
+    `device`: varlen_available there, and bf16 or fp16."""
+    return dtype in (torch.bfloat16, torch.float16) and varlen_available(device)
+
+
 def use_varlen(choice: str, query: torch.Tensor, dropout_p: float) -> bool:
     """Whether packed rows attend through causal_varlen: asked for ("varlen"), or "auto" where
-    it runs (CUDA, bf16 or fp16, no dropout)."""
+    it runs (varlen_runs, and no dropout)."""
     if choice == "per_segment":
         return False
-    runs = query.dtype in (torch.bfloat16, torch.float16) and dropout_p == 0.0
-    if choice == "varlen" and not (runs and varlen_available(query.device)):
+    runs = dropout_p == 0.0 and varlen_runs(query.device, query.dtype)
+    if choice == "varlen" and not runs:
         raise RuntimeError(
             "packed_attention varlen needs CUDA, bf16 or fp16 and no attention dropout; this "
             f"attention computes in {query.dtype} on {query.device.type} with dropout "
             f"{dropout_p}: set policy.dtensor_cfg.packed_attention to auto or per_segment"
         )
-    return runs and varlen_available(query.device)
+    return runs
 
 
 def causal_varlen(

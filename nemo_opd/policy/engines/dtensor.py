@@ -44,7 +44,7 @@ from nemo_opd.distributed.context_parallel import (
     AttentionLayout,
     register_attention,
     segment_runs,
-    varlen_available,
+    varlen_runs,
 )
 from nemo_opd.distributed.grad_norm import all_reduce_grads, clip_grad_norm
 from nemo_opd.distributed.parallel_dims import ParallelDims
@@ -160,10 +160,8 @@ class DTensorEngine(Engine):
     def _check_packed_attention(self) -> None:
         """dtensor_cfg.packed_attention varlen refused where torch's varlen flash attention
         cannot run: off CUDA, or computing in float32."""
-        if self.cfg.dtensor_cfg.packed_attention != "varlen":
-            return
-        compute = DTYPES[self.cfg.precision]
-        if varlen_available(self.device) and compute in (torch.bfloat16, torch.float16):
+        asked = self.cfg.dtensor_cfg.packed_attention == "varlen"
+        if not asked or varlen_runs(self.device, DTYPES[self.cfg.precision]):
             return
         raise ValueError(
             "policy.dtensor_cfg.packed_attention=varlen runs torch's variable-length flash "
@@ -237,13 +235,13 @@ class DTensorEngine(Engine):
         return self.cfg.dtensor_cfg.shared_prefix_scoring and self.dims.cp == 1
 
     def _attention_layout(self, layout: AttentionLayout) -> AttentionLayout:
-        """The layout with how packed rows attend, and without context parallelism its runs:
-        computed once per microbatch, since FSDP hands every layer a rebuilt copy of it."""
-        packed_attention = self.cfg.dtensor_cfg.packed_attention
+        """Without context parallelism (where packed rows are told apart by runs), the layout
+        with its runs and how packed rows attend: computed once per microbatch, since FSDP
+        hands every layer a rebuilt copy of it. With it, the layout as it is (one mask)."""
         if layout.cp_group is not None:
-            return replace(layout, packed_attention=packed_attention)
+            return layout
         runs = segment_runs(layout.segment_ids)
-        return replace(layout, runs=runs, packed_attention=packed_attention)
+        return replace(layout, runs=runs, packed_attention=self.cfg.dtensor_cfg.packed_attention)
 
     def output_weight(self) -> torch.Tensor:
         # After the forward the root FSDP group keeps its parameters gathered (in the compute

@@ -17,7 +17,7 @@ with every other row are groups of their own, with no prefix. Groups fill rows o
 repeated in each part.
 
     rows = plan_scoring_rows(input_ids, lengths, budget, multiple)
-    states = row.expand(hidden)        # [1, T, H] of row.forward -> [n, width, H] of row.rows
+    states = row.expand(hidden)   # [1, T, H] of the Microbatch row.forward -> [n, width, H]
     items = shared_prefix_microbatches(data, fields, cfg, multiple, busiest_count)
 """
 
@@ -58,17 +58,14 @@ class ScoringRow:
 
     Attributes:
         rows: the batch rows whose scores it gives, in order.
-        input_ids, position_ids, segment_ids: [1, T] the groups laid end to end.
-        contexts: the attention's contexts (AttentionLayout.contexts) of the one row.
+        forward: what runs forward: input_ids, position_ids and segment_ids [1, T], the groups
+            laid end to end, and the one row's attention contexts (no fields).
         index: [len(rows), width] where each of those rows' positions sits in the scoring
             row (T for positions past a row's length: a zero row expand appends).
     """
 
     rows: list[int]
-    input_ids: torch.Tensor
-    position_ids: torch.Tensor
-    segment_ids: torch.Tensor
-    contexts: list[dict[int, tuple[int, int]]]
+    forward: Microbatch
     index: torch.Tensor
 
     def expand(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -168,14 +165,14 @@ def _scoring_row(
     index = torch.full((len(rows), width), total, dtype=torch.long)
     for slot, where in enumerate(index_rows):
         index[slot, : len(where)] = where
-    return ScoringRow(
-        rows=rows,
+    forward = Microbatch(
         input_ids=input_row,
         position_ids=position_row.to(input_ids.device),
         segment_ids=segment_row.to(input_ids.device),
+        fields={},
         contexts=[contexts],
-        index=index,
     )
+    return ScoringRow(rows=rows, forward=forward, index=index)
 
 
 def shared_prefix_microbatches(
@@ -197,15 +194,8 @@ def shared_prefix_microbatches(
     values = {key: data[key] for key in fields}
     items = []
     for row in plan_scoring_rows(data["input_ids"], lengths, budget, multiple):
-        forward = Microbatch(
-            input_ids=row.input_ids,
-            position_ids=row.position_ids,
-            segment_ids=row.segment_ids,
-            fields={},
-            contexts=row.contexts,
-        )
         output = padded_microbatch(data["input_ids"], values, lengths, row.rows, multiple)
-        items.append((forward, output, row))
+        items.append((row.forward, output, row))
     template, busiest = items[0], busiest_count(len(items))
     while len(items) < busiest:  # one collective, then the same count everywhere
         items.append((dummy_like(template[0]), dummy_like(template[1]), template[2]))

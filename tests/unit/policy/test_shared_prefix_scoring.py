@@ -67,19 +67,23 @@ def test_every_row_is_laid_once_and_maps_back_to_itself(budget):
     rows = plan_scoring_rows(ids, lengths, budget, multiple=4)
     assert sorted(r for row in rows for r in row.rows) == list(range(len(lengths)))
     for row in rows:
-        assert row.input_ids.shape[1] <= max(budget, 4 * ((budget + 3) // 4))
-        assert row.input_ids.shape[1] % 4 == 0
-        expanded_ids = row.expand(row.input_ids.unsqueeze(-1)).squeeze(-1)
-        expanded_positions = row.expand(row.position_ids.unsqueeze(-1)).squeeze(-1)
+        assert row.forward.input_ids.shape[1] <= max(budget, 4 * ((budget + 3) // 4))
+        assert row.forward.input_ids.shape[1] % 4 == 0
+        expanded_ids = row.expand(row.forward.input_ids.unsqueeze(-1)).squeeze(-1)
+        expanded_positions = row.expand(row.forward.position_ids.unsqueeze(-1)).squeeze(-1)
         for slot, r in enumerate(row.rows):
             n = lengths[r]
             assert torch.equal(expanded_ids[slot, :n], ids[r, :n])
             assert torch.equal(expanded_positions[slot, :n], torch.arange(n))
             assert not expanded_ids[slot, n:].any()
-        for start, (first, last) in row.contexts[0].items():  # a suffix's prefix precedes it
+        for start, (first, last) in row.forward.contexts[
+            0
+        ].items():  # a suffix's prefix precedes it
             assert first < last <= start
     whole = sum(lengths)
-    laid = sum(int((row.segment_ids[0] != row.segment_ids[0, -1]).sum()) for row in rows)
+    laid = sum(
+        int((row.forward.segment_ids[0] != row.forward.segment_ids[0, -1]).sum()) for row in rows
+    )
     if budget >= 512:  # every group in one row: each prompt laid once instead of 4 times
         assert laid < whole - sum(3 * (p - 1) for p in PROMPTS)
 
