@@ -469,18 +469,21 @@ def parse_args(argv=None):
     for mode in ("throughput", "parity", "world1", "prefix"):
         p = sub.add_parser(mode)
         p.add_argument("--device", default="cuda")
-        p.add_argument("--backend", default="dtensor", choices=["dtensor", "megatron"])
+        if mode != "prefix":  # shared-prefix scoring is the DTensor engine's
+            p.add_argument("--backend", default="dtensor", choices=["dtensor", "megatron"])
         p.add_argument("--json", type=Path)
-        if mode == "throughput":
-            p.add_argument("--shape", default="qwen3-1.7b", choices=sorted(SHAPES))
+        if mode in ("throughput", "prefix"):  # a random model of a shape, its teacher top-k
+            shape, chunk = ("qwen3-1.7b", 1024) if mode == "throughput" else ("qwen3-8b", 256)
+            p.add_argument("--shape", default=shape, choices=sorted(SHAPES))
             p.add_argument("--precision", default="bfloat16")
+            p.add_argument("--k", type=int, default=64)
+            p.add_argument("--chunk", type=int, default=chunk, help="logits_chunk_tokens")
+            p.add_argument("--repeats", type=int, default=2)
+            p.add_argument("--tmp", default=None, help="where the random model is saved")
+        if mode == "throughput":
             p.add_argument("--rows", type=int, default=16)
             p.add_argument("--seq", type=int, default=2048)
             p.add_argument("--micro", type=int, default=2)
-            p.add_argument("--k", type=int, default=64)
-            p.add_argument("--chunk", type=int, default=1024, help="logits_chunk_tokens")
-            p.add_argument("--repeats", type=int, default=2)
-            p.add_argument("--tmp", default=None, help="where the random model is saved")
             p.add_argument(
                 "--packed-attention",
                 nargs="+",
@@ -491,18 +494,12 @@ def parse_args(argv=None):
         if mode == "world1":
             p.add_argument("--repeats", type=int, default=8)
         if mode == "prefix":
-            p.add_argument("--shape", default="qwen3-8b", choices=sorted(SHAPES))
-            p.add_argument("--precision", default="bfloat16")
             p.add_argument("--prompts", type=int, default=4)
             p.add_argument("--samples", type=int, default=16)
             p.add_argument("--prompt-len", type=int, default=512)
             p.add_argument("--new-tokens", type=int, default=512)
             p.add_argument("--mb-tokens", type=int, default=16384, help="logprob_mb_tokens")
-            p.add_argument("--k", type=int, default=64)
-            p.add_argument("--chunk", type=int, default=256, help="logits_chunk_tokens")
-            p.add_argument("--repeats", type=int, default=2)
             p.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
-            p.add_argument("--tmp", default=None, help="where the random model is saved")
     p = sub.add_parser("compare")
     p.add_argument("records", type=Path, nargs=2)
     return parser.parse_args(argv)
