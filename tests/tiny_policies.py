@@ -76,10 +76,11 @@ def cpu_cluster(workers: int) -> ClusterConfig:
 
 def executor_for(workers: int) -> str:
     """Where a test's policy of `workers` ranks runs: one rank in this process (the local
-    executor: no process to start; test_policy_executors shows it computes bit for bit as a Ray
-    worker), several on Ray (torch.distributed needs a process per rank). A test about Ray or a
-    process boundary passes executor="ray" itself."""
-    return "local" if workers == 1 else "ray"
+    executor: no process to start), several in processes of this machine forked from a server
+    that imported the engines once (the processes executor: torch.distributed needs a process
+    per rank, not Ray). test_policy_executors shows both compute bit for bit as Ray workers. A
+    test about Ray passes executor="ray" itself."""
+    return "local" if workers == 1 else "processes"
 
 
 def start_policy(cfg: PolicyConfig, workers: int, **kwargs):

@@ -39,8 +39,9 @@ class WorkerResources:
 
 
 def gpus_seen(executor: str = "ray") -> float:
-    """GPUs the workers can use: the Ray cluster's, or this process's (the local executor)."""
-    if executor == "local":
+    """GPUs the workers can use: the Ray cluster's, or this machine's (the local and processes
+    executors)."""
+    if executor != "ray":
         import torch
 
         return float(torch.cuda.device_count())
@@ -61,7 +62,7 @@ def describe_device(cluster: ClusterConfig, device: str, gpus: float, executor: 
     why, so that "auto" falling back to the CPU is never silent."""
     if cluster.device != "auto":
         return f"device: {device} (cluster.device)"
-    who = "this process sees" if executor == "local" else "Ray sees"
+    who = {"local": "this process sees", "processes": "this machine sees"}.get(executor, "Ray sees")
     if device == "cuda":
         return f"device: cuda (cluster.device is auto and {who} {gpus:g} GPUs)"
     return (

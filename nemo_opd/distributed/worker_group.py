@@ -6,7 +6,7 @@
     handle = group.run_and_put(PolicyWorker.full_weights)[0]      # for another group to read
     group.shutdown()
 
-Two executors implement the one WorkerGroup interface, and the callers (Policy,
+Three executors implement the one WorkerGroup interface, and the callers (Policy,
 VllmGeneration, the teachers through Policy, the loop) never ask which:
 - "ray" (ray_workers.RayWorkerGroup): each worker is a Ray actor, a process of its own, placed
   in a placement-group bundle; the ranks of a model join a torch.distributed group over TCP.
@@ -16,6 +16,10 @@ VllmGeneration, the teachers through Policy, the loop) never ask which:
   at a time (the loop calls workers from its main thread, the rollout producer's thread and the
   validation thread). One rank per model, in the process's one-rank torch.distributed group.
   Ray is never imported.
+- "processes" (process_workers.ProcessWorkerGroup): each worker is a child process of this
+  machine, forked from a server that imported the engines once; the ranks of a model join a
+  torch.distributed group over TCP here, as under Ray. Several ranks on one machine without
+  Ray, and a start that costs a fork instead of a fresh interpreter's imports.
 
 A method is named by its function (PolicyWorker.train, EngineWorker.generate), never by a
 string: a misspelt method fails at import and grep finds every call. Each implementation
@@ -23,7 +27,7 @@ resolves it on its workers by that function's name, so a worker class that imple
 Protocol serves the calls made through the Protocol's functions.
 
 Arguments a worker receives may be values or what group.put returned (Ray: an ObjectRef in the
-object store, resolved by Ray before the call; local: the object itself).
+object store, resolved by Ray before the call; local and processes: the object itself).
 
 Failures: a worker that raises, dies or does not answer within the group's time-out raises
 WorkerError naming the group and the rank, in the same words under either executor. A worker
@@ -42,7 +46,7 @@ from nemo_opd.distributed.worker_calls import (
 
 __all__ = ["DEFAULT_TIMEOUT_S", "GROUP_TIMEOUT", "Executor", "WorkerError", "WorkerGroup"]
 
-Executor = Literal["ray", "local"]
+Executor = Literal["ray", "local", "processes"]
 
 
 class WorkerGroup(Protocol):
@@ -125,14 +129,17 @@ def start_workers(
     Args:
         rendezvous: the ranks join a torch.distributed group: each worker provides
             master_address() -> (addr, port) and init_distributed(address), where the address
-            is rank 0's, or None for the one rank of a group in this process.
+            is rank 0's (the processes executor gives 127.0.0.1 and a free port of this
+            machine), or None for the one rank of a group in this process.
         wait: block until every rank has started; with False they start in the background
-            and wait_until_ready() blocks, so that several groups start at once (Ray; local
+            and wait_until_ready() blocks, so that several groups start at once (Ray and
+            processes; local
             workers start in this call, and a failure raises here).
         timeout_s: how long a call may take (None: no limit).
         start_timeout_s: how long the start may take.
         ray_options, placement, bundles, reserve: where Ray puts each worker (RayWorkerGroup);
-            ignored by the local executor, whose workers all run in this process.
+            ignored by the local and processes executors, whose workers all run on this
+            machine.
     """
     if executor == "local":
         from nemo_opd.distributed.local_workers import LocalWorkerGroup
@@ -145,8 +152,21 @@ def start_workers(
             rendezvous=rendezvous,
             timeout_s=timeout_s,
         )
+    if executor == "processes":
+        from nemo_opd.distributed.process_workers import ProcessWorkerGroup
+
+        return ProcessWorkerGroup(
+            worker_cls,
+            num_workers,
+            make_args,
+            name=name,
+            rendezvous=rendezvous,
+            wait=wait,
+            timeout_s=timeout_s,
+            start_timeout_s=start_timeout_s,
+        )
     if executor != "ray":
-        raise ValueError(f"executor must be 'ray' or 'local', got {executor!r}")
+        raise ValueError(f"executor must be 'ray', 'local' or 'processes', got {executor!r}")
     from nemo_opd.distributed.ray_workers import RayWorkerGroup  # imports Ray
 
     return RayWorkerGroup(

@@ -14,7 +14,7 @@ from ray_local import shared_ray
 
 from nemo_opd.distributed.worker_group import WorkerError, start_workers
 
-EXECUTORS = ["ray", "local"]
+EXECUTORS = ["ray", "local", "processes"]
 
 
 class Tally:

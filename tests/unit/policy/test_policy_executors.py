@@ -2,7 +2,9 @@
 Ray actor: the same training metrics, top-k, log-probs, gathered weights and checkpoint, for the
 DTensor engine, LoRA and Megatron, at the same thread count (one, as the Ray worker's
 cluster.cpus_per_worker). A worker's error reads the same under both, and the worker serves the
-next call."""
+next call. A Policy of two ranks under tensor parallelism computes the same in processes forked
+on this machine (the processes executor, which the other policy tests use for several ranks) as
+in Ray actors, for both engines."""
 
 import pytest
 import ray
@@ -22,14 +24,20 @@ LAYOUTS = {
 }
 
 
-def run_policy(executor: str, cfg, tmp_path) -> dict:
+TP2 = {
+    "dtensor": {"dtensor_cfg__tensor_parallel_size": 2},
+    "megatron": {**LAYOUTS["megatron"], "megatron_cfg__tensor_model_parallel_size": 2},
+}
+
+
+def run_policy(executor: str, cfg, tmp_path, workers: int = 1) -> dict:
     """A worker's error first (the worker serves the next call), then train two steps, score,
     gather and save: everything the loop asks of a policy."""
     name = f"policy_{executor}"
-    policy = Policy(cfg, cpu_cluster(1), name=name, executor=executor)
+    policy = Policy(cfg, cpu_cluster(workers), name=name, executor=executor)
     loss_fn = DistillationLossFn(implementation="torch")
     try:
-        with pytest.raises(WorkerError, match=rf"^{name}: worker rank 0 raised FileNotFoundError"):
+        with pytest.raises(WorkerError, match=rf"^{name}: worker rank \d raised FileNotFoundError"):
             policy.load(str(tmp_path / "nowhere"))
         assert policy.step == 0
         metrics = [policy.train(make_batch(8, seed=seed), loss_fn) for seed in (1, 2)]
@@ -65,6 +73,24 @@ def test_one_process_computes_as_a_ray_worker(layout, model_dirs, ray_session, t
     for saved in (tmp_path / "ray").iterdir():
         if saved.suffix == ".safetensors":
             assert (tmp_path / "local" / saved.name).read_bytes() == saved.read_bytes()
+
+
+@pytest.mark.parametrize("layout", list(TP2))
+def test_forked_processes_compute_as_ray_workers(layout, model_dirs, ray_session, tmp_path):
+    cfg = policy_config(model_dirs["untied"], **TP2[layout])
+    ray_run = run_policy("ray", cfg, tmp_path, workers=2)
+    forked = run_policy("processes", cfg, tmp_path, workers=2)
+    assert forked["metrics"] == ray_run["metrics"]
+    assert forked["evaluated"] == ray_run["evaluated"]
+    assert forked["step"] == ray_run["step"] == 4
+    for name in ("topk", "logprobs"):
+        torch.testing.assert_close(forked[name], ray_run[name], rtol=0, atol=0)
+    for name, tensor in ray_run["weights"].items():
+        torch.testing.assert_close(forked["weights"][name], tensor, rtol=0, atol=0)
+    for saved in (tmp_path / "ray").rglob("*.safetensors"):
+        assert (tmp_path / "processes" / saved.relative_to(tmp_path / "ray")).read_bytes() == (
+            saved.read_bytes()
+        )
 
 
 @pytest.mark.parametrize("layout", ["dtensor", "megatron"])
