@@ -63,8 +63,9 @@ class Ranked:
 
 
 def ranked(world: int, **kwargs):
-    return start_workers("processes", Ranked, world, lambda rank: (rank, world), name="ranked",
-                         **kwargs)
+    return start_workers(
+        "processes", Ranked, world, lambda rank: (rank, world), name="ranked", **kwargs
+    )
 
 
 def test_ranks_are_processes_of_one_process_group():

@@ -15,7 +15,6 @@ from tiny_policies import make_batch, policy_config, start_policy
 from nemo_opd.losses import TopkKLParams, build_loss_mask
 from nemo_opd.losses.full_vocab_loss import FullVocabDistillationLossFn
 
-RAY_CPUS = 4
 HIDDEN_ATOL = 2e-5
 LOSS_RTOL = 1e-4
 PACKING = {
@@ -63,7 +62,7 @@ def teacher_logits(teacher_dir: str, batch: dict) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("layout", list(TEACHER_LAYOUTS))
-def test_teacher_hidden_states_match_the_reference(layout, model_dirs, ray_session):
+def test_teacher_hidden_states_match_the_reference(layout, model_dirs):
     """get_hidden_states against the HF reference, and get_topk_logits (ids up to swaps of
     near-ties, every one a real id); score's one forward pass gives what the separate calls
     give (top-k, next-token log-probs, hidden states)."""
@@ -97,7 +96,7 @@ def test_teacher_hidden_states_match_the_reference(layout, model_dirs, ray_sessi
 
 
 @pytest.mark.parametrize("layout", list(STUDENT_LAYOUTS))
-def test_student_loss_and_steps_match_the_reference(layout, model_dirs, ray_session):
+def test_student_loss_and_steps_match_the_reference(layout, model_dirs):
     prefix, workers, overrides = STUDENT_LAYOUTS[layout]
     student_dir, teacher_dir = model_dirs[f"{prefix}tied"], model_dirs[f"{prefix}untied"]
     reference = load_reference(student_dir)

@@ -69,7 +69,7 @@ def megatron_config(model_dir: str, **overrides):
 
 
 @pytest.fixture(scope="module")
-def runs(model_dirs, ray_session):
+def runs(model_dirs):
     layouts = {name: (kind, n, {**MEGATRON, **o}) for name, (kind, n, o) in LAYOUTS.items()}
     return LayoutRuns(layouts, model_dirs, prefix="megatron_")
 
@@ -86,9 +86,7 @@ def test_chunked_equals_the_whole_logits(runs):
     assert_chunked_equals_whole(runs.get("tp2_odd_vocab"), runs.get("tp2_odd_vocab", False))
 
 
-def test_checkpoint_loads_in_transformers_and_resumes_in_another_layout(
-    model_dirs, ray_session, tmp_path
-):
+def test_checkpoint_loads_in_transformers_and_resumes_in_another_layout(model_dirs, tmp_path):
     """Saved at tp=2 with the odd vocabulary (padded to 512 inside the engine): from_pretrained
     loads the real shapes and gives the same log-probs; a world-size-1 Megatron engine and a
     world-size-1 DTensor engine (both padding to 384) resume with the same loss, gradient norm

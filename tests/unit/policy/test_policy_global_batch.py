@@ -10,12 +10,11 @@ from tiny_policies import make_batch, policy_config, running_policy
 
 from nemo_opd.losses import DistillationLossFn, TopkKLParams
 
-RAY_CPUS = 2
 COPIES = 2
 K = 4
 
 
-def test_one_copy_with_a_smaller_global_batch_trains_as_the_copies(model_dirs, ray_session):
+def test_one_copy_with_a_smaller_global_batch_trains_as_the_copies(model_dirs):
     cfg = policy_config(model_dirs["tied"], train_global_batch_size=8)
     reference = load_reference(model_dirs["tied"])
     once = make_batch(8, k=K, seed=5, vocab=reference.config.vocab_size)

@@ -24,7 +24,6 @@ from nemo_opd.distributed.worker_group import WorkerError
 from nemo_opd.losses import DistillationLossFn, TopkKLParams
 from nemo_opd.policy.engines.lora import hf_name, inject_lora, is_adapter, train_only_adapters
 
-RAY_CPUS = 4  # the tp2 layout's Policy is kept for the checkpoint test, which starts another
 K = 4
 LOGPROB_ATOL = 2e-5
 LOSS_RTOL = 1e-4
@@ -104,7 +103,7 @@ def layout_config(model_dirs, layout: str):
 
 
 @pytest.fixture(scope="module")
-def tp2_student(model_dirs, ray_session):
+def tp2_student(model_dirs):
     """(the tp2 layout's Policy after its layout_run, that run): its layout test reads the run,
     the checkpoint test trains the Policy on."""
     with running_policy(layout_config(model_dirs, "tp2"), 2, name="lora_tp2") as policy:
@@ -112,7 +111,7 @@ def tp2_student(model_dirs, ray_session):
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_lora_layout_matches_reference(layout, model_dirs, ray_session, request):
+def test_lora_layout_matches_reference(layout, model_dirs, request):
     kind, workers, _ = LAYOUTS[layout]
     model_dir = model_dirs[kind]
     cfg = layout_config(model_dirs, layout)

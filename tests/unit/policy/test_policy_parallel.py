@@ -20,8 +20,6 @@ engine under TP).
 import pytest
 from layout_runs import LayoutRuns, assert_chunked_equals_whole, check_run_against_reference
 
-RAY_CPUS = 4  # logical: the 4-worker layouts run on a 2-core machine too
-
 LAYOUTS = {
     "world1": ("tied", 1, {}),
     "tp2": ("tied", 2, {"dtensor_cfg__tensor_parallel_size": 2}),
@@ -81,7 +79,7 @@ CHUNKED_VS_WHOLE = ["world1", "tp2_odd_vocab", "cp2", "packed_dp2", "tp2_cp2_odd
 
 
 @pytest.fixture(scope="module")
-def runs(model_dirs, ray_session):
+def runs(model_dirs):
     return LayoutRuns(LAYOUTS, model_dirs)
 
 

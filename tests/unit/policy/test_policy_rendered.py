@@ -21,7 +21,6 @@ from nemo_opd.scoring.rendering import TeacherRendering
 from nemo_opd.teachers.cross_tokenizer import CrossTokenizerTeacher
 from nemo_opd.teachers.in_process import InProcessTeacher
 
-RAY_CPUS = 2
 LLAMA3_IDS = 128_256
 
 
@@ -48,7 +47,7 @@ def pair(tmp_path_factory):
 
 
 @pytest.mark.parametrize(("workers", "tp"), [(2, 1), (2, 2)], ids=["dp2", "tp2"])
-def test_workers_render_and_map_as_the_driver_does(pair, ray_session, workers, tp):
+def test_workers_render_and_map_as_the_driver_does(pair, workers, tp):
     rollouts, rendering, model = pair
     cfg = policy_config(
         model,

@@ -55,7 +55,7 @@ def assert_scores_close(got: dict, want: dict, lengths: torch.Tensor) -> None:
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_the_average_scores_as_a_model_of_its_weights(layout, model_dirs, ray_session, tmp_path):
+def test_the_average_scores_as_a_model_of_its_weights(layout, model_dirs, tmp_path):
     model, vocab, overrides, one_process = LAYOUTS[layout]
     cfg = policy_config(model_dirs[model], optimizer={"lr": 3e-2}, **overrides)
     batch = make_batch(4, k=5, vocab=vocab, seed=21)

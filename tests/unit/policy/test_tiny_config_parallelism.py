@@ -32,7 +32,7 @@ OVERRIDES = {
 
 
 @pytest.mark.parametrize("layout", list(OVERRIDES))
-def test_one_override_switches_parallelism(layout, model_dirs, ray_session):
+def test_one_override_switches_parallelism(layout, model_dirs):
     overrides, sizes = OVERRIDES[layout]
     model = model_dirs["tied"]
     cfg = load_config(
