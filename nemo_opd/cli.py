@@ -76,10 +76,11 @@ def main(argv: Sequence[str] | None = None, description: str | None = None) -> i
 
 
 def _train(cfg: DistillationConfig) -> int:
-    """Hand the config to the distillation loop: in this process alone when it runs there (the
-    local executor: Ray is never imported), else inside a Ray session (started here unless this
-    process is connected to one, and stopped again afterwards if this call started it)."""
-    from nemo_opd.config.executor import run_executor
+    """Hand the config to the distillation loop: without Ray when it runs in this process or in
+    processes of this machine (the local and processes executors: Ray is never imported), else
+    inside a Ray session (started here unless this process is connected to one, and stopped
+    again afterwards if this call started it)."""
+    from nemo_opd.config.executor import run_executor, uses_ray
     from nemo_opd.utils.run_dirs import with_absolute_paths
     from nemo_opd.utils.run_identity import check_run_folders
 
@@ -88,7 +89,7 @@ def _train(cfg: DistillationConfig) -> int:
     if finished:
         print(finished)
         return 0
-    if run_executor(cfg) == "local":
+    if not uses_ray(run_executor(cfg)):
         with collection_paused():  # the loop's imports: torch, transformers (gc_pause)
             from nemo_opd.algorithms.distillation import run
 

@@ -109,12 +109,12 @@ def _decoding(samples: int, temperature: float) -> str:
 
 
 def _evaluate(cfg) -> tuple[dict, list[dict]]:
-    """evaluate_model in this process alone (the local executor: no Ray), or inside a Ray
-    session (started here unless one is connected)."""
+    """evaluate_model without Ray (the local and processes executors), or inside a Ray session
+    (started here unless one is connected)."""
     from nemo_opd.algorithms.evaluation import evaluate_model
-    from nemo_opd.config.executor import run_executor
+    from nemo_opd.config.executor import run_executor, uses_ray
 
-    if run_executor(cfg) == "local":
+    if not uses_ray(run_executor(cfg)):
         return evaluate_model(cfg)
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")  # see nemo_opd.cli
     from nemo_opd.distributed.ray_runtime import ray_session

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from nemo_opd.config import DistillationConfig
-from nemo_opd.config.executor import run_executor
+from nemo_opd.config.executor import run_executor, uses_ray
 from nemo_opd.config.worker_split import WorkerSplit
 from nemo_opd.distributed.cluster import WorkerResources, build_placement_group
 from nemo_opd.distributed.placement import bundle_node_slots, generation_bundles
@@ -103,10 +103,14 @@ def describe_workers(cfg: DistillationConfig, device: str, split: WorkerSplit) -
         where = "colocated: each shares a training worker's GPU"
     else:
         where = "on GPUs of their own"
+    if cfg.cluster.executor == "processes":
+        placed = "each a process of this machine (cluster.executor processes, no Ray)"
+    else:
+        placed = "where Ray placed each is printed once they have started"
     return (
         f"workers: {_count(split.training, 'training worker')} (each runs a rank of {models}) "
         f"on {_count(cfg.cluster.num_nodes, 'node')}, {_count(engines, engine)} "
-        f"({where}); where Ray placed each is printed once they have started"
+        f"({where}); {placed}"
     )
 
 
@@ -149,8 +153,9 @@ def collect_startup(marks: StartupMarks, *parts) -> dict[str, dict[str, float]]:
 
 def report_placement(cfg: DistillationConfig, *parts: Policy | VllmGeneration | None) -> None:
     """Print where Ray placed every worker (_named_parts' order) and write it to
-    logger.log_dir/placement.json; a run in one process has nothing to report."""
-    if cfg.cluster.executor == "local":
+    logger.log_dir/placement.json; a run without Ray (every worker on this machine) has nothing
+    to report."""
+    if not uses_ray(cfg.cluster.executor):
         return
     from nemo_opd.distributed.nodes import format_placement, placement_record  # Ray's
 

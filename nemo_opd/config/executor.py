@@ -1,11 +1,13 @@
-"""Which executor runs a run's workers (cluster.executor): Ray actors, or objects in this process.
+"""Which executor runs a run's workers (cluster.executor): Ray actors, objects in this process,
+or processes of this machine.
 
 A run needs Ray when it has more than one worker (cluster.num_nodes x cluster.gpus_per_node:
 the ranks of a model are processes that join one torch.distributed group), attaches to a
 cluster (cluster.address), or has a served teacher (its runs are Ray's). Otherwise auto picks
 "local": the student, the teacher and the generation engine in the driver's process, no Ray
 started or imported. The RAY_ADDRESS environment variable (`ray job submit` sets it) makes auto
-pick Ray too; an explicit "local" ignores it.
+pick Ray too; an explicit "local" ignores it. "processes" is chosen by config only: every
+worker a process of the driver's machine, no Ray (one node, no cluster, no served teacher).
 """
 
 import os
@@ -35,7 +37,7 @@ def ray_reasons(cfg: DistillationConfig) -> list[str]:
 
 def run_executor(
     cfg: DistillationConfig, environ: Mapping[str, str] = os.environ
-) -> Literal["ray", "local"]:
+) -> Literal["ray", "local", "processes"]:
     """cluster.executor, with auto resolved: "local" when nothing needs Ray (ray_reasons) and
     RAY_ADDRESS is unset in `environ`, else "ray"."""
     chosen = cfg.cluster.executor
@@ -45,13 +47,29 @@ def run_executor(
     return "ray" if needs_ray else "local"
 
 
+def uses_ray(executor: str) -> bool:
+    """Whether a resolved executor runs the workers as Ray actors (a Ray session needed)."""
+    return executor == "ray"
+
+
 def check_executor(cfg: DistillationConfig) -> list[str]:
     """cluster.executor local runs one worker in the driver's process: no more than one worker,
-    no cluster.address, no served teacher."""
-    reasons = ray_reasons(cfg) if cfg.cluster.executor == "local" else []
+    no cluster.address, no served teacher; processes runs each worker in a process of this
+    machine: one node, no cluster.address, no served teacher."""
+    executor = cfg.cluster.executor
+    if executor == "local":
+        reasons = ray_reasons(cfg)
+        where = "every worker in this one process"
+    elif executor == "processes":
+        reasons = [r for r in ray_reasons(cfg) if not r.endswith("one process each")]
+        if cfg.cluster.num_nodes > 1:
+            reasons.insert(0, f"cluster.num_nodes {cfg.cluster.num_nodes} (one node only)")
+        where = "every worker a process of this machine"
+    else:
+        return []
     if not reasons:
         return []
     return [
-        f"cluster.executor is local (every worker in this one process), but the run needs "
-        f"Ray: {'; '.join(reasons)}; set cluster.executor=auto or ray"
+        f"cluster.executor is {executor} ({where}), but the run needs Ray: "
+        f"{'; '.join(reasons)}; set cluster.executor=auto or ray"
     ]

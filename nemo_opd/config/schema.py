@@ -385,8 +385,9 @@ class ClusterConfig(Section):
     gpus_per_node: int = Field(1, gt=0, le=MAX_RANKS)
     """Worker processes per node: one per GPU, or CPU worker processes when device is cpu."""
     device: Literal["auto", "cuda", "cpu"] = "auto"
-    """cuda, cpu, or auto (cuda when the executor sees a GPU: the Ray cluster, or this process
-    under the local executor; else cpu); the run prints which, and why, at start."""
+    """cuda, cpu, or auto (cuda when the executor sees a GPU: the Ray cluster, or this machine
+    under the local and processes executors; else cpu); the run prints which, and why, at
+    start."""
     cpus_per_worker: int = Field(1, gt=0, le=MAX_RANKS)
     """CPU cores reserved per worker process."""
     address: str | None = Field(None, min_length=1)
@@ -394,13 +395,15 @@ class ClusterConfig(Section):
     prints for `ray start --address`), or "auto" for the cluster `ray start` started on this
     node. Null: the RAY_ADDRESS environment variable if set (`ray job submit` sets it), else
     a local Ray instance started for the run and stopped after it (docs/cluster.md)."""
-    executor: Literal["auto", "ray", "local"] = "auto"
+    executor: Literal["auto", "ray", "local", "processes"] = "auto"
     """What runs the workers: ray (each worker a Ray actor in a process of its own, placed by
-    a placement group: more than one worker, several nodes, a cluster, a served teacher) or
+    a placement group: more than one worker, several nodes, a cluster, a served teacher),
     local (the student, the teacher and the generation engine as objects in the driver's own
-    process, no Ray: one worker). auto: local when nothing needs Ray (one worker, no served
-    teacher, no cluster.address and no RAY_ADDRESS), else ray (docs/distillation.md,
-    "Executors"). local with something that needs Ray is refused with the reason."""
+    process, no Ray: one worker) or processes (each worker a process of this machine forked
+    from a server that imported the engines once, no Ray: several workers on one node). auto:
+    local when nothing needs Ray (one worker, no served teacher, no cluster.address and no
+    RAY_ADDRESS), else ray (docs/distillation.md, "Executors"). local or processes with
+    something they cannot run is refused with the reason."""
 
     @property
     def world_size(self) -> int:

@@ -5,7 +5,8 @@ start method) that has imported the engines' modules once (PRELOAD): a rank star
 importing torch, transformers and the engines again, the several seconds of CPU that a fresh
 Ray actor spends on them. Ranks of one model join a torch.distributed group over TCP on this
 machine (127.0.0.1, a free port) as Ray's do; rank r runs with LOCAL_RANK=r, so that on CUDA it
-takes the r-th visible GPU (process_group.init_distributed).
+takes the r-th visible GPU (process_group.init_distributed), and with the environment variables
+its Ray options would give a Ray actor (worker_group.start_workers).
 
 A call is pickled by value to each rank over a pipe and answered the same way (Ray copies
 arguments and answers too). A reader thread per rank receives the answers, so that a rank
@@ -77,6 +78,7 @@ class ProcessWorkerGroup:
         wait: bool = True,
         timeout_s: float | None = DEFAULT_TIMEOUT_S,
         start_timeout_s: float | None = DEFAULT_TIMEOUT_S,
+        environ: Callable[[int], dict[str, str]] | None = None,
     ) -> None:
         _fork_server_preloads()
         self.name = name
@@ -91,7 +93,8 @@ class ProcessWorkerGroup:
         self._ranks: list[_Rank] = []
         try:
             for rank in range(num_workers):
-                self._ranks.append(self._start_rank(rank, make_args(rank)))
+                env = {**(environ(rank) if environ else {}), "LOCAL_RANK": str(rank)}
+                self._ranks.append(self._start_rank(rank, make_args(rank), env))
         except BaseException:
             self.shutdown()
             raise
@@ -106,13 +109,13 @@ class ProcessWorkerGroup:
 
     # ------------------------------------------------------------------ start and stop
 
-    def _start_rank(self, rank: int, args: tuple) -> "_Rank":
-        """Fork rank's process (it builds worker_cls(*args) and answers _READY) and start the
-        thread that reads its answers."""
+    def _start_rank(self, rank: int, args: tuple, env: dict[str, str]) -> "_Rank":
+        """Fork rank's process (with `env` added to its environment, it builds
+        worker_cls(*args) and answers _READY) and start the thread that reads its answers."""
         driver_end, child_end = _context.Pipe(duplex=True)
         process = _context.Process(
             target=_serve,
-            args=(child_end, self.worker_cls, args, {"LOCAL_RANK": str(rank)}),
+            args=(child_end, self.worker_cls, args, env),
             name=f"{self.name}-rank{rank}",
             daemon=True,
         )
@@ -354,8 +357,13 @@ class _Rank:
 
 def _serve(connection, worker_cls: type, args: tuple, environ: dict[str, str]) -> None:
     """A rank's process: build the worker, answer _READY, then serve calls until a None
-    message or the driver's end of the pipe closes."""
+    message or the driver's end of the pipe closes. OMP_NUM_THREADS in `environ` sets torch's
+    thread count too (the fork server imported torch before the variable was there)."""
     os.environ.update(environ)
+    if "OMP_NUM_THREADS" in environ:
+        import torch
+
+        torch.set_num_threads(int(environ["OMP_NUM_THREADS"]))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
     try:
         worker = worker_cls(*args)

@@ -1,4 +1,4 @@
-"""A call to a worker, as both executors make it: how its method is named, how long it may take,
+"""A call to a worker, as every executor makes it: how its method is named, how long it may take,
 and the errors it ends with (nemo_opd.distributed.worker_group has the executors)."""
 
 from collections.abc import Callable, Sequence
@@ -18,8 +18,9 @@ class WorkerError(RunError):
 
     Attributes:
         rank: the rank that failed (None: several did not answer in time).
-        died: its process ended (Ray only; a local worker's failure ends this process).
-        detail: Ray's death notice ("pid N: ..."), or "<ExceptionType>: <message>".
+        died: its process ended (Ray and processes; a local worker's failure ends this
+            process).
+        detail: how the process ended ("pid N: ..."), or "<ExceptionType>: <message>".
         cause: the worker's own exception, where there is one.
     """
 

@@ -30,7 +30,7 @@ Arguments a worker receives may be values or what group.put returned (Ray: an Ob
 object store, resolved by Ray before the call; local and processes: the object itself).
 
 Failures: a worker that raises, dies or does not answer within the group's time-out raises
-WorkerError naming the group and the rank, in the same words under either executor. A worker
+WorkerError naming the group and the rank, in the same words under every executor. A worker
 that raised stays in the group and serves the next call, as a Ray actor outlives an exception
 of its own; a group whose start failed is shut down.
 """
@@ -139,7 +139,8 @@ def start_workers(
         start_timeout_s: how long the start may take.
         ray_options, placement, bundles, reserve: where Ray puts each worker (RayWorkerGroup);
             ignored by the local and processes executors, whose workers all run on this
-            machine.
+            machine, but for the environment variables of ray_options' runtime_env, which a
+            process of the processes executor is given too.
     """
     if executor == "local":
         from nemo_opd.distributed.local_workers import LocalWorkerGroup
@@ -164,6 +165,7 @@ def start_workers(
             wait=wait,
             timeout_s=timeout_s,
             start_timeout_s=start_timeout_s,
+            environ=lambda rank: _process_env(ray_options(rank) if ray_options else {}),
         )
     if executor != "ray":
         raise ValueError(f"executor must be 'ray', 'local' or 'processes', got {executor!r}")
@@ -183,3 +185,9 @@ def start_workers(
         bundles=bundles,
         reserve=reserve,
     )
+
+
+def _process_env(options: dict) -> dict[str, str]:
+    """The environment a worker's Ray options ask its process for (runtime_env's env_vars),
+    which a process of the processes executor is given too."""
+    return dict(options.get("runtime_env", {}).get("env_vars", {}))

@@ -15,9 +15,11 @@ or with seed[i] when given one seed per prompt, so the samples do not depend on 
 engines.
 
 Each engine is a worker of an EngineWorker class (VllmWorker or HfWorker: backends.py), run by
-either executor (nemo_opd.distributed.worker_group): a Ray actor, or an object in the driver's
-process (the local executor: one engine beside the student and the teacher, no Ray; on CPU it
-computes on the process's torch threads, which the run sets, and sleep mode works in place).
+any executor (nemo_opd.distributed.worker_group): a Ray actor, a process of this machine (the
+processes executor, given the environment the actor's options name), or an object in the
+driver's process (the local executor: one engine beside the student and the teacher, no Ray;
+on CPU it computes on the process's torch threads, which the run sets, and sleep mode works in
+place).
 
 Placement under Ray (one actor per engine):
 - CPU: each engine reserves cpus_per_engine Ray CPUs, 0 by default. The training workers'

@@ -12,8 +12,9 @@ ranks of its replica; results come back from the (cp=0, tp=0) rank of every repl
 A teacher with another tokenizer is sent the student's conversations instead (set_rendering,
 then score_rendered): each replica renders its own rows in the teacher's tokens.
 
-The workers run on either executor (nemo_opd.distributed.worker_group): Ray actors, one process
-per rank, or one PolicyWorker in the driver's process; the calls and the answers are the same.
+The workers run on any executor (nemo_opd.distributed.worker_group): Ray actors, one process
+per rank, processes of this machine forked without Ray, or one PolicyWorker in the driver's
+process; the calls and the answers are the same.
 """
 
 from __future__ import annotations

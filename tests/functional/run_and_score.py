@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from nemo_opd.config import load_config
-from nemo_opd.config.executor import run_executor
+from nemo_opd.config.executor import run_executor, uses_ray
 
 PROBES = 4
 
@@ -48,9 +48,9 @@ def probe_batch(state) -> dict[str, torch.Tensor]:
 
 
 def executor_session(cfg):
-    """A Ray session for a run on Ray; nothing for one in this process (the local executor),
-    as the command line does (nemo_opd.cli)."""
-    if run_executor(cfg) == "local":
+    """A Ray session for a run on Ray; nothing for one without Ray (the local and processes
+    executors), as the command line does (nemo_opd.cli)."""
+    if not uses_ray(run_executor(cfg)):
         return contextlib.nullcontext()
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     from nemo_opd.distributed.ray_runtime import ray_session

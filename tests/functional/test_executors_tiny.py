@@ -1,10 +1,12 @@
-"""The tiny default in one process and on Ray: the executors are interchangeable.
+"""The tiny default in one process, in forked processes and on Ray: the executors are
+interchangeable.
 
 The shipped config has one worker, so auto runs it in the driver's process (the student, the
 teacher and vLLM as objects there, no Ray started); cluster.executor=ray runs the same config as
-Ray actors. At the same seeds and thread counts (setup_workers.local_threads gives the process the
-threads each Ray worker and engine computes on) both log the same metrics, exactly, at every
-step: overlap (each step's rollouts sampled while the step before trains), the refit check,
+Ray actors, and cluster.executor=processes as processes of this machine without Ray. At the
+same seeds and thread counts (setup_workers.local_threads gives the process the threads each
+Ray worker and engine computes on) all three log the same metrics, exactly, at every step:
+overlap (each step's rollouts sampled while the step before trains), the refit check,
 validation and checkpoints included. The run in one process is stopped by SIGTERM after a
 checkpoint and resumed by the same command: the steps before the stop show the executors
 interchangeable, the steps after it show the resumed run logging the uninterrupted run's
@@ -98,6 +100,15 @@ def test_one_process_logs_the_ray_runs_metrics_exactly(on_ray, in_one_process):
     assert "validation/accuracy" in local_metrics[STEPS]
     assert local_metrics[1]["generation/logprob_mismatch"] < 1e-3  # the refit holds
     assert compared(local_metrics) == compared(ray_metrics)
+
+
+def test_forked_processes_log_the_ray_runs_metrics_exactly(on_ray, tmp_path):
+    """cluster.executor=processes: the student, the teacher and vLLM each a process of this
+    machine forked from one server, no Ray."""
+    result = run_process.run_to_end(command(tmp_path, "cluster.executor=processes"), tmp_path)
+    assert "(cluster.executor processes, no Ray)" in result.stdout
+    assert "ray: started a local instance" not in result.stdout
+    assert compared(read_metrics(tmp_path)) == compared(on_ray[0])
 
 
 def test_sigterm_in_one_process_stops_cleanly_and_resumes_exactly(on_ray, in_one_process):

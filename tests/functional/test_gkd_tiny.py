@@ -1,7 +1,9 @@
 """The GKD family in the loop, on the tiny task: off-policy data (the dataset's responses,
 data.response_key) mixed by lmbda, the supervised baseline, and self-distillation with a
 privileged-context teacher. The runs share this process's imports; each runs in this process
-(the local executor) but the one whose layout needs two ranks, which attaches to the module's Ray.
+(the local executor) but the one whose layout needs two ranks, which runs them as processes of
+this machine (cluster.executor=processes), and the served teacher's, which attaches to the
+module's Ray.
 
 - lmbda 0.5: each step is on- or off-policy as the documented rule says (seed 42: off, on, on,
   off); off-policy steps train on the reference solutions (all correct: reward 1), skip the
@@ -187,7 +189,6 @@ def test_a_teacher_with_its_own_chat_template_reads_its_own_rendering(
         assert crossed[key] == plain[key], key
 
 
-@pytest.mark.usefixtures("ray_session")  # two ranks: Ray's processes
 def test_routed_teachers_one_with_another_tokenizer_on_megatron_tp2_packed(tmp_path):
     """distillation_tiny_routed.yaml with its multiplication teacher swapped for the tiny
     teacher of another tokenizer and chat template (tiny:xtok_teacher), run by megatron-core at
@@ -200,6 +201,7 @@ def test_routed_teachers_one_with_another_tokenizer_on_megatron_tp2_packed(tmp_p
         "distillation.max_num_steps=2",
         "cluster.gpus_per_node=2",
         "cluster.cpus_per_worker=1",
+        "cluster.executor=processes",  # two ranks, no Ray
         f"{arithmetic}.model_name=tiny:xtok_teacher",
         f"{arithmetic}.tokenizer.name=tiny:xtok_tokenizer",
         f"{arithmetic}.dtensor_cfg.enabled=false",

@@ -96,3 +96,17 @@ def test_local_with_what_needs_ray_is_refused_with_the_reason(minimal):
         "or ray"
     ]
     assert problems({**one_worker(minimal), "cluster": {"executor": "local"}}) == []
+
+
+def test_processes_run_several_workers_of_one_node_and_refuse_what_needs_ray(minimal):
+    several = {"num_nodes": 1, "gpus_per_node": 2, "device": "cpu", "executor": "processes"}
+    assert problems({**minimal, "cluster": several}) == []
+    assert run_executor(validate_config({**minimal, "cluster": several}), environ={}) == (
+        "processes"
+    )
+    minimal["cluster"] = {**several, "num_nodes": 2, "address": "10.0.0.1:6379"}
+    assert problems(minimal) == [
+        "cluster.executor is processes (every worker a process of this machine), but the run "
+        "needs Ray: cluster.num_nodes 2 (one node only); cluster.address 10.0.0.1:6379 (a Ray "
+        "cluster to attach to); set cluster.executor=auto or ray"
+    ]

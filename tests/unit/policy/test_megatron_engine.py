@@ -26,6 +26,7 @@ from references import (
 )
 from tiny_policies import (
     cpu_cluster,
+    executor_for,
     frozen_topk,
     make_batch,
     policy_config,
@@ -100,7 +101,7 @@ def test_checkpoint_loads_in_transformers_and_resumes_in_another_layout(model_di
     checkpoint = tmp_path / "step_1"
 
     cfg = megatron_config(model, megatron_cfg__tensor_model_parallel_size=2)
-    policy = Policy(cfg, cpu_cluster(2), name="megatron_save")
+    policy = Policy(cfg, cpu_cluster(2), name="megatron_save", executor=executor_for(2))
     try:
         policy.train(first, loss_fn)
         saved_logprobs = policy.get_logprobs(second)

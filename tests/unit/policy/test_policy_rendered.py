@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 from real_tokenizers import HOSTILE_TEXTS
-from tiny_policies import cpu_cluster, policy_config, tiny_qwen3
+from tiny_policies import cpu_cluster, executor_for, policy_config, tiny_qwen3
 from transformers import AutoModelForCausalLM
 
 from nemo_opd.data.chat import ChatFormatter
@@ -56,7 +56,13 @@ def test_workers_render_and_map_as_the_driver_does(pair, workers, tp):
         max_total_sequence_length=256,
         dtensor_cfg__tensor_parallel_size=tp,
     )
-    policy = Policy(cfg, cpu_cluster(workers), optimizer=False, name=f"teacher_tp{tp}")
+    policy = Policy(
+        cfg,
+        cpu_cluster(workers),
+        optimizer=False,
+        name=f"teacher_tp{tp}",
+        executor=executor_for(workers),
+    )
     try:
         teacher = InProcessTeacher(policy)
         on_driver = CrossTokenizerTeacher(teacher, rendering)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from references import load_reference, reference_logprobs
-from tiny_policies import make_batch
+from tiny_policies import executor_for, make_batch
 
 from nemo_opd.config import load_config
 from nemo_opd.policy.policy import Policy
@@ -45,7 +45,13 @@ def test_one_override_switches_parallelism(layout, model_dirs):
     # The tiny config decays its learning rate, which needs the run's length (the loop passes
     # the real one; this test only scores).
     steps = cfg.distillation.max_num_steps
-    policy = Policy(cfg.policy, cfg.cluster, name=f"tiny_{layout}", total_steps=steps)
+    policy = Policy(
+        cfg.policy,
+        cfg.cluster,
+        name=f"tiny_{layout}",
+        total_steps=steps,
+        executor=executor_for(cfg.cluster.world_size),
+    )
     try:
         assert (policy.dims.dp, policy.dims.tp, policy.dims.cp) == sizes
         logprobs = policy.get_logprobs(batch)
