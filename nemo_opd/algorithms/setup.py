@@ -223,9 +223,10 @@ def _build_run(cfg: DistillationConfig, lock: RunLock, marks: StartupMarks) -> D
 
 
 def _workers_output(cfg: DistillationConfig) -> AbstractContextManager:
-    """Where the workers' start-up output goes: with the local executor, logger.log_dir's
-    workers.log (utils/worker_output.py), as each Ray worker's goes to its own log files."""
-    if cfg.cluster.executor != "local":
+    """Where the workers' start-up output goes: without Ray, logger.log_dir's workers.log
+    (utils/worker_output.py; a process of the processes executor keeps writing there), as
+    each Ray worker's goes to its own log files."""
+    if cfg.cluster.executor == "ray":
         return nullcontext()
     return start_up_output_to(Path(cfg.logger.log_dir) / WORKERS_LOG)
 

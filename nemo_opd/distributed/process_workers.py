@@ -6,7 +6,9 @@ importing torch, transformers and the engines again, the several seconds of CPU 
 Ray actor spends on them. Ranks of one model join a torch.distributed group over TCP on this
 machine (127.0.0.1, a free port) as Ray's do; rank r runs with LOCAL_RANK=r, so that on CUDA it
 takes the r-th visible GPU (process_group.init_distributed), and with the environment variables
-its Ray options would give a Ray actor (worker_group.start_workers).
+its Ray options would give a Ray actor (worker_group.start_workers). A rank started while a run
+keeps its workers' start-up output in logger.log_dir's workers.log (utils.worker_output) writes
+its standard error there for its whole life.
 
 A call is pickled by value to each rank over a pipe and answered the same way (Ray copies
 arguments and answers too). A reader thread per rank receives the answers, so that a rank
@@ -41,6 +43,7 @@ from nemo_opd.distributed.worker_calls import (
     method_name,
     raised,
 )
+from nemo_opd.utils.worker_output import WORKERS_LOG_ENV
 
 PRELOAD = ["torch", "transformers", "nemo_opd.policy.worker", "nemo_opd.policy.engines.dtensor"]
 """What the fork server imports before it forks a rank: what every policy rank imports."""
@@ -92,8 +95,10 @@ class ProcessWorkerGroup:
         self._locks = [threading.Lock() for _ in range(num_workers)]
         self._ranks: list[_Rank] = []
         try:
+            log = os.environ.get(WORKERS_LOG_ENV)  # utils.worker_output: a run's workers.log
             for rank in range(num_workers):
                 env = {**(environ(rank) if environ else {}), "LOCAL_RANK": str(rank)}
+                env.update({WORKERS_LOG_ENV: log} if log else {})
                 self._ranks.append(self._start_rank(rank, make_args(rank), env))
         except BaseException:
             self.shutdown()
@@ -360,6 +365,10 @@ def _serve(connection, worker_cls: type, args: tuple, environ: dict[str, str]) -
     message or the driver's end of the pipe closes. OMP_NUM_THREADS in `environ` sets torch's
     thread count too (the fork server imported torch before the variable was there)."""
     os.environ.update(environ)
+    if WORKERS_LOG_ENV in environ:  # standard error to the run's workers.log, for good
+        log = os.open(environ[WORKERS_LOG_ENV], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(log, 2)
+        os.close(log)
     if "OMP_NUM_THREADS" in environ:
         import torch
 

@@ -14,6 +14,10 @@ user chose a stream).
 
 When the start fails, the log's last lines are printed on the console's standard error before
 the error goes on; when it succeeds, one line names the log if anything was written to it.
+
+Worker processes started inside the block without Ray (the processes executor) are told the
+log's path (WORKERS_LOG_ENV) and append their standard error to it for their whole life, as a
+Ray worker writes to its own log files.
 """
 
 import os
@@ -26,6 +30,8 @@ from nemo_opd.utils.text_width import wrapped
 
 WORKERS_LOG = "workers.log"
 """In logger.log_dir: what the workers wrote to standard error while they started."""
+WORKERS_LOG_ENV = "NEMO_OPD_WORKERS_LOG"
+"""Set inside start_up_output_to's block: the log a worker process started there writes to."""
 TAIL_LINES = 20
 """How many of the log's last lines a failed start shows."""
 
@@ -39,11 +45,17 @@ def start_up_output_to(path: Path) -> Iterator[Path]:
     log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     size = os.fstat(log).st_size
     failed = True
+    told = os.environ.get(WORKERS_LOG_ENV)
+    os.environ[WORKERS_LOG_ENV] = str(path)
     try:
         os.dup2(log, 2)
         yield path
         failed = False
     finally:
+        if told is None:
+            os.environ.pop(WORKERS_LOG_ENV, None)
+        else:
+            os.environ[WORKERS_LOG_ENV] = told
         sys.stderr.flush()
         os.dup2(console, 2)
         os.close(console)

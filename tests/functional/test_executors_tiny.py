@@ -108,6 +108,9 @@ def test_forked_processes_log_the_ray_runs_metrics_exactly(on_ray, tmp_path):
     result = run_process.run_to_end(command(tmp_path, "cluster.executor=processes"), tmp_path)
     assert "(cluster.executor processes, no Ray)" in result.stdout
     assert "ray: started a local instance" not in result.stdout
+    # The processes' own output (vLLM's warnings, weight loading) is in workers.log, not here.
+    assert "Loading" not in result.stderr and "WARNING" not in result.stderr, result.stderr
+    assert "Loading" in (tmp_path / "logs" / "workers.log").read_text()
     assert compared(read_metrics(tmp_path)) == compared(on_ray[0])
 
 
