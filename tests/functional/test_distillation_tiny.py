@@ -1,14 +1,15 @@
 """The whole loop on CPU: the tiny config on two one-thread workers per model with tensor
 parallelism 2, sequence packing and two-turn rollouts (a retry after a wrong answer), run
 straight through in lockstep, and the same config overlapped (distillation.max_staleness 1, the
-refit check every third step), which samples by its schedule. Then the overlapped run through a
-chain of real faults, each ending the run with one clear message and each resumed from the
-newest intact checkpoint by the same command: SIGTERM (a clean stop with a checkpoint), a
-training worker killed while rollouts are ahead of training (they are saved with the
-checkpoint), the vLLM engine killed between steps (as the OOM killer does), the newest
-checkpoint damaged on disk. The run that finally completes must log the same metrics as the
-uninterrupted overlapped one. (A save that fails part-way is caused for real one level down, in
-tests/unit/policy/test_policy_checkpoint.py: the loop adds only the message.)
+refit check every third step), which samples by its schedule, both as processes of this machine
+(cluster.executor=processes). Then the overlapped run on Ray through a chain of real faults,
+each ending the run with one clear message and each resumed from the newest intact checkpoint
+by the same command: SIGTERM (a clean stop with a checkpoint), a training worker killed while
+rollouts are ahead of training (they are saved with the checkpoint), the vLLM engine killed
+between steps (as the OOM killer does), the newest checkpoint damaged on disk. The run that
+finally completes must log the same metrics as the uninterrupted overlapped one. (A save that
+fails part-way is caused for real one level down, in tests/unit/policy/test_policy_checkpoint.py:
+the loop adds only the message.)
 
 The models are the seconds-long "micro" build of the tiny assets (the default tiny models take
 minutes to build): this test checks the machinery, not the learning curve (docs/tiny_run.md
@@ -64,7 +65,7 @@ def overrides(assets, run_dir: Path) -> list[str]:
         "policy.train_micro_batch_size=4",
         "policy.generation.max_new_tokens=12",
         "policy.generation.logprob_check_samples=5",  # of 16 rollouts per step
-        "cluster.executor=ray",  # the fault tests kill Ray's worker processes
+        "cluster.executor=ray",  # the fault tests kill Ray's worker processes (see PROCESSES)
         "cluster.gpus_per_node=2",  # the config's one worker per model, as two
         "cluster.cpus_per_worker=1",
         "policy.dtensor_cfg.tensor_parallel_size=2",
@@ -121,14 +122,18 @@ step stale."""
 FRESH = {step for step in range(1, STEPS + 1) if (step - 1) % 3 == 0}
 
 
+PROCESSES = "cluster.executor=processes"
+"""The uninterrupted runs' workers: processes of this machine without Ray (nothing kills them);
+the fault chain's runs, on Ray, must still log the overlapped one's metrics."""
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(micro_assets, tmp_path_factory):
     """The two uninterrupted runs, lockstep and overlapped (max_staleness 1), one after the other
-    in one driver process (tests/functional/run_configs.py: each starts and stops its own local
-    Ray and workers; they share the driver's imports): {"lockstep"/"overlapped": (run dir,
-    metrics, stdout)}."""
+    in one driver process (tests/functional/run_configs.py: they share the driver's imports and
+    its fork server; PROCESSES): {"lockstep"/"overlapped": (run dir, metrics, stdout)}."""
     root = tmp_path_factory.mktemp("uninterrupted")
-    plan = {"lockstep": (), "overlapped": OVERLAP}
+    plan = {"lockstep": (PROCESSES,), "overlapped": (PROCESSES, *OVERLAP)}
     for name in plan:
         (root / name).mkdir()
     spec = [  # the command's arguments after the script's name
