@@ -14,6 +14,8 @@ which tp=2 does not divide: both engines pad it to 512 inside and export 321 row
 per-step loss, forward KL, reverse KL and gradient norm must agree within RTOL; the top-k and
 log-probs within ATOL; and the exported weights, loaded into transformers, must give the same
 logits within LOGITS_ATOL. The table printed at the end is the one recorded in docs/megatron.md.
+Each layout's two ranks are processes of this machine (the processes executor, which computes
+as Ray's workers do bit for bit: tests/unit/policy/test_policy_executors.py).
 """
 
 import json
@@ -127,7 +129,7 @@ def student_config(assets, student: str, backend: str, tp: int, packing: bool) -
 def run_backend(cfg: PolicyConfig, batch: dict, probe: dict, name: str) -> dict:
     cluster = ClusterConfig(num_nodes=1, gpus_per_node=2, device="cpu", cpus_per_worker=1)
     loss_fn = DistillationLossFn(params=TopkKLParams(kl_type="mixed"), implementation="torch")
-    policy = Policy(cfg, cluster, name=name)
+    policy = Policy(cfg, cluster, name=name, executor="processes")
     try:
         out = {
             "logprobs": policy.get_logprobs(probe),
@@ -152,7 +154,7 @@ def rel(a: float, b: float) -> float:
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_dtensor_and_megatron_agree(case, assets, odd_student, ray_session):
+def test_dtensor_and_megatron_agree(case, assets, odd_student):
     tp, packing, odd = CASES[case]
     student = odd_student if odd else str(assets.student)
     batch = add_teacher_topk(assets, fixed_batch(assets, STEPS * ROWS_PER_STEP, offset=0))
