@@ -2,12 +2,14 @@
 parallelism 2, sequence packing and two-turn rollouts (a retry after a wrong answer), run
 straight through in lockstep, and the same config overlapped (distillation.max_staleness 1, the
 refit check every third step), which samples by its schedule, both as processes of this machine
-(cluster.executor=processes). Then the overlapped run on Ray through a chain of real faults,
-each ending the run with one clear message and each resumed from the newest intact checkpoint
-by the same command: SIGTERM (a clean stop with a checkpoint), a training worker killed while
-rollouts are ahead of training (they are saved with the checkpoint), the vLLM engine killed
-between steps (as the OOM killer does), the newest checkpoint damaged on disk. The run that
-finally completes must log the same metrics as the uninterrupted overlapped one. (A save that
+(cluster.executor=processes). Then the overlapped run through a chain of real faults, each
+ending the run with one clear message and each resumed from the newest intact checkpoint by
+the same command: SIGTERM (a clean stop with a checkpoint, no worker left behind), a training
+worker killed while rollouts are ahead of training (they are saved with the checkpoint), the
+vLLM engine killed between steps (as the OOM killer does), the newest checkpoint damaged on
+disk. The first and the last of these runs' workers are processes of this machine, the other
+two Ray's actors (whose processes they kill). The run that finally completes must log the same
+metrics as the uninterrupted overlapped one. (A save that
 fails part-way is caused for real one level down, in tests/unit/policy/test_policy_checkpoint.py:
 the loop adds only the message.)
 
@@ -24,6 +26,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 import run_process
 import torch
@@ -227,11 +230,15 @@ def test_faults_end_runs_cleanly_and_resume_exactly(micro_assets, uninterrupted,
     straight = uninterrupted["overlapped"][1]
     checkpoints = tmp_path / "checkpoints"
 
-    # 1. SIGTERM to the driver: the step in progress finishes, a checkpoint is saved, exit 143.
-    run = start_run(micro_assets, tmp_path, *FAULTY)
+    # 1. SIGTERM to the driver: the step in progress finishes, a checkpoint is saved, exit 143
+    # (its workers processes of this machine: the driver's signal, not Ray's).
+    run = start_run(micro_assets, tmp_path, *FAULTY, PROCESSES)
     run.wait_for_checkpoint(1)
+    workers = psutil.Process(run.process.pid).children(recursive=True)
     os.kill(run.process.pid, signal.SIGTERM)
     code, out, err = run.finish()
+    _, alive = psutil.wait_procs(workers, timeout=30)
+    assert not alive, f"processes that outlived the driver: {alive}"
     assert code == 128 + signal.SIGTERM, err[-3000:]
     stopped = int(re.search(r"stopped after step (\d+) on SIGTERM", out).group(1))
     assert 1 <= stopped <= 2, out[-2000:]
@@ -272,7 +279,7 @@ def test_faults_end_runs_cleanly_and_resume_exactly(micro_assets, uninterrupted,
     newest = newest_checkpoint(checkpoints)
     weights = checkpoints / f"step_{newest}" / "policy" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])
-    out = run_to_end(micro_assets, tmp_path, *FAULTY).stdout
+    out = run_to_end(micro_assets, tmp_path, *FAULTY, PROCESSES).stdout
     assert f"checkpoint not resumable, set aside as {checkpoints / 'unreadable'}" in out
     assert f"step_{newest}" in out and "has 1000 bytes" in out and "written" in out
     assert f"resumed from {checkpoints / f'step_{newest - 1}'}" in out
