@@ -10,20 +10,19 @@ engine ("start"), scores a batch of 8 rows of 64 tokens with get_logprobs ("call
 it down ("stop"). The first repeat of each executor is reported apart: it includes Ray's
 start of its local instance, or the fork server's imports of torch, transformers and the
 engines (once per driver process); the later repeats are the cost of every further model's
-start. The CPU seconds are those of every process below this one (psutil), so the work of the
-ranks and of Ray's daemons is counted too. Writes OUT/results.json and OUT/results.md.
+start. Writes OUT/results.json and OUT/results.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import psutil
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -73,43 +72,28 @@ def batch(vocab: int) -> dict:
     return {"input_ids": ids, "input_lengths": torch.full((8,), 64)}
 
 
-def tree_cpu() -> float:
-    """CPU seconds of this process and every process below it that is still alive."""
-    me = psutil.Process()
-    total = 0.0
-    for process in [me, *me.children(recursive=True)]:
-        try:
-            times = process.cpu_times()
-            total += times.user + times.system + times.children_user + times.children_system
-        except psutil.NoSuchProcess:
-            pass
-    return total
-
-
 def one_start(executor: str, cfg, cluster, data: dict) -> dict[str, float]:
-    """Start, call and stop one Policy; seconds of each, and the process tree's CPU seconds
-    over the three (what the stopped processes used is lost with them: a lower bound)."""
+    """Start, call and stop one Policy: seconds of each."""
     from nemo_opd.policy.policy import Policy
 
-    cpu = tree_cpu()
     began = time.perf_counter()
     policy = Policy(cfg, cluster, optimizer=False, name=executor, executor=executor)
     started = time.perf_counter()
     policy.get_logprobs(data)
     called = time.perf_counter()
-    cpu_in_use = tree_cpu() - cpu
     policy.shutdown()
     stopped = time.perf_counter()
     return {
         "start_s": started - began,
         "call_s": called - started,
         "stop_s": stopped - called,
-        "cpu_s": cpu_in_use,
     }
 
 
 def run_executor(executor: str, args, cfg, cluster, data) -> list[dict[str, float]]:
     if executor == "ray":
+        # as the command line: under `uv run`, Ray would build a fresh environment per worker
+        os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
         from nemo_opd.distributed.ray_runtime import ray_session
 
         with ray_session(cluster):
@@ -119,8 +103,8 @@ def run_executor(executor: str, args, cfg, cluster, data) -> list[dict[str, floa
 
 def table(results: dict[str, list[dict[str, float]]]) -> str:
     lines = [
-        "| executor | first start s | later starts s (median) | call s | stop s | CPU s |",
-        "|---|---|---|---|---|---|",
+        "| executor | first start s | later starts s (median) | call s | stop s |",
+        "|---|---|---|---|---|",
     ]
     for executor, runs in results.items():
         later = runs[1:] or runs
@@ -128,8 +112,7 @@ def table(results: dict[str, list[dict[str, float]]]) -> str:
             f"| {executor} | {runs[0]['start_s']:.2f} | "
             f"{statistics.median(r['start_s'] for r in later):.2f} | "
             f"{statistics.median(r['call_s'] for r in later):.3f} | "
-            f"{statistics.median(r['stop_s'] for r in later):.2f} | "
-            f"{statistics.median(r['cpu_s'] for r in later):.1f} |"
+            f"{statistics.median(r['stop_s'] for r in later):.2f} |"
         )
     return "\n".join(lines)
 
