@@ -117,7 +117,7 @@ def table(results: dict[str, list[dict[str, float]]]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("runs/bench_executors"))
     parser.add_argument("--executors", nargs="+", default=["processes", "ray"])
@@ -127,7 +127,7 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--vocab", type=int, default=256)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.repeats < 2:
         parser.error("--repeats must be at least 2 (the first start is reported apart)")
 
