@@ -28,6 +28,14 @@ def ray_reasons(cfg: DistillationConfig) -> list[str]:
             f"{cluster.world_size} workers (cluster.num_nodes {cluster.num_nodes} x "
             f"cluster.gpus_per_node {cluster.gpus_per_node}), one process each"
         )
+    return reasons + _ray_services(cfg)
+
+
+def _ray_services(cfg: DistillationConfig) -> list[str]:
+    """What in the config needs Ray whatever runs the workers: a cluster to attach to, a served
+    teacher (its runs are Ray's), one phrase each."""
+    cluster = cfg.cluster
+    reasons = []
     if cluster.address:
         reasons.append(f"cluster.address {cluster.address} (a Ray cluster to attach to)")
     if cfg.teacher is not None and cfg.teacher.server.enabled:
@@ -61,9 +69,9 @@ def check_executor(cfg: DistillationConfig) -> list[str]:
         reasons = ray_reasons(cfg)
         where = "every worker in this one process"
     elif executor == "processes":
-        reasons = [r for r in ray_reasons(cfg) if not r.endswith("one process each")]
-        if cfg.cluster.num_nodes > 1:
-            reasons.insert(0, f"cluster.num_nodes {cfg.cluster.num_nodes} (one node only)")
+        nodes = cfg.cluster.num_nodes
+        reasons = [f"cluster.num_nodes {nodes} (one node only)"] if nodes > 1 else []
+        reasons += _ray_services(cfg)
         where = "every worker a process of this machine"
     else:
         return []

@@ -52,18 +52,6 @@ PROCESS_NODE = ("local", "this machine")
 STARTING = "start (build the worker, join the process group)"
 _READY = "__ready__"
 _context = multiprocessing.get_context("forkserver")
-_preload_lock = threading.Lock()
-_preload_set = False
-
-
-def _fork_server_preloads() -> None:
-    """Name PRELOAD to the fork server before it first starts (once per process: the server
-    starts with the first rank and serves every later group)."""
-    global _preload_set
-    with _preload_lock:
-        if not _preload_set:
-            _context.set_forkserver_preload(PRELOAD)
-            _preload_set = True
 
 
 class ProcessWorkerGroup:
@@ -83,7 +71,8 @@ class ProcessWorkerGroup:
         start_timeout_s: float | None = DEFAULT_TIMEOUT_S,
         environ: Callable[[int], dict[str, str]] | None = None,
     ) -> None:
-        _fork_server_preloads()
+        # read when the fork server starts (with the first rank of the process's first group)
+        _context.set_forkserver_preload(PRELOAD)
         self.name = name
         self.worker_cls = worker_cls
         self.timeout_s = timeout_s
@@ -103,7 +92,6 @@ class ProcessWorkerGroup:
         except BaseException:
             self.shutdown()
             raise
-        self._started = threading.Event()
         self._start_error: BaseException | None = None
         self._starter = threading.Thread(
             target=self._finish_start, args=(rendezvous,), name=f"{name}-start", daemon=True
@@ -147,8 +135,6 @@ class ProcessWorkerGroup:
                 self._gather(ranks, init, lambda rank: (address,), STARTING, self.start_timeout_s)
         except BaseException as error:
             self._start_error = error
-        finally:
-            self._started.set()
 
     def wait_until_ready(self) -> None:
         """Block until every rank has started; a rank that failed raises WorkerError, after the

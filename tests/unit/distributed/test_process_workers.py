@@ -3,12 +3,10 @@ others): its ranks are real processes that join one torch.distributed group; a r
 mid-call, or before a call, is named with how it ended, and no call hangs on it; a call that
 outlives its time-out is reported and its late answer never answers a later call; a rank that
 raises while another still works does not leave the group answering out of turn; one call at
-a time per rank across threads; no Ray imported."""
+a time per rank across threads (test_worker_groups: no Ray imported)."""
 
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 
@@ -164,21 +162,3 @@ def test_an_answer_that_cannot_be_sent_is_an_error_not_a_hang():
         assert group.run(Ranked.echo, "next") == ["next"]
     finally:
         group.shutdown()
-
-
-def test_a_processes_group_never_imports_ray():
-    code = (
-        "import sys\n"
-        "from nemo_opd.distributed.worker_group import start_workers\n"
-        "if __name__ == '__main__':\n"
-        "    group = start_workers('processes', dict, 2, lambda rank: (), name='d',\n"
-        "                          rendezvous=False)\n"
-        "    assert group.run(dict.copy) == [{}, {}]\n"
-        "    group.shutdown()\n"
-        "    print('ray' in sys.modules)\n"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=600
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.strip() == "False"

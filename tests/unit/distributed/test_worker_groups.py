@@ -1,7 +1,9 @@
-"""The two worker-group executors, called alike: Ray actors and objects in this process answer
-the same calls with the same answers, in rank order, and name a raising worker in the same
-words; a worker that raised serves the next call. Then what only the local executor has to
-keep: one call at a time per worker across threads, and no Ray imported."""
+"""The worker-group executors, called alike: Ray actors, objects in this process and processes
+forked on this machine answer the same calls with the same answers, in rank order, and name a
+raising worker in the same words; a worker that raised serves the next call. Then what only the
+local executor has to keep (one call at a time per worker across threads), and no Ray imported
+by a group of either executor without it (test_process_workers has the processes executor's
+own)."""
 
 import contextlib
 import subprocess
@@ -192,16 +194,20 @@ def test_local_group_of_several_ranks_that_rendezvous_is_refused():
         start_workers("local", Tally, 2, lambda rank: (rank,), name="policy")
 
 
-def test_a_local_group_never_imports_ray():
+@pytest.mark.parametrize("executor", ["local", "processes"])
+def test_a_group_without_ray_never_imports_it(executor):
     code = (
         "import sys\n"
         "from nemo_opd.distributed.worker_group import start_workers\n"
         "from nemo_opd.policy.policy import Policy\n"
         "from nemo_opd.generation import VllmGeneration\n"
         "import nemo_opd.algorithms.distillation, nemo_opd.cli, nemo_opd.evaluate\n"
-        "group = start_workers('local', dict, 1, lambda rank: (), name='d', rendezvous=False)\n"
-        "assert group.run(dict.keys) == [dict().keys()]\n"
-        "print('ray' in sys.modules)\n"
+        "if __name__ == '__main__':\n"  # each rank of processes imports this module again
+        f"    group = start_workers({executor!r}, dict, 1, lambda rank: (), name='d',\n"
+        "                          rendezvous=False)\n"
+        "    assert group.run(dict.copy) == [{}]\n"
+        "    group.shutdown()\n"
+        "    print('ray' in sys.modules)\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=600
