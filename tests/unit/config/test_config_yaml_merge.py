@@ -136,18 +136,20 @@ def fan_out(keys: int, uses: int) -> str:
 
 
 def test_nested_merges_copy_each_pair_once():
-    start = time.process_time()  # CPU time: the bound holds on a loaded machine too
+    start = time.thread_time()  # this thread's CPU time: holds on a loaded machine too
     data = parse_yaml(merge_bomb(40), "nested.yaml")
-    assert time.process_time() - start < 1.0
+    assert time.thread_time() - start < 1.0
     assert data["a39"] == {f"k{i}": i for i in range(40)}
 
 
 def test_a_mapping_merged_too_often_is_refused_at_once(write_yaml):
     path = write_yaml("bomb.yaml", f"defaults: {TINY}\n{fan_out(keys=2_000, uses=2_000)}")
-    start = time.process_time()  # CPU time: the bound holds on a loaded machine too
+    # This thread's CPU time: the bound holds on a loaded machine, and other threads of the
+    # test process (a pool's, a library's) do not count against it
+    start = time.thread_time()
     with pytest.raises(ConfigError) as error:
         load_config(path)
-    assert time.process_time() - start < 2.0
+    assert time.thread_time() - start < 2.0
     message = str(error.value)
     assert message.startswith(f"{path}:53:")  # b50, the 51st use: past 100,000 pairs
     assert f"more than {MAX_VALUES:,} values once YAML merge keys (<<) are expanded" in message
