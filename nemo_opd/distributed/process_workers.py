@@ -10,6 +10,10 @@ its Ray options would give a Ray actor (worker_group.start_workers). A rank star
 keeps its workers' start-up output in logger.log_dir's workers.log (utils.worker_output) writes
 its standard error there for its whole life.
 
+Each rank's process is named after its worker class (Linux: PR_SET_NAME, what ps, top and
+psutil show as the process's name: "PolicyWorker", "VllmWorker"), as Ray names an actor's
+process "ray::<class>".
+
 A call is pickled by value to each rank over a pipe and answered the same way (Ray copies
 arguments and answers too). A reader thread per rank receives the answers, so that a rank
 answering while the driver sends never blocks either side; each call has an id, and an answer
@@ -23,6 +27,7 @@ Worker classes and the arguments of their calls must be importable by name in th
 fork server re-creates the driver's sys.path), as under Ray without pickling by value.
 """
 
+import ctypes
 import itertools
 import multiprocessing
 import multiprocessing.connection
@@ -30,6 +35,7 @@ import os
 import pickle
 import queue
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -51,6 +57,8 @@ PROCESS_NODE = ("local", "this machine")
 """What nodes() answers for each rank: no Ray node, a process of the driver's machine."""
 STARTING = "start (build the worker, join the process group)"
 _READY = "__ready__"
+_PR_SET_NAME = 15
+_NAME_BYTES = 15  # the kernel keeps 16 bytes of a process's name, its NUL included
 _context = multiprocessing.get_context("forkserver")
 
 
@@ -351,6 +359,7 @@ def _serve(connection, worker_cls: type, args: tuple, environ: dict[str, str]) -
     message or the driver's end of the pipe closes. OMP_NUM_THREADS in `environ` sets torch's
     thread count too (the fork server imported torch before the variable was there)."""
     os.environ.update(environ)
+    _name_process(worker_cls.__name__)
     if WORKERS_LOG_ENV in environ:  # standard error to the run's workers.log, for good
         log = os.open(environ[WORKERS_LOG_ENV], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(log, 2)
@@ -385,6 +394,14 @@ def _serve(connection, worker_cls: type, args: tuple, environ: dict[str, str]) -
             _answer(connection, call_id, "raised", error)
             continue
         _answer(connection, call_id, "ok", answer)
+
+
+def _name_process(name: str) -> None:
+    """Give this process `name` (its first 15 bytes) where the kernel shows it: ps, top,
+    /proc/PID/comm (Linux; elsewhere the fork server's name stays)."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_NAME, name.encode()[:_NAME_BYTES], 0, 0, 0)
 
 
 def _answer(connection, call_id: int, status: str, value: Any) -> None:

@@ -35,11 +35,11 @@ class Run:
             time.sleep(0.1)
 
     def policy_workers(self) -> list[int]:
-        """Pids of this run's training workers (student and teacher PolicyWorker actors)."""
+        """Pids of this run's training workers (student and teacher PolicyWorkers)."""
         return actor_pids(psutil.Process(self.process.pid), "PolicyWorker")
 
     def generation_workers(self) -> list[int]:
-        """Pids of this run's vLLM engines (VllmWorker actors)."""
+        """Pids of this run's vLLM engines (VllmWorkers)."""
         return actor_pids(psutil.Process(self.process.pid), "VllmWorker")
 
     def finish(self, timeout: float = 600) -> tuple[int, str, str]:
@@ -49,12 +49,14 @@ class Run:
 
 
 def actor_pids(root: psutil.Process, actor_class: str) -> list[int]:
-    """Pids of the `actor_class` actors below `root` (Ray names each actor's process after its
-    class: ray::<class>)."""
+    """Pids of the `actor_class` workers below `root`: Ray names each actor's process after its
+    class (ray::<class> in its command line), the processes executor names its ranks' processes
+    after theirs (the process's name, its first 15 characters)."""
     found = []
     for child in root.children(recursive=True):
         try:
-            if f"ray::{actor_class}" in " ".join(child.cmdline()):
+            named = child.name() == actor_class[:15]
+            if named or f"ray::{actor_class}" in " ".join(child.cmdline()):
                 found.append(child.pid)
         except psutil.NoSuchProcess:
             continue

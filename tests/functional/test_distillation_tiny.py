@@ -7,8 +7,10 @@ ending the run with one clear message and each resumed from the newest intact ch
 the same command: SIGTERM (a clean stop with a checkpoint, no worker left behind), a training
 worker killed while rollouts are ahead of training (they are saved with the checkpoint), the
 vLLM engine killed between steps (as the OOM killer does), the newest checkpoint damaged on
-disk. The first and the last of these runs' workers are processes of this machine, the other
-two Ray's actors (whose processes they kill). The run that finally completes must log the same
+disk. Every run's workers are processes of this machine (the processes executor, which names
+each worker's process after its class, as Ray does: the test finds the one it kills by that
+name; killing Ray's actors mid-run is tested in test_lora_tiny.py and
+test_self_distillation_tiny.py). The run that finally completes must log the same
 metrics as the uninterrupted overlapped one. (A save that
 fails part-way is caused for real one level down, in tests/unit/policy/test_policy_checkpoint.py:
 the loop adds only the message.)
@@ -68,7 +70,7 @@ def overrides(assets, run_dir: Path) -> list[str]:
         "policy.train_micro_batch_size=4",
         "policy.generation.max_new_tokens=12",
         "policy.generation.logprob_check_samples=5",  # of 16 rollouts per step
-        "cluster.executor=ray",  # the fault tests kill Ray's worker processes (see PROCESSES)
+        "cluster.executor=processes",  # processes of this machine, without Ray
         "cluster.gpus_per_node=2",  # the config's one worker per model, as two
         "cluster.cpus_per_worker=1",
         "policy.dtensor_cfg.tensor_parallel_size=2",
@@ -125,18 +127,13 @@ step stale."""
 FRESH = {step for step in range(1, STEPS + 1) if (step - 1) % 3 == 0}
 
 
-PROCESSES = "cluster.executor=processes"
-"""The uninterrupted runs' workers: processes of this machine without Ray (nothing kills them);
-the fault chain's runs, on Ray, must still log the overlapped one's metrics."""
-
-
 @pytest.fixture(scope="module")
 def uninterrupted(micro_assets, tmp_path_factory):
     """The two uninterrupted runs, lockstep and overlapped (max_staleness 1), one after the other
     in one driver process (tests/functional/run_configs.py: they share the driver's imports and
-    its fork server; PROCESSES): {"lockstep"/"overlapped": (run dir, metrics, stdout)}."""
+    its fork server): {"lockstep"/"overlapped": (run dir, metrics, stdout)}."""
     root = tmp_path_factory.mktemp("uninterrupted")
-    plan = {"lockstep": (PROCESSES,), "overlapped": (PROCESSES, *OVERLAP)}
+    plan = {"lockstep": (), "overlapped": OVERLAP}
     for name in plan:
         (root / name).mkdir()
     spec = [  # the command's arguments after the script's name
@@ -232,7 +229,7 @@ def test_faults_end_runs_cleanly_and_resume_exactly(micro_assets, uninterrupted,
 
     # 1. SIGTERM to the driver: the step in progress finishes, a checkpoint is saved, exit 143
     # (its workers processes of this machine: the driver's signal, not Ray's).
-    run = start_run(micro_assets, tmp_path, *FAULTY, PROCESSES)
+    run = start_run(micro_assets, tmp_path, *FAULTY)
     run.wait_for_checkpoint(1)
     workers = psutil.Process(run.process.pid).children(recursive=True)
     os.kill(run.process.pid, signal.SIGTERM)
@@ -279,7 +276,7 @@ def test_faults_end_runs_cleanly_and_resume_exactly(micro_assets, uninterrupted,
     newest = newest_checkpoint(checkpoints)
     weights = checkpoints / f"step_{newest}" / "policy" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])
-    out = run_to_end(micro_assets, tmp_path, *FAULTY, PROCESSES).stdout
+    out = run_to_end(micro_assets, tmp_path, *FAULTY).stdout
     assert f"checkpoint not resumable, set aside as {checkpoints / 'unreadable'}" in out
     assert f"step_{newest}" in out and "has 1000 bytes" in out and "written" in out
     assert f"resumed from {checkpoints / f'step_{newest - 1}'}" in out

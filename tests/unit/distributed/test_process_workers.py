@@ -7,9 +7,11 @@ a time per rank across threads (test_worker_groups: no Ray imported)."""
 
 import os
 import signal
+import sys
 import threading
 import time
 
+import psutil
 import pytest
 import torch
 import torch.distributed as dist
@@ -75,6 +77,8 @@ def test_ranks_are_processes_of_one_process_group():
         assert len(set(group.pids()) | {os.getpid()}) == 3
         assert [local for _, _, local in answers] == ["0", "1"]  # rank r takes the r-th device
         assert group.nodes() == [("local", "this machine")] * 2
+        if sys.platform.startswith("linux"):  # named after the worker's class, as ps shows
+            assert [psutil.Process(pid).name() for pid in group.pids()] == ["Ranked"] * 2
     finally:
         group.shutdown()
     assert all(not alive for alive in _alive(group))
