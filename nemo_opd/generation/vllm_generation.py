@@ -99,7 +99,8 @@ class VllmGeneration:
             cpus_per_engine / gpus_per_engine of it (shared with training when colocated).
         bundles: the bundle of each engine (num_engines of them); default 0, 1, 2, ...
         wait: block until every engine has started (see wait_until_ready).
-        executor: "ray" (an actor per engine) or "local" (the engines in this process).
+        executor: "ray" (an actor per engine), "processes" (a process of this machine per
+            engine) or "local" (the engines in this process).
         share_student: the one engine loads no model and generates from the student's own
             module once share_module gives it (the transformers backend in this process only);
             a refit then copies nothing.

@@ -1,6 +1,8 @@
-"""VllmGeneration driving HfWorker engines under Ray (policy.generation.backend transformers):
-the samples of a seed do not depend on the number of engines, budgets of 0, refit from a dict
-and from a Policy's ObjectRef (the refit probe), and version skipping."""
+"""VllmGeneration driving HfWorker engines (policy.generation.backend transformers), each a
+process of this machine (the processes executor: what an engine computes does not depend on the
+executor, test_vllm_generation.py compares an engine in this process with Ray's): the samples of
+a seed do not depend on the number of engines, budgets of 0, refit from a dict and from a
+Policy's gathered weights (the refit probe), and version skipping."""
 
 import pytest
 import torch
@@ -28,10 +30,17 @@ def hf_config(**overrides):
 
 
 @pytest.fixture(scope="module")
-def engines(ray_session, model_dirs):
-    """{1: one engine, 2: two engines}, both on model "a"."""
+def engines(model_dirs):
+    """{1: one engine, 2: two engines}, both on model "a", processes of this machine."""
     started = {
-        n: VllmGeneration(hf_config(), model_dirs["a"], None, device_type="cpu", num_engines=n)
+        n: VllmGeneration(
+            hf_config(),
+            model_dirs["a"],
+            None,
+            device_type="cpu",
+            num_engines=n,
+            executor="processes",
+        )
         for n in (1, 2)
     }
     yield started
@@ -40,10 +49,10 @@ def engines(ray_session, model_dirs):
 
 
 def test_the_engines_are_transformers_workers(engines):
-    import ray
+    import psutil
 
-    [engine] = engines[1].engines.actors
-    assert ray.get(engine.__ray_call__.remote(lambda worker: type(worker).__name__)) == "HfWorker"
+    [pid] = engines[1].engines.pids()
+    assert psutil.Process(pid).name() == "HfWorker"  # its process is named after its class
     assert engines[1].engine_name == "transformers"  # its errors name it so
 
 
@@ -109,7 +118,9 @@ def test_policy_weights_refit_into_the_transformers_engine(engines, model_dirs):
 
     generation = engines[1]
     cluster = ClusterConfig(num_nodes=1, gpus_per_node=2, device="cpu", cpus_per_worker=1)
-    policy = Policy(student_config(model_dirs["b"]), cluster)  # the engines hold model "a"
+    policy = Policy(  # the engines hold model "a"
+        student_config(model_dirs["b"]), cluster, executor="processes"
+    )
     prompts = random_prompts(4, seed=9)
 
     def mismatch() -> float:

@@ -1,7 +1,10 @@
 """VllmGeneration on CPU: seeded sampling, budgets, stop tokens, log-probs against an HF fp32
 forward, refit (in-place weight update, version skipping, tied embeddings), and the refit probe
 end to end from a Policy. One module so that the engines start once (importing vLLM takes
-~20 s of CPU per engine process)."""
+seconds of CPU per engine process). The module's two engines are processes of this machine (the
+processes executor); an engine in this process (the local executor) must sample as they do, and
+an engine Ray cannot schedule must time out with the reason. The loop's runs on Ray compare
+with the other executors in tests/functional/test_executors_tiny.py."""
 
 import importlib.util
 
@@ -40,7 +43,12 @@ class Engines:
 
         if self.generation is None:
             self.generation = VllmGeneration(
-                generation_config(), self.model_dir, None, device_type="cpu", num_engines=2
+                generation_config(),
+                self.model_dir,
+                None,
+                device_type="cpu",
+                num_engines=2,
+                executor="processes",
             )
         return self.generation
 
@@ -51,7 +59,7 @@ class Engines:
 
 
 @pytest.fixture(scope="module")
-def engines(ray_session, model_dirs):
+def engines(model_dirs):
     held = Engines(model_dirs["a"])
     yield held
     held.spend()
@@ -255,11 +263,10 @@ def test_policy_weights_refit_into_vllm(generation, reference_a, model_dirs):
     the end refits from a plain dict, the other accepted form."""
     from nemo_opd.policy.policy import Policy
 
-    # Two 1-CPU training workers take both CPUs of the 2-CPU Ray instance; the engines reserve
-    # 0 Ray CPUs, so they fit next to them (and time-share the cores).
+    # Two 1-CPU training workers, processes of this machine beside the engines'
     cluster = ClusterConfig(num_nodes=1, gpus_per_node=2, device="cpu", cpus_per_worker=1)
     # the student is model "b"; the engines hold model "a" and must become "b"
-    policy = Policy(student_config(model_dirs["b"]), cluster)
+    policy = Policy(student_config(model_dirs["b"]), cluster, executor="processes")
     prompts = random_prompts(4, seed=9)
 
     def mismatch() -> float:
@@ -324,8 +331,8 @@ def test_an_engine_that_is_never_scheduled_times_out_with_the_reason(
         )
 
 
-def test_an_engine_in_this_process_serves_as_the_ray_engines_do(generation, model_dirs):
-    """The engine as an object of the test process (the local executor) samples the Ray
+def test_an_engine_in_this_process_serves_as_the_other_processes_engines_do(generation, model_dirs):
+    """The engine as an object of the test process (the local executor) samples the module's
     engines' tokens with their log-probs at the same seeds and thread count, refits from a dict
     in place, and names a call it rejects in the same words."""
     import torch
@@ -334,7 +341,7 @@ def test_an_engine_in_this_process_serves_as_the_ray_engines_do(generation, mode
     from nemo_opd.generation import VllmGeneration
 
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the Ray engines' OMP_NUM_THREADS
+    torch.set_num_threads(1)  # the module's engines' OMP_NUM_THREADS
     local = VllmGeneration(
         generation_config(), model_dirs["a"], None, device_type="cpu", executor="local"
     )
@@ -366,7 +373,7 @@ def test_an_engine_in_this_process_serves_as_the_ray_engines_do(generation, mode
 def test_an_engine_that_raises_or_dies_ends_the_call_with_one_line_naming_it(engines, model_dirs):
     """Real faults of a running engine: a call it rejects (a prompt past max_model_len), then
     its process killed with SIGKILL (as the OOM killer does). Each ends the call with a
-    one-line RunError naming the engine and what happened, never a Ray traceback. The module's
+    one-line RunError naming the engine and what happened, never a traceback. The module's
     engines are spent by it (the last test here that uses them)."""
     import contextlib
     import os
@@ -374,7 +381,6 @@ def test_an_engine_that_raises_or_dies_ends_the_call_with_one_line_naming_it(eng
     import signal
 
     import psutil
-    import ray
 
     from nemo_opd.errors import RunError
 
@@ -387,8 +393,7 @@ def test_an_engine_that_raises_or_dies_ends_the_call_with_one_line_naming_it(eng
         assert message.startswith(f"{engine} raised ") and " while generating; " in message
         assert "\n" not in message
 
-        actor = generation.engines.actors[0]
-        pid = ray.get(actor.__ray_call__.remote(lambda worker: os.getpid()))
+        pid = generation.engines.pids()[0]
         os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(psutil.NoSuchProcess):
             psutil.Process(pid).wait(timeout=30)
