@@ -194,8 +194,9 @@ def test_local_group_of_several_ranks_that_rendezvous_is_refused():
         start_workers("local", Tally, 2, lambda rank: (rank,), name="policy")
 
 
-@pytest.mark.parametrize("executor", ["local", "processes"])
-def test_a_group_without_ray_never_imports_it(executor):
+def test_a_group_without_ray_never_imports_it():
+    """The loop's modules, then a group of each executor without Ray (one interpreter for both:
+    its start is most of the test), and Ray is still not imported after each."""
     code = (
         "import sys\n"
         "from nemo_opd.distributed.worker_group import start_workers\n"
@@ -203,14 +204,15 @@ def test_a_group_without_ray_never_imports_it(executor):
         "from nemo_opd.generation import VllmGeneration\n"
         "import nemo_opd.algorithms.distillation, nemo_opd.cli, nemo_opd.evaluate\n"
         "if __name__ == '__main__':\n"  # each rank of processes imports this module again
-        f"    group = start_workers({executor!r}, dict, 1, lambda rank: (), name='d',\n"
-        "                          rendezvous=False)\n"
-        "    assert group.run(dict.copy) == [{}]\n"
-        "    group.shutdown()\n"
-        "    print('ray' in sys.modules)\n"
+        "    for executor in ('local', 'processes'):\n"
+        "        group = start_workers(executor, dict, 1, lambda rank: (), name='d',\n"
+        "                              rendezvous=False)\n"
+        "        assert group.run(dict.copy) == [{}]\n"
+        "        group.shutdown()\n"
+        "        print(executor, 'ray' in sys.modules)\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=600
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.strip() == "False"
+    assert result.stdout.split() == ["local", "False", "processes", "False"]

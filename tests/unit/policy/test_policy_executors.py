@@ -4,7 +4,10 @@ DTensor engine, LoRA and Megatron, at the same thread count (one, as the Ray wor
 cluster.cpus_per_worker). A worker's error reads the same under both, and the worker serves the
 next call. A Policy of two ranks under tensor parallelism computes the same in processes forked
 on this machine (the processes executor, which the other policy tests use for several ranks) as
-in Ray actors, for both engines."""
+in Ray actors. That comparison is of the executors, which carry the same calls and environment
+whatever the engine: it runs on the DTensor engine; Megatron's layouts of two ranks are checked
+on the processes executor against their references (test_policy_parallel.py,
+test_megatron_engine.py) and in the loop (test_gkd_tiny.py's routed Megatron TP2 run)."""
 
 import pytest
 import ray
@@ -24,10 +27,7 @@ LAYOUTS = {
 }
 
 
-TP2 = {
-    "dtensor": {"dtensor_cfg__tensor_parallel_size": 2},
-    "megatron": {**LAYOUTS["megatron"], "megatron_cfg__tensor_model_parallel_size": 2},
-}
+TP2 = {"dtensor": {"dtensor_cfg__tensor_parallel_size": 2}}
 
 
 def run_policy(executor: str, cfg, tmp_path, workers: int = 1) -> dict:
