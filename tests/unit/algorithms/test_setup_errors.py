@@ -85,8 +85,14 @@ def test_empty_dataset(assets, tmp_path, capsys):
 
 
 def test_all_prompts_too_long(assets, tmp_path, capsys):
-    assert run(assets, tmp_path, "data.max_input_seq_length=4") == 2
-    assert "all 50000 prompts are longer than 4 tokens" in capsys.readouterr().err
+    micro_data = (  # the micro build's 400 problems: the message, not 50,000 prompts' rendering
+        "data.dataset_name=null",
+        f"data.train_path={assets.train_file}",
+        f"data.val_path={assets.validation_file}",
+    )
+    assert run(assets, tmp_path, *micro_data, "data.max_input_seq_length=4") == 2
+    rows = len(Path(assets.train_file).read_text().splitlines())
+    assert f"all {rows} prompts are longer than 4 tokens" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
