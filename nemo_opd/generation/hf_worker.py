@@ -105,6 +105,10 @@ class HfWorker:
         """This engine's start-up times (nemo_opd.utils.startup)."""
         return self.startup.as_dict()
 
+    def stop(self) -> None:
+        """Let go of the model (a shared module stays its trainer's); nothing else to end."""
+        self.model = None
+
     def ready(self) -> float:
         """Seconds the engine took to start (also a liveness check)."""
         return self.start_time_s

@@ -109,3 +109,10 @@ class EngineWorker(Protocol):
     def wake_up(self) -> None:
         """Undo sleep()."""
         ...
+
+    def stop(self) -> None:
+        """Release the engine now (VllmGeneration.shutdown calls it on engines in its own
+        process, where no process exit does): dropped instead, an engine is released at some
+        later garbage collection, and vLLM's teardown then ends the process's torch.distributed
+        group while other engines of the process may still be using it."""
+        ...

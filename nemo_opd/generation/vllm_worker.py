@@ -344,6 +344,15 @@ class VllmWorker:
             self.llm.wake_up()
             self.asleep = False
 
+    def stop(self) -> None:
+        """Shut the engine down now (idempotent). vLLM's teardown frees its memory, unfreezes
+        and collects the process's objects and destroys its torch.distributed group, the one
+        the process's other engines share (process_group.init_local_process_group); stopped
+        by the run after them, it ends nothing still in use. Dropped without this, vLLM tears
+        down at whatever collection first finds the engine: in the middle of another
+        engine's work."""
+        self.llm.llm_engine.engine_core.shutdown()
+
     def ping(self) -> int:
         """The actor's process id (liveness checks, tests)."""
         return os.getpid()

@@ -334,9 +334,26 @@ def test_an_engine_that_is_never_scheduled_times_out_with_the_reason(
 def test_an_engine_in_this_process_serves_as_the_other_processes_engines_do(generation, model_dirs):
     """The engine as an object of the test process (the local executor) samples the module's
     engines' tokens with their log-probs at the same seeds and thread count, refits from a dict
-    in place, and names a call it rejects in the same words."""
-    import torch
+    in place, and names a call it rejects in the same words. It shuts down when its
+    VllmGeneration does: no collection later tears it down (vLLM's teardown ends the process's
+    torch.distributed group) under the engines that use the group then."""
+    import gc
 
+    import torch.distributed as dist
+
+    from nemo_opd.distributed.process_group import init_local_process_group
+
+    serve_in_this_process(generation, model_dirs)  # its frame, the engine's last holder, ends
+    init_local_process_group("cpu")  # the process's group, as the next engine here finds it
+    gc.unfreeze()  # what vLLM's start froze is collectable again, as after any vLLM teardown
+    gc.collect()
+    assert dist.is_initialized(), "the engine's teardown came after its shutdown"
+    total = torch.ones(1)
+    dist.all_reduce(total)
+    assert total.item() == 1.0
+
+
+def serve_in_this_process(generation, model_dirs) -> None:
     from nemo_opd.errors import RunError
     from nemo_opd.generation import VllmGeneration
 
