@@ -29,8 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import run_meta, write_results  # noqa: E402
 
 
-def save_model(path: Path, hidden: int, layers: int, vocab: int) -> str:
-    """A random Qwen3 of the given width and depth, saved at `path`."""
+def save_model(path: Path, hidden: int, layers: int, vocab: int, positions: int = 256) -> str:
+    """A random Qwen3 of the given width and depth (and context: positions), saved at
+    `path`."""
     from transformers import AutoModelForCausalLM, Qwen3Config
 
     config = Qwen3Config(
@@ -41,7 +42,7 @@ def save_model(path: Path, hidden: int, layers: int, vocab: int) -> str:
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=hidden // 4,
-        max_position_embeddings=256,
+        max_position_embeddings=positions,
         tie_word_embeddings=True,
     )
     torch.manual_seed(0)

@@ -30,6 +30,7 @@ from nemo_opd.data.batching import TensorBatch, pad_batch_to_multiple, shard_for
 from nemo_opd.distributed.cluster import WorkerResources, resolve_device_type
 from nemo_opd.distributed.parallel_dims import ParallelDims
 from nemo_opd.distributed.worker_group import Executor, start_workers
+from nemo_opd.policy.trained_positions import unpacked
 from nemo_opd.policy.worker import PolicyWorker, answers_for_its_replica
 
 if TYPE_CHECKING:
@@ -145,9 +146,10 @@ class Policy:
         """Any of the top-k ("topk_logprobs", "topk_indices" [B, S, k]), the next-token
         log-probs ("logprobs" [B, S]) and the final hidden states ("hidden_states" [B, S, H])
         of every position, in one forward pass (what a teacher sends; see get_topk_logits,
-        get_logprobs and get_hidden_states for each alone). With trained_only the top-k and
-        the log-probs only where the next token is trained (data's token_mask; 0 elsewhere):
-        the LM head skips the prompts' positions."""
+        get_logprobs and get_hidden_states for each alone). With trained_only all of them only
+        where the next token is trained (data's token_mask; 0 elsewhere): the LM head skips
+        the prompts' positions, and the workers send the trained positions' values alone
+        (trained_positions.py)."""
         shards, size = even_shards(data, self.dims.dp)
         outputs = self._run_on_replicas(
             PolicyWorker.score,
@@ -158,7 +160,7 @@ class Policy:
             hidden,
             trained_only,
         )
-        return joined(outputs, size)
+        return joined(_in_place(outputs, shards, trained_only), size)
 
     def set_rendering(self, rendering: TeacherRendering) -> None:
         """Give every worker how the student's conversations read in this model's tokens (a
@@ -204,7 +206,7 @@ class Policy:
         outputs = self._run_on_replicas(
             PolicyWorker.score_as_teacher, [dict(shard) for shard in shards], need
         )
-        return joined(outputs, size)
+        return joined(_in_place(outputs, shards, need.get("trained_only", False)), size)
 
     def load_teacher_head(self, model_dir: str, precision: str) -> None:
         """Give every worker its rows of a teacher's LM head (frozen, in `precision`): the loss
@@ -369,6 +371,14 @@ def joined(outputs: list[dict[str, torch.Tensor]], size: int) -> dict[str, torch
     names = outputs[0].keys()
     merged = {name: torch.cat([out[name] for out in outputs], dim=0) for name in names}
     return {name: value[:size] for name, value in merged.items()}
+
+
+def _in_place(outputs: list[dict], shards: list[TensorBatch], trained_only: bool) -> list[dict]:
+    """The replicas' scoring answers on their shards' positions: unpacked from the trained
+    positions the workers sent (trained_only), else as they came."""
+    if not trained_only:
+        return outputs
+    return [unpacked(out, shard["token_mask"]) for out, shard in zip(outputs, shards, strict=True)]
 
 
 def _trim(outputs: list, size: int) -> list:

@@ -16,6 +16,7 @@ from nemo_opd.distributed.process_group import (
     node_address,
 )
 from nemo_opd.policy.engines.self_teacher_weights import hold_self_teacher, score_as_teacher
+from nemo_opd.policy.trained_positions import packed
 from nemo_opd.scoring.base import TeacherNeed, TeacherScores
 from nemo_opd.scoring.rendering import TeacherRendering, score_rendered
 from nemo_opd.utils.startup import StartupMarks
@@ -119,8 +120,9 @@ class PolicyWorker:
         logprobs: bool,
         hidden: bool,
         trained_only: bool = False,
-    ):
-        return self.engine.score(
+    ) -> dict | None:
+        """Engine.score's answer as Policy.score reads it (_answer)."""
+        out = self.engine.score(
             TensorBatch(data),
             topk=topk,
             temperature=temperature,
@@ -128,6 +130,15 @@ class PolicyWorker:
             hidden=hidden,
             trained_only=trained_only,
         )
+        return self._answer(out, data, trained_only)
+
+    def _answer(self, out: dict, data: dict, trained_only: bool) -> dict | None:
+        """What crosses to the driver of a scoring answer: nothing from the ranks whose
+        answers it does not read (answers_for_its_replica), and with trained_only the trained
+        positions' values only (trained_positions.packed; Policy unpacks them)."""
+        if not answers_for_its_replica(self.dims, self.rank):
+            return None
+        return packed(out, data["token_mask"]) if trained_only else out
 
     def set_rendering(self, rendering: TeacherRendering) -> None:
         """How the student's conversations read in this model's tokens (score_rendered)."""
@@ -144,7 +155,10 @@ class PolicyWorker:
         need = TeacherNeed(topk=topk, sampled=logprobs, temperature=temperature)
 
         def score_rows(rows) -> TeacherScores:
-            return TeacherScores(**self.score(rows.batch, topk, temperature, logprobs, False))
+            out = self.engine.score(
+                TensorBatch(rows.batch), topk=topk, temperature=temperature, logprobs=logprobs
+            )
+            return TeacherScores(**out)
 
         if not answers_for_its_replica(self.dims, self.rank):
             score_rows(self.rendering.teacher_rows(logs))
@@ -157,8 +171,9 @@ class PolicyWorker:
     def hold_self_teacher(self, source: str, decay: float, refresh_steps: int) -> None:
         hold_self_teacher(self.engine, source, decay, refresh_steps)
 
-    def score_as_teacher(self, data: dict, need: dict) -> dict:
-        return score_as_teacher(self.engine, TensorBatch(data), **need)
+    def score_as_teacher(self, data: dict, need: dict) -> dict | None:
+        out = score_as_teacher(self.engine, TensorBatch(data), **need)
+        return self._answer(out, data, need.get("trained_only", False))
 
     def save(self, path: str) -> None:
         self.engine.save(path)

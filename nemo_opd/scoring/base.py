@@ -29,9 +29,10 @@ class TeacherNeed:
     """The final hidden states of every position (the full-vocabulary divergence: the
     student's engine applies the teacher's LM head)."""
     trained_only: bool = False
-    """The top-k and the log-probs are read only where the next token is trained (the batch's
-    token_mask at t + 1: the loss mask's positions): a teacher may leave the others 0 and skip
-    their LM head (InProcessTeacher does; a served teacher computes them all)."""
+    """The top-k, the log-probs and the hidden states are read only where the next token is
+    trained (the batch's token_mask at t + 1: the loss mask's positions): a teacher may leave
+    the others 0, skip their LM head and not send them (InProcessTeacher does both; a served
+    teacher computes them all)."""
 
 
 @dataclass

@@ -47,7 +47,7 @@ def score_positions(
         scoring token t + 1 (0 where t >= input_lengths - 1); "hidden_states" [B, S, H] in the
         compute precision (0 past a row's length). With trained_only the top-k and the
         log-probs are 0 also where token t + 1 is not trained (the hidden states are all
-        there). On the CPU.
+        there: the worker drops them in transit, policy/trained_positions.py). On the CPU.
     """
     if topk > engine.vocab_size:
         raise ValueError(f"k={topk} exceeds the vocabulary size {engine.vocab_size}")

@@ -50,10 +50,10 @@ def topk_loss() -> DistillationLossFn:
 
 def run_layout(cfg, workers: int, name: str, vocab: int) -> dict:
     """What a fresh Policy of `cfg` on `workers` CPU workers (one: in this process) answers on
-    layout_batch(vocab): log-probs and top-k at temperatures 1 and 0.9, score(trained_only) at
-    0.9, evaluate, then (after a refit's full_weights, which must not disturb training) two
-    top-k steps, two policy-gradient steps (old log-probs read after the top-k steps) and the
-    weights after them."""
+    layout_batch(vocab): log-probs and top-k at temperatures 1 and 0.9, the hidden states,
+    score(trained_only, all three asked) at 0.9, evaluate, then (after a refit's full_weights,
+    which must not disturb training) two top-k steps, two policy-gradient steps (old log-probs
+    read after the top-k steps) and the weights after them."""
     batch = layout_batch(vocab)
     loss_fn = topk_loss()
     policy = start_policy(cfg, workers, name=name)
@@ -64,8 +64,9 @@ def run_layout(cfg, workers: int, name: str, vocab: int) -> dict:
             "topk": policy.get_topk_logits(batch, K),
             "logprobs_09": policy.get_logprobs(batch, temperature=0.9),
             "topk_09": policy.get_topk_logits(batch, K, temperature=0.9),
+            "hidden": policy.get_hidden_states(batch),
             "trained_only": policy.score(
-                batch, topk=K, temperature=0.9, logprobs=True, trained_only=True
+                batch, topk=K, temperature=0.9, logprobs=True, hidden=True, trained_only=True
             ),
             "evaluated": policy.evaluate(batch, loss_fn),
         }
@@ -231,8 +232,8 @@ def assert_chunked_equals_whole(chunked: dict, whole: dict) -> None:
 
 
 def assert_trained_only_scores(run: dict) -> None:
-    """score(trained_only=True) is score's top-k and log-probs where the next token is trained
-    (token_mask[t + 1]) and 0 elsewhere."""
+    """score(trained_only=True) is score's top-k, log-probs and hidden states where the next
+    token is trained (token_mask[t + 1]) and 0 elsewhere, however the workers sent them."""
     batch = run["batch"]
     scored = build_loss_mask(batch["token_mask"]) != 0
     assert 0 < scored.sum() < (batch["input_ids"] != 0).sum()  # prompts are left out
@@ -242,3 +243,5 @@ def assert_trained_only_scores(run: dict) -> None:
     torch.testing.assert_close(trained["topk_logprobs"], values * scored.unsqueeze(-1), **close)
     assert torch.equal(trained["topk_indices"], indices * scored.unsqueeze(-1))
     torch.testing.assert_close(trained["logprobs"], run["logprobs_09"] * scored, **close)
+    hidden = run["hidden"] * scored.unsqueeze(-1)
+    torch.testing.assert_close(trained["hidden_states"], hidden, rtol=0, atol=0)
