@@ -79,6 +79,9 @@ READY_TIMEOUT_S = 1800.0
 """How long the engines may take to start (a large model on a slow disk takes minutes)."""
 CALL_TIMEOUT_S = 600.0
 """How long a bookkeeping call to the engines (start-up times) may take."""
+STOP_TIMEOUT_S = 60.0
+"""How long shutdown waits to stop an engine of this process (a call in flight on another
+thread finishes first); past it the engine is let go unstopped, and shutdown raises."""
 
 
 class VllmGeneration:
@@ -301,7 +304,7 @@ class VllmGeneration:
         stopping, self.stopped = self.in_this_process and not self.stopped, True
         try:
             if stopping:
-                self._on_every_engine(EngineWorker.stop, "stopping", timeout_s=CALL_TIMEOUT_S)
+                self._on_every_engine(EngineWorker.stop, "stopping", timeout_s=STOP_TIMEOUT_S)
         finally:
             self.engines.shutdown()
 
