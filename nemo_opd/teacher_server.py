@@ -32,7 +32,7 @@ import httpx
 from nemo_opd.config import ConfigError, DistillationConfig, load_config
 from nemo_opd.errors import SetupError
 from nemo_opd.secrets import redact_text
-from nemo_opd.teachers.served_checks import server_api_key
+from nemo_opd.teachers.server_key import server_api_key
 
 EXIT_CONFIG_ERROR = 2
 READY_POLL_S = 0.5

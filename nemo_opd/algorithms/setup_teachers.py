@@ -26,7 +26,8 @@ from nemo_opd.teachers.privileged import PrivilegedContext, PrivilegedTeacher
 from nemo_opd.teachers.routed import RoutedTeachers
 from nemo_opd.teachers.self_teacher import SelfTeacher
 from nemo_opd.teachers.served import ServedTeacher
-from nemo_opd.teachers.served_checks import check_served_teacher, server_api_key
+from nemo_opd.teachers.served_checks import check_served_teacher
+from nemo_opd.teachers.server_key import server_api_key
 
 if TYPE_CHECKING:
     from ray.util.placement_group import PlacementGroup

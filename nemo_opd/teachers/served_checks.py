@@ -5,16 +5,14 @@ student's."""
 
 from __future__ import annotations
 
-import os
 import time
 
 import httpx
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from nemo_opd.config import TeacherServerConfig
 from nemo_opd.errors import SetupError
-from nemo_opd.secrets import redact_text, register_secret
+from nemo_opd.secrets import redact_text
 from nemo_opd.teachers.served import ServedTeacher, backoff
 
 START_COMMAND = "python -m nemo_opd.teacher_server --config CONFIG"
@@ -108,18 +106,3 @@ def _check_logprobs(teacher: ServedTeacher, topk: int, tokenizer: PreTrainedToke
             f"(distillation.topk_logits_k): {error}; restart it with --max-logprobs >= {topk} "
             f"({START_COMMAND} does)"
         ) from error
-
-
-def server_api_key(server: TeacherServerConfig) -> str | None:
-    """The API key from the variable teacher.server.api_key_env names, registered as a secret
-    (redacted from everything the run prints); SetupError when the variable is not set."""
-    if server.api_key_env is None:
-        return None
-    key = os.environ.get(server.api_key_env)
-    if not key:
-        raise SetupError(
-            f"teacher.server.api_key_env names {server.api_key_env}, which is not set (or "
-            "empty) in this environment; export the server's API key in it"
-        )
-    register_secret(key)
-    return key

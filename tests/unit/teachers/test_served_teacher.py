@@ -234,7 +234,8 @@ class Records(http.server.BaseHTTPRequestHandler):
 def test_the_api_key_is_sent_as_a_bearer_token_and_never_shown(monkeypatch):
     from nemo_opd.config import TeacherServerConfig
     from nemo_opd.errors import SetupError
-    from nemo_opd.teachers.served_checks import check_served_teacher, server_api_key
+    from nemo_opd.teachers.served_checks import check_served_teacher
+    from nemo_opd.teachers.server_key import server_api_key
 
     monkeypatch.delenv("NEMO_OPD_TEST_KEY", raising=False)
     server = TeacherServerConfig(enabled=True, api_key_env="NEMO_OPD_TEST_KEY")

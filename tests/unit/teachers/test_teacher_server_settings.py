@@ -14,7 +14,7 @@ from nemo_opd.teacher_server import (
     server_env,
     settings_from_config,
 )
-from nemo_opd.teachers.served_checks import server_api_key
+from nemo_opd.teachers.server_key import server_api_key
 from nemo_opd.tiny.assets import resolve_pretrained
 
 CONFIGS = Path(__file__).resolve().parents[3] / "examples" / "configs"
@@ -96,3 +96,17 @@ def test_an_api_key_reaches_the_server_by_its_environment_only(monkeypatch):
     assert key not in " ".join(command)
     assert server_env(key)["VLLM_API_KEY"] == key
     assert server_env(None) is None
+
+
+def test_the_command_imports_neither_torch_nor_transformers():
+    """The command validates the config and starts vLLM's server, whose processes import what
+    they need: its own start-up imports no model library (seconds of each server start)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, nemo_opd.teacher_server; "
+        "print(sorted({'torch', 'transformers', 'vllm'} & set(sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
