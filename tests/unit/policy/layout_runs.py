@@ -23,6 +23,9 @@ from nemo_opd.losses import (
     TopkKLParams,
     build_loss_mask,
 )
+from nemo_opd.policy.policy import even_shards
+from nemo_opd.policy.trained_positions import trained_positions
+from nemo_opd.policy.worker import PolicyWorker, answers_for_its_replica
 
 K = 4
 LOGPROB_ATOL = 2e-5
@@ -68,6 +71,7 @@ def run_layout(cfg, workers: int, name: str, vocab: int) -> dict:
             "trained_only": policy.score(
                 batch, topk=K, temperature=0.9, logprobs=True, hidden=True, trained_only=True
             ),
+            "sent": sent_by_each_rank(policy, batch),
             "evaluated": policy.evaluate(batch, loss_fn),
         }
         policy.full_weights()
@@ -78,6 +82,26 @@ def run_layout(cfg, workers: int, name: str, vocab: int) -> dict:
     finally:
         policy.shutdown()
     return run
+
+
+def sent_by_each_rank(policy, batch: dict) -> list[tuple[bool, dict | None, int]]:
+    """(answers for its replica, what it returned, its shard's trained positions) of every
+    rank asked for score(trained_only) of its replica's shard as Policy.score asks: what
+    would cross to the driver."""
+    shards, _ = even_shards(batch, policy.dims.dp)
+    ranks = range(policy.dims.world_size)
+    shard_of = [dict(shards[policy.dims.coordinates(rank)["dp"]]) for rank in ranks]
+    answers = policy.workers.run_each(
+        PolicyWorker.score, lambda rank: (shard_of[rank], K, 0.9, True, True, True)
+    )
+    return [
+        (
+            answers_for_its_replica(policy.dims, rank),
+            answers[rank],
+            int(trained_positions(shard_of[rank]["token_mask"]).sum()),
+        )
+        for rank in ranks
+    ]
 
 
 class LayoutRuns:
@@ -245,3 +269,10 @@ def assert_trained_only_scores(run: dict) -> None:
     torch.testing.assert_close(trained["logprobs"], run["logprobs_09"] * scored, **close)
     hidden = run["hidden"] * scored.unsqueeze(-1)
     torch.testing.assert_close(trained["hidden_states"], hidden, rtol=0, atol=0)
+    for answers, sent, trained_count in run["sent"]:
+        if not answers:
+            assert sent is None  # the driver reads another rank's: nothing crosses
+            continue
+        assert sent["topk_logprobs"].shape == (trained_count, K)
+        assert sent["logprobs"].shape == (trained_count,)
+        assert sent["hidden_states"].shape[0] == trained_count
