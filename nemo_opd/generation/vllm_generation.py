@@ -148,7 +148,7 @@ class VllmGeneration:
                 f"(got {worker_cls.__name__}, executor {executor}, {num_engines} engines)"
             )
         self.shares_student = share_student
-        self.in_this_process, self.stopped = executor == "local", False
+        self.in_this_process = executor == "local"
         engine_model = None if share_student else model_path
         options = _actor_options(
             device_type,
@@ -297,13 +297,12 @@ class VllmGeneration:
             self._on_every_engine(EngineWorker.sleep, "going to sleep")
 
     def shutdown(self) -> None:
-        """Stop the engines (idempotent). Engines in this process (the local executor) are
-        stopped first (EngineWorker.stop), not left for a garbage collection to find in the
-        middle of other work; one that fails to stop is let go all the same. Engines of other
-        processes end with them."""
-        stopping, self.stopped = self.in_this_process and not self.stopped, True
+        """Stop the engines (idempotent: a group shut down has no engines left). Engines in
+        this process (the local executor) are stopped first (EngineWorker.stop), not left for a
+        garbage collection to find in the middle of other work; one that fails to stop is let
+        go all the same. Engines of other processes end with them."""
         try:
-            if stopping:
+            if self.in_this_process:
                 self._on_every_engine(EngineWorker.stop, "stopping", timeout_s=STOP_TIMEOUT_S)
         finally:
             self.engines.shutdown()

@@ -385,6 +385,7 @@ def serve_in_this_process(generation, model_dirs) -> None:
     finally:
         local.shutdown()
         torch.set_num_threads(threads)
+    local.shutdown()  # idempotent: nothing is left to stop
 
 
 def test_an_engine_that_raises_or_dies_ends_the_call_with_one_line_naming_it(engines, model_dirs):
