@@ -50,7 +50,9 @@ def save_model(path: Path, hidden: int, layers: int, vocab: int, positions: int 
     return str(path)
 
 
-def policy_section(model: str, tp: int):
+def policy_section(model: str, tp: int, seq: int = 64, logprob_batch_size: int = 4):
+    """The policy section of a float32 model at `model` on tp ranks per replica, for rows of
+    up to `seq` tokens scored logprob_batch_size at a time."""
     from nemo_opd.config import PolicyConfig
 
     return PolicyConfig.model_validate(
@@ -60,8 +62,8 @@ def policy_section(model: str, tp: int):
             "precision": "float32",
             "train_global_batch_size": 8,
             "train_micro_batch_size": 2,
-            "logprob_batch_size": 4,
-            "max_total_sequence_length": 64,
+            "logprob_batch_size": logprob_batch_size,
+            "max_total_sequence_length": seq,
             "dtensor_cfg": {"tensor_parallel_size": tp},
         }
     )

@@ -27,24 +27,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_executors import save_model  # noqa: E402
+from bench_executors import policy_section, save_model  # noqa: E402
 from harness import run_meta, write_results  # noqa: E402
-
-
-def policy_section(model: str, seq: int):
-    from nemo_opd.config import PolicyConfig
-
-    return PolicyConfig.model_validate(
-        {
-            "model_name": model,
-            "tokenizer": {"name": model},
-            "precision": "float32",
-            "train_global_batch_size": 8,
-            "train_micro_batch_size": 2,
-            "logprob_batch_size": 8,
-            "max_total_sequence_length": seq,
-        }
-    )
 
 
 def rows(count: int, prompt_len: int, new_tokens: int, vocab: int) -> dict:
@@ -81,7 +65,7 @@ def measure(args, model: str) -> dict:
 
     data = rows(args.rows, args.prompt_len, args.new_tokens, args.vocab)
     cluster = ClusterConfig(num_nodes=1, gpus_per_node=args.ranks, device="cpu", cpus_per_worker=1)
-    cfg = policy_section(model, data["input_ids"].shape[1])
+    cfg = policy_section(model, 1, data["input_ids"].shape[1], logprob_batch_size=8)
     policy = Policy(cfg, cluster, optimizer=False, name="teacher", executor=args.executor)
     try:
         answers = {}
