@@ -6,7 +6,8 @@ importing torch, transformers and the engines again, the several seconds of CPU 
 Ray actor spends on them. Ranks of one model join a torch.distributed group over TCP on this
 machine (127.0.0.1, a free port) as Ray's do; rank r runs with LOCAL_RANK=r, so that on CUDA it
 takes the r-th visible GPU (process_group.init_distributed), and with the environment variables
-its Ray options would give a Ray actor (worker_group.start_workers). A rank started while a run
+its Ray options would give a Ray actor (worker_group.start_workers: a rank that asks for a GPU
+is given its own, as the only one it sees, with LOCAL_RANK 0). A rank started while a run
 keeps its workers' start-up output in logger.log_dir's workers.log (utils.worker_output) writes
 its standard error there for its whole life.
 
@@ -94,7 +95,7 @@ class ProcessWorkerGroup:
         try:
             log = os.environ.get(WORKERS_LOG_ENV)  # utils.worker_output: a run's workers.log
             for rank in range(num_workers):
-                env = {**(environ(rank) if environ else {}), "LOCAL_RANK": str(rank)}
+                env = {"LOCAL_RANK": str(rank), **(environ(rank) if environ else {})}
                 env.update({WORKERS_LOG_ENV: log} if log else {})
                 self._ranks.append(self._start_rank(rank, make_args(rank), env))
         except BaseException:

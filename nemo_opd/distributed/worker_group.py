@@ -35,6 +35,7 @@ that raised stays in the group and serves the next call, as a Ray actor outlives
 of its own; a group whose start failed is shut down.
 """
 
+import os
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, Protocol
 
@@ -43,10 +44,12 @@ from nemo_opd.distributed.worker_calls import (
     GROUP_TIMEOUT,
     WorkerError,
 )
+from nemo_opd.errors import SetupError
 
 __all__ = ["DEFAULT_TIMEOUT_S", "GROUP_TIMEOUT", "Executor", "WorkerError", "WorkerGroup"]
 
 Executor = Literal["ray", "local", "processes"]
+CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 
 
 class WorkerGroup(Protocol):
@@ -138,9 +141,10 @@ def start_workers(
         timeout_s: how long a call may take (None: no limit).
         start_timeout_s: how long the start may take.
         ray_options, placement, bundles, reserve: where Ray puts each worker (RayWorkerGroup);
-            ignored by the local and processes executors, whose workers all run on this
-            machine, but for the environment variables of ray_options' runtime_env, which a
-            process of the processes executor is given too.
+            ignored by the local executor. A process of the processes executor is given the
+            environment variables of ray_options' runtime_env, and, where ray_options ask for
+            a GPU, the one Ray would give it: the bundles[rank]-th (default rank-th) of the
+            driver's visible GPUs, as its only one (process_env).
     """
     if executor == "local":
         from nemo_opd.distributed.local_workers import LocalWorkerGroup
@@ -165,7 +169,11 @@ def start_workers(
             wait=wait,
             timeout_s=timeout_s,
             start_timeout_s=start_timeout_s,
-            environ=lambda rank: _process_env(ray_options(rank) if ray_options else {}),
+            environ=lambda rank: process_env(
+                ray_options(rank) if ray_options else {},
+                device=rank if bundles is None else bundles[rank],
+                visible=os.environ.get(CUDA_VISIBLE_DEVICES),
+            ),
         )
     if executor != "ray":
         raise ValueError(f"executor must be 'ray', 'local' or 'processes', got {executor!r}")
@@ -187,7 +195,30 @@ def start_workers(
     )
 
 
-def _process_env(options: dict) -> dict[str, str]:
-    """The environment a worker's Ray options ask its process for (runtime_env's env_vars),
-    which a process of the processes executor is given too."""
-    return dict(options.get("runtime_env", {}).get("env_vars", {}))
+def process_env(options: dict, device: int, visible: str | None) -> dict[str, str]:
+    """The environment of a processes-executor worker whose Ray options are `options`: their
+    runtime_env's env_vars, and, where they ask for a GPU (num_gpus > 0), the device Ray would
+    give the actor as its only one: CUDA_VISIBLE_DEVICES the `device`-th entry of `visible`
+    (the driver's CUDA_VISIBLE_DEVICES; None: every GPU of the machine, so the device itself),
+    with LOCAL_RANK 0 (that device is the process's cuda:0). Without it every rank would see
+    every GPU, and vLLM's single-device engine takes cuda:0 whatever its rank: all of a run's
+    engines on one GPU. SetupError when `visible` lists no `device`-th GPU."""
+    env = dict(options.get("runtime_env", {}).get("env_vars", {}))
+    if options.get("num_gpus", 0) > 0:
+        env[CUDA_VISIBLE_DEVICES] = _visible_device(device, visible)
+        env["LOCAL_RANK"] = "0"
+    return env
+
+
+def _visible_device(device: int, visible: str | None) -> str:
+    """The `device`-th GPU of a CUDA_VISIBLE_DEVICES value (indices or UUIDs)."""
+    if visible is None:
+        return str(device)
+    devices = [entry.strip() for entry in visible.split(",") if entry.strip()]
+    if device >= len(devices):
+        raise SetupError(
+            f"a worker needs GPU {device} of this machine's visible GPUs, but "
+            f"CUDA_VISIBLE_DEVICES={visible!r} makes {len(devices)} visible: set "
+            f"cluster.gpus_per_node to at most {len(devices)}, or make more GPUs visible"
+        )
+    return devices[device]

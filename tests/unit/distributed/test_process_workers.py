@@ -16,7 +16,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from nemo_opd.distributed.worker_group import WorkerError, start_workers
+from nemo_opd.distributed.worker_group import WorkerError, process_env, start_workers
+from nemo_opd.errors import SetupError
 
 
 class Ranked:
@@ -48,6 +49,9 @@ class Ranked:
 
     def echo(self, value):
         return value
+
+    def environ(self, *names: str) -> list[str | None]:
+        return [os.environ.get(name) for name in names]
 
     def fail_on(self, rank: int, then_sleep: float) -> int:
         if self.rank == rank:
@@ -82,6 +86,43 @@ def test_ranks_are_processes_of_one_process_group():
     finally:
         group.shutdown()
     assert all(not alive for alive in _alive(group))
+
+
+def test_a_rank_that_asks_for_a_gpu_sees_only_its_own(monkeypatch):
+    """As Ray gives an actor with num_gpus its device: rank r of a group placed in bundles b
+    sees only the b[r]-th of the driver's visible GPUs (its cuda:0), so that several
+    single-device engines (vLLM's takes cuda:0 whatever its rank) land on their own GPUs.
+    No GPU is touched here: the ranks only report their environment."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-a,GPU-b, GPU-c,GPU-d")
+    names = ("CUDA_VISIBLE_DEVICES", "LOCAL_RANK", "VLLM_X")
+    options = {"num_gpus": 0.5, "runtime_env": {"env_vars": {"VLLM_X": "1"}}}
+    group = ranked(2, rendezvous=False, ray_options=lambda rank: options, bundles=[3, 1])
+    try:
+        assert group.run(Ranked.environ, *names) == [["GPU-d", "0", "1"], ["GPU-b", "0", "1"]]
+    finally:
+        group.shutdown()
+    cpu = ranked(2, rendezvous=False, ray_options=lambda rank: {"num_gpus": 0}, bundles=[3, 1])
+    try:  # no GPU asked for: the fork server's visibility, rank r as its local rank
+        answers = cpu.run(Ranked.environ, *names)
+        assert [local for _, local, _ in answers] == ["0", "1"]
+        assert not {visible for visible, _, _ in answers} & {"GPU-d", "GPU-b"}
+    finally:
+        cpu.shutdown()
+
+
+def test_the_gpu_a_rank_gets_is_named_by_its_bundle():
+    options = {"num_gpus": 1, "runtime_env": {"env_vars": {"A": "b"}}}
+    assert process_env(options, 2, None) == {
+        "A": "b",
+        "CUDA_VISIBLE_DEVICES": "2",
+        "LOCAL_RANK": "0",
+    }
+    assert process_env(options, 1, "4,6")["CUDA_VISIBLE_DEVICES"] == "6"
+    assert process_env({"num_gpus": 0}, 1, "4,6") == {}
+    with pytest.raises(SetupError, match=r"needs GPU 2 .* CUDA_VISIBLE_DEVICES='4,6' makes 2"):
+        process_env(options, 2, "4,6")
+    with pytest.raises(SetupError, match="makes 0 visible"):
+        process_env(options, 0, "")
 
 
 def _alive(group) -> list[bool]:
