@@ -59,6 +59,7 @@ from nemo_opd.config.checks import overlap_problem
 from nemo_opd.config.worker_split import WorkerSplit, worker_split
 from nemo_opd.data.prompt_loader import PromptLoader
 from nemo_opd.distributed.cluster import (
+    check_machine_gpus,
     describe_device,
     gpus_seen,
     release_placement,
@@ -247,7 +248,10 @@ def _choose_executor(
     device = resolve_device_type(cfg.cluster, executor)
     if executor == "local":
         torch.set_num_threads(local_threads(cfg, device))
-    print(wrapped(describe_device(cfg.cluster, device, gpus_seen(executor), executor)))
+    gpus = gpus_seen(executor)
+    print(wrapped(describe_device(cfg.cluster, device, gpus, executor)))
+    if executor != "ray" and device == "cuda":  # Ray's placement group checks its own
+        check_machine_gpus(cfg.cluster.world_size, gpus, executor)
     print(wrapped(describe_workers(cfg, device, split)))
     check_megatron_training_precision(cfg.policy, device)
     cannot_overlap = overlap_problem(cfg, device)

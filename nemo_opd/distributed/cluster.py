@@ -87,6 +87,18 @@ def check_resources(num_workers: int, resources: WorkerResources) -> None:
             )
 
 
+def check_machine_gpus(num_workers: int, gpus: float, executor: str) -> None:
+    """Fail with a clear message when this machine cannot give each of num_workers workers a
+    GPU of its own (the local and processes executors: worker r takes the r-th visible GPU)."""
+    if num_workers > gpus:
+        raise ClusterResourceError(
+            f"{num_workers} worker(s) on cuda, and cluster.executor {executor} gives worker r "
+            f"the r-th GPU this machine makes visible, but it has {gpus:g}; lower "
+            "cluster.gpus_per_node, make more GPUs visible (CUDA_VISIBLE_DEVICES), or run on "
+            "the CPU (cluster.device=cpu)"
+        )
+
+
 def build_placement_group(
     num_workers: int,
     resources: WorkerResources,

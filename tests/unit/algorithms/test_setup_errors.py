@@ -339,3 +339,30 @@ def test_seq_kd_on_gpus_is_refused_before_anything_waits(colocated):
     split = worker_split(cfg.cluster, cfg.policy.generation)
     with pytest.raises(SetupError, match="no devices to place it on"):
         build_teacher_sampler(cfg, "cuda", split, placement=None)
+
+
+@pytest.mark.parametrize("executor", ["local", "processes"])
+def test_more_workers_on_cuda_than_the_machine_has_gpus_is_refused_at_once(
+    assets, tmp_path, capsys, executor
+):
+    """Without Ray, worker r takes this machine's r-th visible GPU: a config that asks for more
+    than it has is refused before any worker starts (it ended in each worker's CUDA error)."""
+    import torch
+
+    workers = 1 if executor == "local" else 2
+    if torch.cuda.device_count() >= workers:
+        pytest.skip(f"this machine has {workers} GPU(s) for the config")
+    code = run(
+        assets,
+        tmp_path,
+        "cluster.device=cuda",
+        f"cluster.executor={executor}",
+        f"cluster.gpus_per_node={workers}",
+        "distillation.max_staleness=0",  # colocated on GPUs: lockstep
+    )
+    assert code == 2
+    err = capsys.readouterr().err
+    visible = torch.cuda.device_count()
+    assert f"error: {workers} worker(s) on cuda, and cluster.executor {executor} gives" in err
+    assert f"makes visible, but it has {visible}; lower cluster.gpus_per_node" in err
+    assert "Traceback" not in err
