@@ -349,8 +349,8 @@ def test_more_workers_on_cuda_than_the_machine_has_gpus_is_refused_at_once(
     than it has is refused before any worker starts (it ended in each worker's CUDA error)."""
     import torch
 
-    workers = 1 if executor == "local" else 2
-    if torch.cuda.device_count() >= workers:
+    workers, visible = (1 if executor == "local" else 2), torch.cuda.device_count()
+    if visible >= workers:
         pytest.skip(f"this machine has {workers} GPU(s) for the config")
     code = run(
         assets,
@@ -362,7 +362,6 @@ def test_more_workers_on_cuda_than_the_machine_has_gpus_is_refused_at_once(
     )
     assert code == 2
     err = capsys.readouterr().err
-    visible = torch.cuda.device_count()
     assert f"error: {workers} worker(s) on cuda, and cluster.executor {executor} gives" in err
     assert f"makes visible, but it has {visible}; lower cluster.gpus_per_node" in err
     assert "Traceback" not in err
