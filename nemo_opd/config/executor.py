@@ -2,12 +2,15 @@
 or processes of this machine.
 
 A run needs Ray when it has more than one worker (cluster.num_nodes x cluster.gpus_per_node:
-the ranks of a model are processes that join one torch.distributed group), attaches to a
-cluster (cluster.address), or has a served teacher (its runs are Ray's). Otherwise auto picks
-"local": the student, the teacher and the generation engine in the driver's process, no Ray
-started or imported. The RAY_ADDRESS environment variable (`ray job submit` sets it) makes auto
-pick Ray too; an explicit "local" ignores it. "processes" is chosen by config only: every
-worker a process of the driver's machine, no Ray (one node, no cluster, no served teacher).
+the ranks of a model are processes that join one torch.distributed group) or attaches to a
+cluster (cluster.address). auto also picks Ray for a served teacher (a run that scores on a
+server is one of a deployment's, and Ray is how those run), but a served teacher is an HTTP
+client of the driver: an explicit "local" or "processes" runs it too (a one-GPU machine without
+Ray, its teacher on a server elsewhere). Otherwise auto picks "local": the student, the teacher
+and the generation engine in the driver's process, no Ray started or imported. The RAY_ADDRESS
+environment variable (`ray job submit` sets it) makes auto pick Ray too; an explicit "local"
+ignores it. "processes" is chosen by config only: every worker a process of the driver's
+machine, no Ray (one node, no cluster).
 """
 
 import os
@@ -32,26 +35,24 @@ def ray_reasons(cfg: DistillationConfig) -> list[str]:
 
 
 def _ray_services(cfg: DistillationConfig) -> list[str]:
-    """What in the config needs Ray whatever runs the workers: a cluster to attach to, a served
-    teacher (its runs are Ray's), one phrase each."""
-    cluster = cfg.cluster
-    reasons = []
-    if cluster.address:
-        reasons.append(f"cluster.address {cluster.address} (a Ray cluster to attach to)")
-    if cfg.teacher is not None and cfg.teacher.server.enabled:
-        reasons.append("a served teacher (teacher.server.enabled)")
-    return reasons
+    """What in the config needs Ray whatever runs the workers: a cluster to attach to."""
+    address = cfg.cluster.address
+    return [f"cluster.address {address} (a Ray cluster to attach to)"] if address else []
+
+
+def _served(cfg: DistillationConfig) -> bool:
+    return cfg.teacher is not None and cfg.teacher.server.enabled
 
 
 def run_executor(
     cfg: DistillationConfig, environ: Mapping[str, str] = os.environ
 ) -> Literal["ray", "local", "processes"]:
-    """cluster.executor, with auto resolved: "local" when nothing needs Ray (ray_reasons) and
-    RAY_ADDRESS is unset in `environ`, else "ray"."""
+    """cluster.executor, with auto resolved: "local" when nothing needs Ray (ray_reasons), the
+    teacher is not served and RAY_ADDRESS is unset in `environ`, else "ray"."""
     chosen = cfg.cluster.executor
     if chosen != "auto":
         return chosen
-    needs_ray = ray_reasons(cfg) or environ.get(RAY_ADDRESS_ENV)
+    needs_ray = ray_reasons(cfg) or _served(cfg) or environ.get(RAY_ADDRESS_ENV)
     return "ray" if needs_ray else "local"
 
 
@@ -62,8 +63,8 @@ def uses_ray(executor: str) -> bool:
 
 def check_executor(cfg: DistillationConfig) -> list[str]:
     """cluster.executor local runs one worker in the driver's process: no more than one worker,
-    no cluster.address, no served teacher; processes runs each worker in a process of this
-    machine: one node, no cluster.address, no served teacher."""
+    no cluster.address; processes runs each worker in a process of this machine: one node, no
+    cluster.address."""
     executor = cfg.cluster.executor
     if executor == "local":
         reasons = ray_reasons(cfg)

@@ -402,7 +402,8 @@ class ClusterConfig(Section):
     process, no Ray: one worker) or processes (each worker a process of this machine forked
     from a server that imported the engines once, no Ray: several workers on one node). auto:
     local when nothing needs Ray (one worker, no served teacher, no cluster.address and no
-    RAY_ADDRESS), else ray (docs/distillation.md, "Executors"). local or processes with
+    RAY_ADDRESS), else ray (docs/distillation.md, "Executors"). A served teacher is the
+    driver's HTTP client, so local or processes run it too when set. local or processes with
     something they cannot run is refused with the reason."""
 
     @property

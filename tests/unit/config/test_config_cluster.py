@@ -98,6 +98,17 @@ def test_local_with_what_needs_ray_is_refused_with_the_reason(minimal):
     assert problems({**one_worker(minimal), "cluster": {"executor": "local"}}) == []
 
 
+@pytest.mark.parametrize("executor", ["local", "processes"])
+def test_a_served_teacher_runs_without_ray_where_the_config_says_so(minimal, executor):
+    """auto picks Ray for a served teacher; local and processes, set, run it (the driver is
+    its HTTP client)."""
+    raw = one_worker(minimal)
+    raw["teacher"].update({"server": {"enabled": True}})
+    raw["cluster"] = {**raw.get("cluster", {}), "executor": executor}
+    assert problems(raw) == []
+    assert run_executor(validate_config(raw), environ={}) == executor
+
+
 def test_processes_run_several_workers_of_one_node_and_refuse_what_needs_ray(minimal):
     several = {"num_nodes": 1, "gpus_per_node": 2, "device": "cpu", "executor": "processes"}
     assert problems({**minimal, "cluster": several}) == []
