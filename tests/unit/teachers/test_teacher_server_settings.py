@@ -1,5 +1,5 @@
 """What `python -m nemo_opd.teacher_server` starts vLLM with, from a config and its flags (the
-real server is started in test_served_teacher.py)."""
+real server is started in tests/functional/test_served_teacher_loop.py)."""
 
 from pathlib import Path
 
@@ -57,7 +57,10 @@ def test_flags_and_overrides_win():
         overrides=["distillation.topk_logits_k=8"],
     )
     assert (got.port, got.served_model_name, got.max_logprobs) == (9123, "t", 8)
-    assert flag(server_command(got), "--kv-cache-memory-bytes") == "1048576"
+    command = server_command(got)
+    assert flag(command, "--kv-cache-memory-bytes") == "1048576"
+    assert (flag(command, "--served-model-name"), flag(command, "--max-logprobs")) == ("t", "8")
+    assert flag(command, "--port") == "9123"
 
 
 def test_a_config_sized_by_memory_fraction_passes_no_kv_size():
