@@ -272,7 +272,7 @@ def check_install(dest: Path) -> None:
         pip = [python_in_venv, "-m", "pip", "install", "-q"]
         # what the device machine has already (pydantic and omegaconf need them); torch is
         # left out, so megatron-core's import is left to the lane's first step
-        subprocess.run([*pip, *DEVICE_DEPENDENCIES], check=True, timeout=600)
+        subprocess.run([*pip, "--no-compile", *DEVICE_DEPENDENCIES], check=True, timeout=600)
         wheels = [str(w) for w in sorted(dest.glob("*.whl"))]
         options = ["--no-index", "--no-deps", "--no-compile", "--target", str(site)]
         subprocess.run([*pip, *options, *wheels], check=True, timeout=600)
