@@ -5,8 +5,12 @@ the next answer goes to whichever worker is free. An answer that is not graded w
 of being sent counts as wrong: its worker is killed (SIGKILL stops it even inside C code that
 holds the GIL, as sympy's big-integer arithmetic does) and a new one started, while the other
 workers go on. A worker that dies (a crash, the kernel's out-of-memory killer) is replaced the
-same way and its answer counts as wrong. Each worker is one Python process with math-verify
-loaded (its address space capped at memory_mb; its size: docs/generation.md).
+same way and its answer counts as wrong. Each worker is one Python process (its address space
+capped at memory_mb; its size: docs/generation.md) that loads math-verify on the first answer
+the fast path leaves to it (grader_worker): the load has a limit of its own, READY_TIMEOUT_S,
+and the answer its timeout_s after it. A worker that cannot load its engine, or does not within
+the limit, raises GraderPoolError with the end of its stderr: an engine that is not there must
+stop the run, not grade every answer that needs it wrong.
 
 Before an answer is sent, the response and the reference are cut to their last
 math_verify.RESPONSE_WINDOW_CHARS characters (from the response's last \\boxed{} when that lies
@@ -33,8 +37,8 @@ from nemo_opd.environments.math_verify import Grader, response_window
 from nemo_opd.utils.worker_processes import WorkerStarter, stop_process, worker_environment
 
 READY_TIMEOUT_S = 60.0
-"""How long a new grader worker may take to load its engine (docs/generation.md has the time
-it takes)."""
+"""How long a new grader worker may take to start, and to load its engine (docs/generation.md has
+the time it takes)."""
 
 _STOP_TIMEOUT_S = 5.0
 """How long close() waits for a worker to exit after its stdin is closed, before killing it."""
@@ -52,13 +56,15 @@ class GradeReport:
     """The verdicts of one grade() call, in input order, with what happened on the way.
 
     fast: answers the fast path settled (no math-verify); timeouts: answers that overran the
-    limit (their workers killed); crashes: answers whose worker died while grading them.
+    limit (their workers killed); crashes: answers whose worker died while grading them;
+    loads: workers that loaded their engine for one of these answers.
     """
 
     verdicts: list[bool]
     fast: int = 0
     timeouts: int = 0
     crashes: int = 0
+    loads: int = 0
 
 
 @dataclass
@@ -68,6 +74,7 @@ class _Worker:
     process: subprocess.Popen
     stderr: object
     ready: bool = False
+    loading: bool = False  # loading its engine (between its "loading" and "loaded" lines)
     job: int | None = None
     deadline: float = 0.0
     buffer: bytearray = field(default_factory=bytearray)
@@ -123,7 +130,7 @@ class GraderPool:
             self.wait_ready()
 
     def wait_ready(self) -> None:
-        """Return once every worker (replacements included) has loaded its engine."""
+        """Return once every worker (replacements included) has started."""
         deadline = time.monotonic() + READY_TIMEOUT_S
         while not all(w.ready for w in self._workers):
             self._wait(deadline)
@@ -176,21 +183,23 @@ class GraderPool:
         for worker in list(self._workers):
             if worker.deadline > now or (worker.ready and worker.job is None):
                 continue
-            if not worker.ready:
+            if not worker.ready or worker.loading:
+                what = "start" if not worker.ready else "load its grading engine"
                 raise GraderPoolError(
-                    f"a grader worker did not start within {READY_TIMEOUT_S:.0f} s"
+                    f"a grader worker did not {what} within {READY_TIMEOUT_S:.0f} s"
                     + _stderr_tail(worker)
                 )
             self._report.timeouts += 1
             self._replace(worker)
 
     def _read(self, worker: _Worker) -> None:
-        """Take what a worker wrote: "ready", verdicts, or end of file (it died)."""
+        """Take what a worker wrote: "ready", "loading", "loaded", verdicts, or end of file (it
+        died)."""
         chunk = os.read(worker.process.stdout.fileno(), 65536)
         if not chunk:
-            if not worker.ready:
-                message = "a grader worker exited while starting"
-                raise GraderPoolError(message + _stderr_tail(worker))
+            if not worker.ready or worker.loading:
+                what = "starting" if not worker.ready else "loading its grading engine"
+                raise GraderPoolError(f"a grader worker exited while {what}" + _stderr_tail(worker))
             self._report.crashes += worker.job is not None
             self._replace(worker)
             return
@@ -201,6 +210,13 @@ class GraderPool:
             message = json.loads(line)
             if message == "ready":
                 worker.ready = True
+                continue
+            if message == "loading":  # the load's own limit, then the answer's
+                worker.loading, worker.deadline = True, time.monotonic() + READY_TIMEOUT_S
+                self._report.loads += 1
+                continue
+            if message == "loaded":
+                worker.loading, worker.deadline = False, time.monotonic() + self.timeout_s
                 continue
             correct, how = message
             self._report.verdicts[worker.job] = bool(correct)

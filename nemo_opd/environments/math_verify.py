@@ -32,6 +32,7 @@ the math environment runs it in grader_pool's worker processes, which kill an an
 overruns env.math.timeout_s.
 """
 
+import importlib.util
 import re
 from fractions import Fraction
 from typing import Literal
@@ -93,6 +94,23 @@ def grade(
 ) -> tuple[bool, str]:
     """(correct, how): verify()'s verdict and what gave it: "fast" (refused by a bound or for an
     unmarked answer, or fast_verdict), "builtin" or "math_verify"."""
+    settled = fast_grade(response, reference, max_answer_chars, marked_only)
+    if settled is not None:
+        return settled
+    try:
+        window = answer_window(response, max_answer_chars)
+        if grader == "builtin":
+            return builtin_verify(window, reference, max_answer_chars), "builtin"
+        return math_verify_engine(window, reference, marked_only), "math_verify"
+    except Exception:  # untrusted input: a bug here must not crash training
+        return False, grader
+
+
+def fast_grade(
+    response: str, reference: str, max_answer_chars: int, marked_only: bool = False
+) -> tuple[bool, str] | None:
+    """grade()'s (correct, "fast") where no engine is needed (a bound or an unmarked answer
+    makes it wrong, or fast_verdict is certain), else None."""
     if not isinstance(response, str) or not isinstance(reference, str):
         return False, "fast"
     try:
@@ -100,13 +118,9 @@ def grade(
         if window is None or (marked_only and not has_marked_answer(window)):
             return False, "fast"
         verdict = fast_verdict(window, reference, max_answer_chars)
-        if verdict is not None:
-            return verdict, "fast"
-        if grader == "builtin":
-            return builtin_verify(window, reference, max_answer_chars), "builtin"
-        return math_verify_engine(window, reference, marked_only), "math_verify"
     except Exception:  # untrusted input: a bug here must not crash training
-        return False, grader
+        return False, "fast"
+    return None if verdict is None else (verdict, "fast")
 
 
 def has_marked_answer(response: str) -> bool:
@@ -228,6 +242,41 @@ def _reference_window(reference: str) -> str | None:
     return f"${window.strip()}$"
 
 
-def warm_up(grader: Grader) -> None:
-    """Load the engine's parser once (math-verify builds its grammar on first use)."""
-    grade("\\boxed{\\frac{x}{2}}", "$\\frac{x}{2}+0$", 100, grader)
+KNOWN_RIGHT = ("\\boxed{\\frac{x}{2}}", "$\\frac{x}{2}+0$")
+"""A right answer the fast path leaves to the engine: load_engine grades it."""
+
+
+class EngineError(RuntimeError):
+    """The grading engine cannot be loaded, or grades a known right answer wrong."""
+
+
+def check_engine_installed(grader: Grader) -> None:
+    """EngineError where the engine's package is not installed (a quick check, nothing
+    imported)."""
+    if grader == "math_verify" and importlib.util.find_spec("math_verify") is None:
+        raise EngineError(
+            "env.math.grader is math_verify, but the math-verify package is not installed in "
+            "this environment: install it (pip install math-verify), or set "
+            "env.math.grader=builtin"
+        )
+
+
+def load_engine(grader: Grader) -> None:
+    """Load the engine (math-verify builds its grammar on first use) and grade KNOWN_RIGHT with
+    it, outside grade()'s catch-all: an engine that fails to import or grades it wrong (a
+    broken install: another ANTLR runtime than its grammar's, say) raises EngineError instead
+    of grading every answer that needs it wrong."""
+    if grader == "builtin":
+        return
+    response, reference = KNOWN_RIGHT
+    try:
+        right = math_verify_engine(answer_window(response, 100), reference)
+    except Exception as error:
+        message = f"math-verify could not grade: {type(error).__name__}: {error}"
+        raise EngineError(f"{message}; reinstall it, or set env.math.grader=builtin") from error
+    if not right:
+        raise EngineError(
+            f"math-verify graded a right answer wrong ({response} against {reference}): its "
+            "install is broken (its LaTeX grammar needs the ANTLR runtime it was built for); "
+            "reinstall it, or set env.math.grader=builtin"
+        )

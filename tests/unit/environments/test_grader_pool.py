@@ -226,3 +226,69 @@ def test_a_replacement_started_from_a_thread_that_ends_grades_later_answers():
         assert report.verdicts == [True, False, True] and report.crashes == 0
     finally:
         pool.close()
+
+
+def test_the_engine_loads_on_the_first_answer_the_fast_path_leaves_to_it():
+    """A worker loads math-verify for the first answer that needs it, and only then: answers
+    the fast path settles load nothing. The load has a limit of its own: the answer's limit
+    here (0.5 s) is shorter than the load (about 1 s on an idle 2-core machine), and still the
+    answer is graded, not timed out."""
+    pool = GraderPool(1, 0.5, 1000, "math_verify", MEMORY_MB)
+    try:
+        report = pool.grade([r"3 + 9 = 12. \boxed{12}", r"\boxed{13}"], ["12", "12"])
+        assert (report.verdicts, report.fast, report.loads) == ([True, False], 2, 0)
+        engine = NORMAL[1][:2]  # \frac{x}{7}+\frac{2}{7} against \frac{x+2}{7}
+        report = pool.grade([engine[0]], [engine[1]])
+        assert (report.verdicts, report.loads, report.timeouts) == ([True], 1, 0)
+        report = pool.grade([NORMAL[3][0]], [NORMAL[3][1]])  # loaded already
+        assert (report.verdicts, report.loads, report.timeouts) == ([True], 0, 0)
+    finally:
+        pool.close()
+
+
+BROKEN_ENGINES = {
+    "grades nothing": (
+        "class LatexExtractionConfig:\n    def __init__(self, **kwargs): pass\n"
+        "ExprExtractionConfig = LatexExtractionConfig\n"
+        "def parse(*args, **kwargs): return []\n"
+        "def verify(*args, **kwargs): return False\n",
+        "math-verify graded a right answer wrong",
+    ),
+    "fails to import": (
+        "raise ImportError('the ANTLR runtime of another version')\n",
+        "math-verify could not grade: ImportError: the ANTLR runtime of another version",
+    ),
+}
+
+
+@pytest.mark.parametrize("broken", list(BROKEN_ENGINES))
+def test_an_engine_that_cannot_grade_ends_the_run_instead_of_grading_wrong(
+    broken, tmp_path, monkeypatch
+):
+    """A math-verify that imports but grades a right answer wrong (a broken install), or fails
+    to import, stops grading with the reason once an answer needs it: every such answer
+    graded wrong would pass as a weak student. Answers the fast path settles are graded."""
+    source, reason = BROKEN_ENGINES[broken]
+    (tmp_path / "math_verify").mkdir()
+    (tmp_path / "math_verify" / "__init__.py").write_text(source)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # the workers' PYTHONPATH ends with it
+    pool = GraderPool(1, TIMEOUT_S, 1000, "math_verify", MEMORY_MB)
+    try:
+        assert pool.grade([r"\boxed{12}"], ["12"]).verdicts == [True]
+        with pytest.raises(GraderPoolError) as raised:
+            pool.grade([NORMAL[1][0]], [NORMAL[1][1]])
+    finally:
+        pool.close()
+    message = str(raised.value)
+    assert message.startswith("a grader worker exited while loading its grading engine: ")
+    assert reason in message and "or set env.math.grader=builtin" in message, message
+
+
+def test_an_engine_that_is_not_installed_is_refused_when_the_worker_starts(monkeypatch):
+    from nemo_opd.environments import math_verify
+
+    math_verify.check_engine_installed("math_verify")  # this environment has it
+    monkeypatch.setattr(math_verify.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(math_verify.EngineError, match="math-verify package is not installed"):
+        math_verify.check_engine_installed("math_verify")
+    math_verify.check_engine_installed("builtin")  # needs nothing
