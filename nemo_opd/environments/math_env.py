@@ -48,8 +48,8 @@ class MathEnvironment:
         )
 
     def wait_ready(self) -> None:
-        """Return once every grader worker has loaded its engine (GraderPoolError if one fails
-        to within its time-out)."""
+        """Return once every grader worker has started (GraderPoolError if one fails to within
+        its time-out); each loads its engine when an answer first needs it."""
         self._pool.wait_ready()
 
     def verify_batch(self, responses: list[str], references: list[str]) -> GradeReport:
