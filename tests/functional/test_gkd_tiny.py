@@ -283,7 +283,7 @@ def test_real_vocabularies_qwen3_student_llama3_teacher(real_vocabulary_models, 
 
 
 @pytest.mark.slow  # a vLLM server of its own: `pytest -m slow`
-@pytest.mark.usefixtures("ray_session")  # a served teacher's runs are Ray's
+@pytest.mark.usefixtures("ray_session")  # auto runs a served teacher's workers on Ray
 def test_real_vocabularies_with_the_teacher_served(real_vocabulary_models, tmp_path):
     """The same with the teacher served by vLLM's OpenAI-compatible server."""
     models = real_vocabulary_models
