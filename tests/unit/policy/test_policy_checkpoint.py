@@ -172,14 +172,14 @@ def test_evaluate_refuses_a_malformed_teacher(model_dirs):
         policy.shutdown()
 
 
-def test_a_save_that_fails_part_way_keeps_the_earlier_checkpoints(
-    model_dirs, ray_session, tmp_path
-):
+def test_a_save_that_fails_part_way_keeps_the_earlier_checkpoints(model_dirs, tmp_path):
     """A save stopped part-way by a real write limit (a file-size limit set on the live rank-0
     worker, which stops a write as a full disk would) fails naming the cause, leaves nothing
     of itself, and the earlier checkpoint still verifies and loads."""
-    # On Ray: the limit is set on the worker's own process.
-    policy = start_policy(policy_config(model_dirs["tied"]), 1, name="save_fault", executor="ray")
+    # A process of this machine (the processes executor): the limit is set on the worker's own
+    # process, not on this one.
+    cfg = policy_config(model_dirs["tied"])
+    policy = start_policy(cfg, 1, name="save_fault", executor="processes")
     manager = CheckpointManager(CheckpointingConfig(checkpoint_dir=str(tmp_path)))
 
     def write(directory):
@@ -190,8 +190,7 @@ def test_a_save_that_fails_part_way_keeps_the_earlier_checkpoints(
         files = manager.load_state(first)["files"]
         limit = files["policy/model.safetensors"]["bytes"] + 1  # the weights fit, the moments not
         assert files["policy/training_state.pt"]["bytes"] > limit
-        rank0 = policy.workers.actors[0]
-        pid = ray.get(rank0.__ray_call__.remote(lambda worker: os.getpid()))
+        pid = policy.workers.pids()[0]
         hard = resource.prlimit(pid, resource.RLIMIT_FSIZE)[1]
         resource.prlimit(pid, resource.RLIMIT_FSIZE, (limit, hard))
         cause = rf"training_state.pt failed .*may not write files over {limit:,} bytes"
