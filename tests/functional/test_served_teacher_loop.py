@@ -129,7 +129,7 @@ def run_loop(run_dir: Path, *extra: str, steps: int = 1) -> int:
 
 @pytest.fixture(scope="module")
 def straight(server, tmp_path_factory):
-    """The uninterrupted served run: its directory and metrics by step."""
+    """The uninterrupted served run: its directory, metrics by step and stdout."""
     run_dir = tmp_path_factory.mktemp("straight")
     url = f"teacher.server.base_url={server.base_url}"
     with contextlib.redirect_stdout(io.StringIO()) as out:
@@ -157,8 +157,6 @@ def test_a_served_teacher_with_its_own_chat_template(server, tmp_path, capsys):
     them, the same rollouts as the in-process teacher with the same template. The served run
     has no Ray (cluster.executor=local), as on a machine without it."""
     from transformers import AutoTokenizer
-
-    from nemo_opd.tiny import resolve_pretrained
 
     template = AutoTokenizer.from_pretrained(resolve_pretrained("tiny:tokenizer")).chat_template
     other = template.replace("message['role'] + '\\n' + message['content']", (
