@@ -18,9 +18,9 @@ from nemo_opd.algorithms.model_checks import (
     load_model_config,
 )
 from nemo_opd.algorithms.setup_teachers import crossed
-from nemo_opd.algorithms.setup_workers import is_served
 from nemo_opd.algorithms.tokenizers import load_tokenizer, own_tokenizer_notes
 from nemo_opd.config import DistillationConfig
+from nemo_opd.config.executor import is_served
 from nemo_opd.errors import SetupError
 from nemo_opd.scoring.rendering import TeacherRendering
 from nemo_opd.tiny.assets import resolve_pretrained

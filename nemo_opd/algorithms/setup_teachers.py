@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING
 from transformers import PreTrainedTokenizerBase
 
 from nemo_opd.algorithms.prompts import PromptSet, offered_tools
-from nemo_opd.algorithms.setup_workers import SHARE, is_served
+from nemo_opd.algorithms.setup_workers import SHARE
 from nemo_opd.algorithms.tokenizers import load_tokenizer, tokenizer_difference
 from nemo_opd.config import DistillationConfig
+from nemo_opd.config.executor import is_served
 from nemo_opd.data.chat import ChatFormatter, read_text_file
 from nemo_opd.errors import SetupError
 from nemo_opd.policy.policy import Policy

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from nemo_opd.config import DistillationConfig
-from nemo_opd.config.executor import run_executor, uses_ray
+from nemo_opd.config.executor import is_served, run_executor, uses_ray
 from nemo_opd.config.worker_split import WorkerSplit
 from nemo_opd.distributed.cluster import WorkerResources, build_placement_group
 from nemo_opd.distributed.placement import bundle_node_slots, generation_bundles
@@ -30,10 +30,6 @@ PLACEMENT_FILE = "placement.json"
 SHARE = 1 / 3
 """Fraction of each training bundle (CPUs, GPU) taken by the student, the teacher and colocated
 generation: they run one after another within a step, so they share the devices."""
-
-
-def is_served(cfg: DistillationConfig) -> bool:
-    return cfg.teacher is not None and cfg.teacher.server.enabled
 
 
 def overlap_threads(cfg: DistillationConfig, device: str, cores: int | None = None) -> int | None:

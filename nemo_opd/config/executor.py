@@ -40,7 +40,8 @@ def _ray_services(cfg: DistillationConfig) -> list[str]:
     return [f"cluster.address {address} (a Ray cluster to attach to)"] if address else []
 
 
-def _served(cfg: DistillationConfig) -> bool:
+def is_served(cfg: DistillationConfig) -> bool:
+    """Whether the run's teacher is served (teacher.server.enabled)."""
     return cfg.teacher is not None and cfg.teacher.server.enabled
 
 
@@ -52,7 +53,7 @@ def run_executor(
     chosen = cfg.cluster.executor
     if chosen != "auto":
         return chosen
-    needs_ray = ray_reasons(cfg) or _served(cfg) or environ.get(RAY_ADDRESS_ENV)
+    needs_ray = ray_reasons(cfg) or is_served(cfg) or environ.get(RAY_ADDRESS_ENV)
     return "ray" if needs_ray else "local"
 
 
