@@ -28,8 +28,8 @@ from nemo_opd.environments.math_verify import (
     GRADERS,
     EngineError,
     check_engine_installed,
+    engine_grade,
     fast_grade,
-    grade,
     load_engine,
 )
 from nemo_opd.utils.worker_guards import die_with_parent, limit_memory, protocol_stream
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
                 engine_or_exit(load_engine, args.grader)
                 out.write(b'"loaded"\n')
                 loaded = True
-            verdict = grade(
+            verdict = engine_grade(
                 response, reference, args.max_answer_chars, args.grader, args.marked_only
             )
         out.write(json.dumps(verdict).encode() + b"\n")

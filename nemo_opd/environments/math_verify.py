@@ -97,6 +97,17 @@ def grade(
     settled = fast_grade(response, reference, max_answer_chars, marked_only)
     if settled is not None:
         return settled
+    return engine_grade(response, reference, max_answer_chars, grader, marked_only)
+
+
+def engine_grade(
+    response: str,
+    reference: str,
+    max_answer_chars: int,
+    grader: Grader = "math_verify",
+    marked_only: bool = False,
+) -> tuple[bool, str]:
+    """grade()'s verdict by the engine, for an answer fast_grade left to it (None)."""
     try:
         window = answer_window(response, max_answer_chars)
         if grader == "builtin":
