@@ -21,15 +21,18 @@ complete on every tp rank and needs no extra reduction.
 """
 
 import json
+import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import peft
 import torch
-from peft.tuners.lora import LoraLayer
 from safetensors.torch import load_file, save_file
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
 
 from nemo_opd.config import LoraConfig
+
+if TYPE_CHECKING:
+    import peft
 
 ADAPTER = "default"
 """peft's name for the one adapter a student has (it appears in parameter names)."""
@@ -39,8 +42,10 @@ PEFT_PREFIX = "base_model.model."
 """Prefix of every key in a peft adapter file (peft's PeftModel wraps the causal LM twice)."""
 
 
-def peft_config(cfg: LoraConfig, base_model: str | None = None) -> peft.LoraConfig:
+def peft_config(cfg: LoraConfig, base_model: str | None = None) -> "peft.LoraConfig":
     """peft's LoraConfig for policy.lora (alpha / rank scaling, no bias)."""
+    import peft
+
     return peft.LoraConfig(
         r=cfg.rank,
         lora_alpha=cfg.alpha,
@@ -56,6 +61,8 @@ def inject_lora(model: torch.nn.Module, cfg: LoraConfig) -> None:
     """Wrap the target projections of every decoder layer with adapters, in place. A is drawn
     from cfg.init_seed (the same on every rank, the global RNG untouched), B is zero: the
     model's outputs are unchanged until B trains. train_only_adapters sets what trains."""
+    import peft
+
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.init_seed)
         try:
@@ -78,6 +85,14 @@ def train_only_adapters(model: torch.nn.Module) -> None:
         param.requires_grad_(is_adapter(name))
 
 
+def is_lora_layer(module: torch.nn.Module) -> bool:
+    """Whether `module` is a projection peft wrapped with adapters. Only inject_lora makes one,
+    and it imports peft first: a process that never did (every run without LoRA) has none, and
+    does not import peft here (seconds of CPU in each worker's start-up)."""
+    lora = sys.modules.get("peft.tuners.lora")
+    return lora is not None and isinstance(module, lora.LoraLayer)
+
+
 def is_adapter(name: str) -> bool:
     """Whether a parameter name (model naming) is an adapter factor."""
     return ".lora_A." in name or ".lora_B." in name
@@ -92,7 +107,7 @@ def lora_block_plan(
     rewritten: dict[str, ParallelStyle] = {}
     for path, style in plan.items():
         module = block.get_submodule(path)
-        if not isinstance(module, LoraLayer):
+        if not is_lora_layer(module):
             rewritten[path] = style
             continue
         rewritten[f"{path}.base_layer"] = style
@@ -109,7 +124,7 @@ def adapter_pairs(model: torch.nn.Module) -> dict[str, tuple[str, str, float]]:
     """{model name of a wrapped projection's base weight: (A's name, B's name, scaling)}."""
     pairs = {}
     for path, module in model.named_modules():
-        if isinstance(module, LoraLayer) and ADAPTER in module.lora_A:
+        if is_lora_layer(module) and ADAPTER in module.lora_A:
             pairs[f"{path}.base_layer.weight"] = (
                 f"{path}.lora_A.{ADAPTER}.weight",
                 f"{path}.lora_B.{ADAPTER}.weight",

@@ -1,5 +1,8 @@
 """nemo_opd.policy.engines.lora without workers: names, the merge, the TP plan, adapter files."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from peft.tuners.lora import LoraLayer
@@ -117,3 +120,16 @@ def test_targets_the_model_lacks_are_named():
     only_q = CFG.model_copy(update={"target_modules": ["q_proj"]})  # matches nothing in Phi3
     with pytest.raises(ValueError, match=r"policy.lora.target_modules: .*q_proj"):
         inject_lora(AutoModelForCausalLM.from_config(config), only_q)
+
+
+def test_a_policy_worker_without_lora_does_not_import_peft():
+    # peft (and what it pulls in) costs seconds in every worker's start-up; lora imports it only
+    # when a student takes adapters.
+    code = (
+        "import sys, nemo_opd.policy.worker, nemo_opd.policy.engines.dtensor;"
+        "print('peft' in sys.modules)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300
+    )
+    assert result.stdout.strip() == "False", result.stderr[-2000:]
