@@ -46,6 +46,9 @@ SHARED_CPUS = 4
 workers share a 2-core machine)."""
 START_TIMEOUT_S = 180.0
 """How long the keeper may take to start Ray and print its address."""
+START_ATTEMPTS = 2
+"""How often the keeper starts Ray: Ray gives its raylet a fixed 30 s to register with its GCS
+(ray._private.node), which a busy 2-core machine can miss; a second start is then tried."""
 STOP_TIMEOUT_S = 60.0
 """How long the keeper may take to stop Ray once told to; then it is killed (Ray's processes
 share its fate)."""
@@ -269,13 +272,21 @@ def _keep(cpus: int) -> None:
     until stdin closes."""
     import ray
 
-    context = ray.init(
-        address="local",
-        num_cpus=cpus,
-        include_dashboard=False,
-        log_to_driver=False,
-        _system_config=KEEPER_SYSTEM_CONFIG,
-    )
+    for attempt in range(1, START_ATTEMPTS + 1):
+        try:
+            context = ray.init(
+                address="local",
+                num_cpus=cpus,
+                include_dashboard=False,
+                log_to_driver=False,
+                _system_config=KEEPER_SYSTEM_CONFIG,
+            )
+            break
+        except Exception as error:  # Ray raises a bare Exception for a node that timed out
+            if attempt == START_ATTEMPTS or "timed out during startup" not in str(error):
+                raise
+            print(f"keeper: Ray's start {attempt} timed out, trying again", file=sys.stderr)
+            ray.shutdown()
     print(ADDRESS_LINE + context.address_info["gcs_address"], flush=True)
     sys.stdin.read()
     ray.shutdown()
