@@ -8,11 +8,12 @@ busy).
     stop_shared_ray()                          # before a module that starts Ray itself
 
 The instance lives in a child process, the keeper (`python ray_local.py CPUS`): it starts it
-with ray.init(address="local") and holds it until its stdin closes, which also happens when
-this process ends however it ends. A module connects to it by its address, as a Ray job of its
-own, and disconnects at its end: between modules this process is not connected to any Ray, so
-a module that starts its own (ray.init, or the command line's init_ray) finds none connected,
-as if the shared instance did not exist. It is started on first use, again after a stop.
+as a run starts its own (nemo_opd.distributed.ray_runtime.start_local_instance) and holds it
+until its stdin closes, which also happens when this process ends however it ends. A module
+connects to it by its address, as a Ray job of its own, and disconnects at its end: between
+modules this process is not connected to any Ray, so a module that starts its own (ray.init,
+or the command line's init_ray) finds none connected, as if the shared instance did not exist.
+It is started on first use, again after a stop.
 
 - CPUs: SHARED_CPUS logical CPUs, or what a module asks for if that is more (the instance is
   then restarted that large); a module whose tests rely on the limit (exact=True) gets exactly
@@ -46,9 +47,6 @@ SHARED_CPUS = 4
 workers share a 2-core machine)."""
 START_TIMEOUT_S = 180.0
 """How long the keeper may take to start Ray and print its address."""
-START_ATTEMPTS = 2
-"""How often the keeper starts Ray: Ray gives its raylet a fixed 30 s to register with its GCS
-(ray._private.node), which a busy 2-core machine can miss; a second start is then tried."""
 STOP_TIMEOUT_S = 60.0
 """How long the keeper may take to stop Ray once told to; then it is killed (Ray's processes
 share its fate)."""
@@ -58,9 +56,6 @@ IDLE_STOP_S = 120.0
 """How long the instance is kept with no module connected."""
 ADDRESS_LINE = "shared ray at "
 """How the keeper's line with the instance's GCS address starts."""
-KEEPER_SYSTEM_CONFIG = {"prestart_worker_first_driver": False}
-"""As nemo_opd.distributed.ray_runtime.LOCAL_SYSTEM_CONFIG: no idle worker processes started
-for the keeper, which runs no task."""
 
 
 class SharedRayLeftovers(UserWarning):
@@ -272,22 +267,10 @@ def _keep(cpus: int) -> None:
     until stdin closes."""
     import ray
 
-    for attempt in range(1, START_ATTEMPTS + 1):
-        try:
-            context = ray.init(
-                address="local",
-                num_cpus=cpus,
-                include_dashboard=False,
-                log_to_driver=False,
-                _system_config=KEEPER_SYSTEM_CONFIG,
-            )
-            break
-        except Exception as error:  # Ray raises a bare Exception for a node that timed out
-            if attempt == START_ATTEMPTS or "timed out during startup" not in str(error):
-                raise
-            print(f"keeper: Ray's start {attempt} timed out, trying again", file=sys.stderr)
-            ray.shutdown()
-    print(ADDRESS_LINE + context.address_info["gcs_address"], flush=True)
+    from nemo_opd.distributed.ray_runtime import start_local_instance
+
+    address = start_local_instance(cpus, log_to_driver=False)  # tries twice on a busy machine
+    print(ADDRESS_LINE + address, flush=True)
     sys.stdin.read()
     ray.shutdown()
 

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
+import psutil
 import ray
 from ray.exceptions import AuthenticationError
 
@@ -30,6 +31,10 @@ from nemo_opd.distributed.address import probe_head
 from nemo_opd.errors import SetupError
 
 ADDRESS_ENV = "RAY_ADDRESS"
+LOCAL_START_ATTEMPTS = 2
+"""How often a local instance is started before its time-out is reported (start_local_instance)."""
+_START_TIMED_OUT = "timed out during startup"
+"""What Ray's error says when a new node's raylet did not register in time."""
 CONNECT_TIMEOUT_S = 10.0
 """How long the cluster's head may take to answer before setup reports it unreachable."""
 LOCAL_SYSTEM_CONFIG = {"prestart_worker_first_driver": False}
@@ -62,19 +67,55 @@ def init_ray(cluster: ClusterConfig) -> bool:
     if address is None:
         # "local": never a cluster that `ray start` left on this machine (Ray's default for
         # address=None), which would also refuse num_cpus.
-        context = ray.init(
-            address="local",
-            num_cpus=local_cpus(cluster),
-            include_dashboard=False,
-            log_to_driver=True,
-            _system_config=LOCAL_SYSTEM_CONFIG,
-        )
-        print(f"ray: started a local instance at {context.address_info['gcs_address']}")
+        gcs = start_local_instance(local_cpus(cluster))
+        print(f"ray: started a local instance at {gcs}")
         return True
     if address != "auto":  # "auto": the cluster `ray start` started on this node
         probe_head(address, CONNECT_TIMEOUT_S, source)
     _attach(address, source)
     return True
+
+
+def start_local_instance(num_cpus: int, *, log_to_driver: bool = True) -> str:
+    """ray.init of a new local instance of `num_cpus` logical CPUs, with no dashboard; its GCS
+    address. Ray gives the new node's raylet a fixed 30 s to register with its GCS
+    (ray._private.node), which a machine busy with other work can miss: the processes that
+    start left are then stopped and the start tried again (LOCAL_START_ATTEMPTS in all), and
+    SetupError says what to do if every try times out. Ray's other errors are raised as they
+    are."""
+    for attempt in range(1, LOCAL_START_ATTEMPTS + 1):
+        before = {child.pid for child in psutil.Process().children(recursive=True)}
+        try:
+            context = ray.init(
+                address="local",
+                num_cpus=num_cpus,
+                include_dashboard=False,
+                log_to_driver=log_to_driver,
+                _system_config=LOCAL_SYSTEM_CONFIG,
+            )
+            return context.address_info["gcs_address"]
+        except Exception as error:  # Ray raises a bare Exception for this one
+            if _START_TIMED_OUT not in str(error):
+                raise
+        _stop_new_children(before)
+        if attempt < LOCAL_START_ATTEMPTS:
+            print("ray: the local instance timed out during start-up; starting it again")
+    raise SetupError(
+        f"Ray's local instance did not start: its node timed out during start-up "
+        f"{LOCAL_START_ATTEMPTS} times (Ray waits 30 s for it). The machine is likely too busy "
+        "(other runs or builds on its cores): run again when it is less busy, or start Ray "
+        "yourself (`ray start --head`) and set cluster.address=auto"
+    )
+
+
+def _stop_new_children(before: set[int]) -> None:
+    """Kill this process's descendants whose pids are not in `before` (a failed start's GCS,
+    raylet and agents: Ray lost its handle on them with the error) and wait for them."""
+    started = [c for c in psutil.Process().children(recursive=True) if c.pid not in before]
+    for child in started:
+        with suppress(psutil.Error):
+            child.kill()
+    psutil.wait_procs(started, timeout=10)
 
 
 def _attach(address: str, source: str) -> None:

@@ -1,7 +1,9 @@
 """Which Ray a run uses: cluster.address, else RAY_ADDRESS, else a local instance it starts and
-stops (without idle worker processes); an address where no head answers is refused at once,
-without connecting."""
+stops (without idle worker processes, started again after Ray's start-up time-out); an address
+where no head answers is refused at once, without connecting."""
 
+import subprocess
+import sys
 import time
 
 import psutil
@@ -57,12 +59,37 @@ def idle_workers() -> list[psutil.Process]:
     return found
 
 
+TIMED_OUT = (
+    "The current node timed out during startup. This could happen because some of the raylet "
+    "failed to startup or the GCS has become overloaded."
+)
+"""Ray's error for a node whose raylet did not register within its 30 s (ray._private.node)."""
+
+
+def timing_out_starts(monkeypatch, count: int) -> list[subprocess.Popen]:
+    """ray.init's first `count` calls each start a process (as a start's GCS would be) and then
+    fail as Ray does when its node times out; later calls are Ray's own. The processes."""
+    real_init, started = ray.init, []
+
+    def init(*args, **kwargs):
+        if len(started) < count:
+            started.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"]))
+            raise Exception(TIMED_OUT)  # noqa: TRY002 - what Ray raises
+        return real_init(*args, **kwargs)
+
+    monkeypatch.setattr(ray, "init", init)
+    return started
+
+
 def test_a_local_instance_ends_with_the_session_and_one_inside_it_leaves_it(monkeypatch, capsys):
     """The session's own local instance, with no idle worker processes, stops at its end; a
     session opened inside it (a caller already connected, as the command line is inside
-    `ray job submit`) neither looks at its config nor disconnects the caller."""
+    `ray job submit`) neither looks at its config nor disconnects the caller. Its first start
+    timed out here (as on a busy machine): what it left is stopped and it is started again."""
     monkeypatch.delenv(ADDRESS_ENV, raising=False)
+    failed = timing_out_starts(monkeypatch, count=1)
     with ray_session(ClusterConfig(device="cpu")):
+        assert len(failed) == 1 and failed[0].poll() is not None  # killed, waited for
         assert ray.is_initialized()
         gcs = ray.get_runtime_context().gcs_address
         # No idle worker processes (Ray's default starts one per CPU for the first driver
@@ -75,7 +102,19 @@ def test_a_local_instance_ends_with_the_session_and_one_inside_it_leaves_it(monk
             pass
         assert ray.is_initialized()
         assert ray.get_runtime_context().gcs_address == gcs
-    assert f"ray: started a local instance at {gcs}" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "ray: the local instance timed out during start-up; starting it again" in out
+    assert f"ray: started a local instance at {gcs}" in out
+    assert not ray.is_initialized()
+
+
+def test_a_local_instance_that_never_starts_in_time_is_one_clear_error(monkeypatch):
+    monkeypatch.delenv(ADDRESS_ENV, raising=False)
+    failed = timing_out_starts(monkeypatch, count=2)
+    with pytest.raises(SetupError, match=r"^Ray's local instance did not start: .* 2 times") as err:
+        init_ray(ClusterConfig(device="cpu"))
+    assert "too busy" in str(err.value) and "cluster.address=auto" in str(err.value)
+    assert len(failed) == 2 and all(process.poll() is not None for process in failed)
     assert not ray.is_initialized()
 
 
