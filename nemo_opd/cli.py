@@ -23,6 +23,7 @@ from nemo_opd.secrets import redact_text
 from nemo_opd.utils.cpu_waits import prefer_passive_waits
 from nemo_opd.utils.gc_pause import collection_paused
 from nemo_opd.utils.import_ahead import ImportAhead
+from nemo_opd.utils.text_width import wrapped
 from nemo_opd.utils.wheel_tags import repair_installed_tags
 
 EXIT_CONFIG_ERROR = 2
@@ -56,10 +57,8 @@ def main(argv: Sequence[str] | None = None, description: str | None = None) -> i
     prefer_passive_waits()  # before torch loads: idle CPU threads sleep (utils/cpu_waits.py)
     args = build_parser(description).parse_intermixed_args(argv)
     for line in repair_installed_tags():
-        print(
-            f"note: repaired installed wheel tags so that `uv run` stops reinstalling: {line}",
-            file=sys.stderr,
-        )
+        note = f"note: repaired installed wheel tags so that `uv run` stops reinstalling: {line}"
+        print(wrapped(note), file=sys.stderr)
     try:
         cfg = load_config(args.config, args.overrides)
         if args.print_config:

