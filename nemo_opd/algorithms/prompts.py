@@ -11,6 +11,7 @@ from nemo_opd.config import DistillationConfig
 from nemo_opd.data.chat import ChatFormatter, read_text_file
 from nemo_opd.data.datasets import load_prompt_records
 from nemo_opd.data.message_log import log_length
+from nemo_opd.data.progress import CountProgress
 from nemo_opd.errors import SetupError
 from nemo_opd.tools.base import tool_schemas
 from nemo_opd.utils.text_width import wrapped
@@ -39,9 +40,12 @@ def start_encoding_prompts(
 ) -> Callable[[], PromptSet]:
     """encode_prompts in two halves: the records are rendered now and tokenized in a thread of
     their own (ChatFormatter.start_prompt_logs); the returned function waits for that and
-    returns what encode_prompts returns."""
+    returns what encode_prompts returns. Either half that takes long prints its progress."""
     logs = formatter.start_prompt_logs(
-        [record["prompt"] for record in records], [record.get("messages") for record in records]
+        [record["prompt"] for record in records],
+        [record.get("messages") for record in records],
+        rendering=CountProgress(f"data: rendering the {where} prompts"),
+        tokenizing=CountProgress(f"data: tokenizing the {where} prompts"),
     )
     return lambda: _usable_prompts(records, logs(), max_tokens, where)
 

@@ -29,9 +29,15 @@ from transformers import PreTrainedTokenizerBase
 
 from nemo_opd.config.templates import template_problem
 from nemo_opd.data.message_log import Message
+from nemo_opd.data.progress import CountProgress
 from nemo_opd.data.text_only import TextOnly
 from nemo_opd.data.user_files import read_user_file, read_utf8
 from nemo_opd.errors import SetupError
+
+PROGRESS_EVERY = 256
+"""Prompts rendered between two looks at the clock (data.progress.CountProgress)."""
+ENCODE_CHUNK = 20_000
+"""Distinct texts per call of the tokenizer (a batch its Rust code spreads over the cores)."""
 
 
 class ChatFormatter:
@@ -86,24 +92,36 @@ class ChatFormatter:
         return _with_token_ids(openings, encode_unique(self.tokenizer, texts))
 
     def start_prompt_logs(
-        self, prompts: list[str], conversations: list[list[Message] | None] | None = None
+        self,
+        prompts: list[str],
+        conversations: list[list[Message] | None] | None = None,
+        rendering: CountProgress | None = None,
+        tokenizing: CountProgress | None = None,
     ) -> Callable[[], list[list[Message]]]:
         """prompt_logs in two halves: the template renders every prompt now, in this thread,
         and the tokenizer encodes the texts in a thread of its own (encode_in_background),
         beside whatever this thread does next (setup builds vLLM meanwhile). The returned
-        function waits for the encoding and returns what prompt_logs returns."""
-        openings, texts = self._render_openings(prompts, conversations)
-        encoded = encode_in_background(self.tokenizer, texts)
+        function waits for the encoding and returns what prompt_logs returns. `rendering` and
+        `tokenizing` are told the two halves' progress (prompts rendered, distinct texts
+        encoded)."""
+        openings, texts = self._render_openings(prompts, conversations, rendering)
+        encoded = encode_in_background(self.tokenizer, texts, tokenizing)
         return lambda: _with_token_ids(openings, encoded())
 
     def _render_openings(
-        self, prompts: list[str], conversations: list[list[Message] | None] | None
+        self,
+        prompts: list[str],
+        conversations: list[list[Message] | None] | None,
+        progress: CountProgress | None = None,
     ) -> tuple[list[list[Message]], list[str]]:
         """The opening messages of each prompt and the text the template adds for each of
-        them, in order (a dataset's prompts repeat: equal prompts are rendered once)."""
+        them, in order (a dataset's prompts repeat: equal prompts are rendered once); each
+        PROGRESS_EVERY-th prompt tells `progress`."""
         conversations = conversations or [None] * len(prompts)
         openings, texts, rendered = [], [], {}
-        for prompt, messages in zip(prompts, conversations, strict=True):
+        for index, (prompt, messages) in enumerate(zip(prompts, conversations, strict=True)):
+            if progress is not None and not index % PROGRESS_EVERY:
+                progress.update(index, len(prompts))
             if messages is None:
                 opening = self._opening(prompt)
                 if prompt not in rendered:
@@ -113,6 +131,8 @@ class ChatFormatter:
                 opening = self._conversation(messages)
                 texts += self._new_texts([], opening)
             openings.append(opening)
+        if progress is not None:
+            progress.finish(len(prompts))
         return openings, texts
 
     def _opening(self, prompt: str) -> list[Message]:
@@ -241,16 +261,27 @@ class ChatFormatter:
         return encode_texts(self.tokenizer, texts)
 
 
-def encode_unique(tokenizer: PreTrainedTokenizerBase, texts: list[str]) -> list[list[int]]:
+def encode_unique(
+    tokenizer: PreTrainedTokenizerBase, texts: list[str], progress: CountProgress | None = None
+) -> list[list[int]]:
     """encode_texts with each distinct text encoded once (each text still gets a list of its
-    own)."""
+    own), ENCODE_CHUNK distinct texts per call, `progress` told after each."""
     unique = list(dict.fromkeys(texts))
-    ids = dict(zip(unique, encode_texts(tokenizer, unique), strict=True))
+    ids = {}
+    if progress is not None:
+        progress.update(0, len(unique))
+    for start in range(0, len(unique), ENCODE_CHUNK):
+        chunk = unique[start : start + ENCODE_CHUNK]
+        ids.update(zip(chunk, encode_texts(tokenizer, chunk), strict=True))
+        if progress is not None:
+            progress.update(len(ids), len(unique))
+    if progress is not None:
+        progress.finish(len(unique))
     return [list(ids[text]) for text in texts]
 
 
 def encode_in_background(
-    tokenizer: PreTrainedTokenizerBase, texts: list[str]
+    tokenizer: PreTrainedTokenizerBase, texts: list[str], progress: CountProgress | None = None
 ) -> Callable[[], list[list[int]]]:
     """encode_unique in a thread of its own: a fast tokenizer's Rust code runs without holding
     Python's GIL, so the encoding goes on beside the calling thread's own work. The returned
@@ -258,7 +289,7 @@ def encode_in_background(
     must not use the tokenizer until then."""
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="encode-prompts")
     try:
-        future = pool.submit(encode_unique, tokenizer, texts)
+        future = pool.submit(encode_unique, tokenizer, texts, progress)
     finally:
         pool.shutdown(wait=False)
     return future.result

@@ -121,3 +121,44 @@ def test_read_text_file_that_is_not_utf8(tmp_path):
         f"data.system_prompt_file: could not read {path}: line 2 is not UTF-8 text (byte 0xe9): "
         "save the file as UTF-8"
     )
+
+
+class _SteppingClock:
+    """A clock that moves `step` seconds each time it is read."""
+
+    def __init__(self, step: float) -> None:
+        self.now, self.step = 0.0, step
+
+    def __call__(self) -> float:
+        self.now += self.step
+        return self.now
+
+
+def test_long_rendering_and_tokenizing_tell_their_progress(chat_tokenizer, monkeypatch):
+    """Each half of start_prompt_logs tells its progress (here every look at the clock is
+    past the period: a line per PROGRESS_EVERY prompts rendered, per ENCODE_CHUNK distinct
+    texts encoded), and the logs are prompt_logs' all the same."""
+    from nemo_opd.data import chat
+    from nemo_opd.data.progress import CountProgress
+
+    monkeypatch.setattr(chat, "PROGRESS_EVERY", 2)
+    monkeypatch.setattr(chat, "ENCODE_CHUNK", 3)
+    formatter = ChatFormatter(chat_tokenizer, "Solve: {}", system_prompt="Be brief.")
+    prompts = [f"What is {i} + 3?" for i in range(7)] + ["What is 0 + 3?"]
+    lines = []
+    rendering = CountProgress("rendering", 1.0, _SteppingClock(2.0), lines.append)
+    tokenizing = CountProgress("tokenizing", 1.0, _SteppingClock(2.0), lines.append)
+    finish = formatter.start_prompt_logs(prompts, None, rendering, tokenizing)
+    assert finish() == formatter.prompt_logs(prompts)
+    # rendered: 2, 4, 6 of 8 (the update at 0 starts the clock); encoded: 3, 6, 8 of the 8
+    # distinct texts (7 user turns and the one system message)
+    assert [line.split(" (")[0] for line in lines] == [
+        "rendering: 2 of 8",
+        "rendering: 4 of 8",
+        "rendering: 6 of 8",
+        "rendering: 8 in 8.0 s",
+        "tokenizing: 3 of 8",
+        "tokenizing: 6 of 8",
+        "tokenizing: 8 of 8",
+        "tokenizing: 8 in 8.0 s",
+    ]
