@@ -7,8 +7,9 @@ and tokenizer folders.
 Exit codes: 0 success; 2 a configuration error (the config file or an override) or a setup
 error (data, tokenizers, models); 1 a fault that ended the run (a worker died, a checkpoint
 could not be written); 143 a run stopped by SIGTERM at a clean point. Errors are printed to
-stderr as `error: ...` without a traceback. Nothing printed holds a secret: URL user-info and
-registered secrets are redacted (nemo_opd.secrets).
+stderr as `error: ...` without a traceback, each line wrapped at a terminal's width (one line
+per problem into a file: utils/error_output.py). Nothing printed holds a secret: URL user-info
+and registered secrets are redacted (nemo_opd.secrets).
 """
 
 import argparse
@@ -21,6 +22,7 @@ from nemo_opd.config import ConfigError, DistillationConfig, load_config, to_yam
 from nemo_opd.errors import RunError, SetupError
 from nemo_opd.secrets import redact_text
 from nemo_opd.utils.cpu_waits import prefer_passive_waits
+from nemo_opd.utils.error_output import print_error
 from nemo_opd.utils.gc_pause import collection_paused
 from nemo_opd.utils.import_ahead import ImportAhead
 from nemo_opd.utils.text_width import wrapped
@@ -67,10 +69,10 @@ def main(argv: Sequence[str] | None = None, description: str | None = None) -> i
         check_inputs(cfg)  # files, columns, model folders: before any process starts
         return 0 if args.print_config else _train(cfg)
     except (ConfigError, SetupError) as error:
-        print(f"error: {redact_text(str(error))}", file=sys.stderr)
+        print_error(error)
         return EXIT_CONFIG_ERROR
     except RunError as error:
-        print(f"error: {redact_text(str(error))}", file=sys.stderr)
+        print_error(error)
         return EXIT_RUN_FAILED
 
 

@@ -28,8 +28,8 @@ from pathlib import Path
 
 from nemo_opd.config import ConfigError, load_config
 from nemo_opd.errors import RunError, SetupError
-from nemo_opd.secrets import redact_text
 from nemo_opd.utils.cpu_waits import prefer_passive_waits
+from nemo_opd.utils.error_output import print_error
 
 EXIT_BAD_INPUT = 2
 EXIT_RUN_FAILED = 1
@@ -71,10 +71,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg, out_dir = _evaluation_config(args)
         metrics, graded = _evaluate(cfg)
     except (ConfigError, SetupError) as error:
-        print(f"error: {redact_text(str(error))}", file=sys.stderr)
+        print_error(error)
         return EXIT_BAD_INPUT
     except RunError as error:
-        print(f"error: {redact_text(str(error))}", file=sys.stderr)
+        print_error(error)
         return EXIT_RUN_FAILED
     _write(out_dir, metrics, graded)
     _print(metrics, out_dir, graded)

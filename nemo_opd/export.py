@@ -18,7 +18,7 @@ from pathlib import Path
 
 from nemo_opd.config import ConfigError, load_config
 from nemo_opd.errors import SetupError
-from nemo_opd.secrets import redact_text
+from nemo_opd.utils.error_output import print_error
 
 EXIT_BAD_INPUT = 2
 
@@ -50,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         tokenizer = load_tokenizer(policy.tokenizer, "policy")
         target = export_checkpoint(Path(args.checkpoint), Path(args.output), tokenizer, policy)
     except (ConfigError, SetupError) as error:
-        print(f"error: {redact_text(str(error))}", file=sys.stderr)
+        print_error(error)
         return EXIT_BAD_INPUT
     print(f"exported {args.checkpoint} as a Hugging Face model ({policy.precision}): {target}")
     return 0

@@ -31,8 +31,8 @@ import httpx
 
 from nemo_opd.config import ConfigError, DistillationConfig, load_config
 from nemo_opd.errors import SetupError
-from nemo_opd.secrets import redact_text
 from nemo_opd.teachers.server_key import server_api_key
+from nemo_opd.utils.error_output import print_error
 
 EXIT_CONFIG_ERROR = 2
 READY_POLL_S = 0.5
@@ -203,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = settings_from_config(cfg, args)
         api_key = server_api_key(cfg.teacher.server)
     except (ConfigError, SetupError) as error:
-        print(f"error: {redact_text(str(error))}", file=sys.stderr)
+        print_error(error)
         return EXIT_CONFIG_ERROR
     process = subprocess.Popen(server_command(settings), env=server_env(api_key))
     stopping = []
@@ -228,7 +228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except RuntimeError as error:
         stop(process)
-        print(f"error: {redact_text(str(error))}", file=sys.stderr)
+        print_error(error)
         return 1
     finally:
         stop(process)

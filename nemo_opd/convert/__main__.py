@@ -21,6 +21,7 @@ from nemo_opd.config.loader import StrictDumper
 from nemo_opd.convert.nemo_rl import Conversion, convert_nemo_rl
 from nemo_opd.convert.report import format_report, markdown_key_map
 from nemo_opd.secrets import redact_text
+from nemo_opd.utils.error_output import print_error
 
 EXIT_BAD_INPUT = 2
 
@@ -55,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         conversion = convert_nemo_rl(source)
         write_config(conversion, output)
     except (ConfigError, OSError) as error:
-        print(f"error: {redact_text(str(error))}", file=sys.stderr)
+        print_error(error)
         return EXIT_BAD_INPUT
     print(f"NeMo-RL config {source} -> {output}\n")
     print(format_report(conversion.rows))

@@ -33,6 +33,16 @@ def wrapped(text: str, indent: str = "  ", width: int | None = None) -> str:
     )
 
 
+def wrapped_lines(text: str, width: int) -> str:
+    """Each line of `text` (a message and its indented list of problems) wrapped at `width`
+    columns, its continuation indented two spaces past the line's own indentation."""
+    lines = []
+    for line in text.splitlines():
+        indent = line[: len(line) - len(line.lstrip())] + "  "
+        lines.append(wrapped(line, indent, width) if line.strip() else line)
+    return "\n".join(lines)
+
+
 def packed(parts: Sequence[str], head: str, separator: str, width: int | None = None) -> str:
     """`head` then `parts` joined by `separator`, as many per line as fit in `width` columns
     (the console's): a line that goes on ends with the separator ("a | b |", "a, b,"), and the
