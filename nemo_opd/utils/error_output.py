@@ -2,11 +2,10 @@
 nothing secret in it (nemo_opd.secrets). On a terminal each line is wrapped at the terminal's
 width; into a file (a log, CI) each problem stays one line, for grep."""
 
-import shutil
 import sys
 
 from nemo_opd.secrets import redact_text
-from nemo_opd.utils.text_width import CONSOLE_WIDTH, wrapped_lines
+from nemo_opd.utils.text_width import console_width, wrapped_lines
 
 
 def print_error(error: BaseException | str) -> None:
@@ -14,5 +13,5 @@ def print_error(error: BaseException | str) -> None:
     docstring)."""
     text = f"error: {redact_text(str(error))}"
     if sys.stderr.isatty():
-        text = wrapped_lines(text, shutil.get_terminal_size((CONSOLE_WIDTH, 24)).columns)
+        text = wrapped_lines(text, console_width(sys.stderr))
     print(text, file=sys.stderr)

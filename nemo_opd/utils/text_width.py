@@ -9,14 +9,16 @@ import shutil
 import sys
 import textwrap
 from collections.abc import Sequence
+from typing import TextIO
 
 CONSOLE_WIDTH = 80
 """The width of a console that is not a terminal (a log file, CI)."""
 
 
-def console_width() -> int:
-    """The terminal's columns when standard output is one, else CONSOLE_WIDTH."""
-    if not sys.stdout.isatty():
+def console_width(stream: TextIO | None = None) -> int:
+    """The terminal's columns when `stream` (standard output by default) is one, else
+    CONSOLE_WIDTH."""
+    if not (sys.stdout if stream is None else stream).isatty():
         return CONSOLE_WIDTH
     return shutil.get_terminal_size((CONSOLE_WIDTH, 24)).columns
 
