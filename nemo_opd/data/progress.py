@@ -15,8 +15,8 @@ PERIOD_S = 10.0
 class CountProgress:
     """Progress of `what` ("data: rendering the train prompts"), told by `update(done, total)`
     as items finish (from one thread at a time; the first update, with done 0, starts its
-    clock) and `finish(total)` at the end. Lines read "<what>: 120,000 of 400,000 (10 s)" and,
-    closing, "<what>: 400,000 in 18.6 s"."""
+    clock) and `finish(total)` at the end. Lines read "<what>: <done> of <total> (<seconds> s)"
+    and, closing, "<what>: <total> in <seconds> s"."""
 
     def __init__(
         self,
