@@ -90,7 +90,12 @@ def _train(cfg: DistillationConfig) -> int:
     if finished:
         print(finished)
         return 0
-    if not uses_ray(run_executor(cfg)):
+    executor = run_executor(cfg)
+    if executor == "processes":
+        from nemo_opd.distributed.process_workers import start_fork_server
+
+        start_fork_server()  # its imports beside this process's own, not after them
+    if not uses_ray(executor):
         with collection_paused():  # the loop's imports: torch, transformers (gc_pause)
             from nemo_opd.algorithms.distillation import run
 

@@ -32,6 +32,7 @@ import ctypes
 import itertools
 import multiprocessing
 import multiprocessing.connection
+import multiprocessing.forkserver
 import os
 import pickle
 import queue
@@ -63,6 +64,15 @@ _NAME_BYTES = 15  # the kernel keeps 16 bytes of a process's name, its NUL inclu
 _context = multiprocessing.get_context("forkserver")
 
 
+def start_fork_server() -> None:
+    """Start this process's fork server now, if it is not running: its imports (PRELOAD, some
+    seconds of CPU) then run beside whatever this process does next, instead of when the first
+    group forks its first rank (which waits for them). The command line calls it before it
+    imports the loop; a group started later finds the server running."""
+    _context.set_forkserver_preload(PRELOAD)
+    multiprocessing.forkserver.ensure_running()
+
+
 class ProcessWorkerGroup:
     """`num_workers` child processes, each serving one `worker_cls` object (see the module
     docstring and worker_group.start_workers for the arguments)."""
@@ -80,8 +90,7 @@ class ProcessWorkerGroup:
         start_timeout_s: float | None = DEFAULT_TIMEOUT_S,
         environ: Callable[[int], dict[str, str]] | None = None,
     ) -> None:
-        # read when the fork server starts (with the first rank of the process's first group)
-        _context.set_forkserver_preload(PRELOAD)
+        start_fork_server()  # at once if it already runs (the command line starts it early)
         self.name = name
         self.worker_cls = worker_cls
         self.timeout_s = timeout_s

@@ -10,6 +10,7 @@ import pytest
 import ray
 
 from nemo_opd import cli
+from nemo_opd.distributed import process_workers
 from nemo_opd.errors import SetupError
 
 pytestmark = pytest.mark.usefixtures("own_ray")  # the command line starts and stops Ray
@@ -101,6 +102,20 @@ def test_main_hands_the_validated_config_to_the_trainer(monkeypatch, executor, r
     [(cfg, ray_was_running)] = received
     assert cfg.distillation.max_num_steps == 7
     assert ray_was_running == ray_runs and not ray.is_initialized()
+
+
+@pytest.mark.parametrize(("executor", "forks"), [("processes", True), ("auto", False)])
+def test_the_fork_server_starts_before_the_loop_is_imported(monkeypatch, executor, forks):
+    # cluster.executor=processes: the fork server's imports run beside the loop's own imports
+    # (and the prompts' rendering), so it is started before the trainer is imported; a run in
+    # this process forks nothing.
+    events = []
+    fake = types.ModuleType(TRAINER)
+    fake.run = lambda cfg: events.append("run") or 0
+    monkeypatch.setitem(sys.modules, TRAINER, fake)
+    monkeypatch.setattr(process_workers, "start_fork_server", lambda: events.append("fork"))
+    assert cli.main(["--config", str(TINY), f"cluster.executor={executor}"]) == 0
+    assert events == (["fork", "run"] if forks else ["run"])
 
 
 def test_setup_errors_go_to_stderr_and_exit_2(monkeypatch, capsys):
