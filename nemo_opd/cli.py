@@ -6,7 +6,10 @@ and tokenizer folders.
 
 Exit codes: 0 success; 2 a configuration error (the config file or an override) or a setup
 error (data, tokenizers, models); 1 a fault that ended the run (a worker died, a checkpoint
-could not be written); 143 a run stopped by SIGTERM at a clean point. Errors are printed to
+could not be written); 143 a run stopped by SIGTERM at a clean point; 130 one stopped by SIGINT
+(Ctrl-C): at a clean point (the step in progress finished and saved), or at once after a second
+Ctrl-C or one outside the steps (set-up, validation at the start, the export), reported in one
+line without a traceback. Errors are printed to
 stderr as `error: ...` without a traceback, each line wrapped at a terminal's width (one line
 per problem into a file: utils/error_output.py). Nothing printed holds a secret: URL user-info
 and registered secrets are redacted (nemo_opd.secrets).
@@ -30,6 +33,11 @@ from nemo_opd.utils.wheel_tags import repair_installed_tags
 
 EXIT_CONFIG_ERROR = 2
 EXIT_RUN_FAILED = 1
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell's convention
+INTERRUPTED = (
+    "stopped at once by SIGINT (Ctrl-C): nothing since the run's last checkpoint is saved (the "
+    "same command resumes from that checkpoint, if the run saved one)"
+)
 LOOP_HEAVY_IMPORTS = ("nemo_opd.algorithms.tokenizers", "nemo_opd.algorithms.model_checks")
 """Modules of the loop that import torch and transformers (most of its import time:
 docs/benchmarks.md, "Where the embedded default's time goes") and not Ray."""
@@ -74,6 +82,9 @@ def main(argv: Sequence[str] | None = None, description: str | None = None) -> i
     except RunError as error:
         print_error(error)
         return EXIT_RUN_FAILED
+    except KeyboardInterrupt:  # Ctrl-C outside the steps, or a second one within them
+        print(wrapped(INTERRUPTED), file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 def _train(cfg: DistillationConfig) -> int:

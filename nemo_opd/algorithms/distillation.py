@@ -84,18 +84,20 @@ from nemo_opd.utils.plot import ROLLOUTS_KEY, plot_metrics
 from nemo_opd.utils.run_summary import RunOutcome, format_run_summary
 from nemo_opd.utils.seeds import call_seed, request_seed
 from nemo_opd.utils.startup import startup_metrics
-from nemo_opd.utils.stop_signal import StopSignal
+from nemo_opd.utils.stop_signal import StopSignal, signal_name
 from nemo_opd.utils.timers import Timers
 
 ELAPSED_KEY = "progress/elapsed_s"
 STOPPED_EXIT_STATUS = 128 + signal.SIGTERM
-"""Exit status of a run that SIGTERM stopped at a clean point (the shell's convention)."""
+"""Exit status of a run that SIGTERM stopped at a clean point (the shell's convention: 128 plus
+the signal's number; 130 after SIGINT, Ctrl-C)."""
 
 
 def run(cfg: DistillationConfig) -> int:
-    """Set up, train, export; returns the exit status: 0, or STOPPED_EXIT_STATUS when SIGTERM
-    stopped the run early (with a checkpoint to resume from, and no final export). Bad input
-    found at setup raises SetupError before any training."""
+    """Set up, train, export; returns the exit status: 0, or 128 plus the signal's number when
+    SIGTERM or SIGINT (Ctrl-C) stopped the run early (with a checkpoint to resume from, and no
+    final export): STOPPED_EXIT_STATUS, 130. Bad input found at setup raises SetupError before
+    any training."""
     state = setup(cfg)
     final_model = None
     try:
@@ -105,7 +107,7 @@ def run(cfg: DistillationConfig) -> int:
     finally:
         state.shutdown()
     print(format_run_summary(_outcome(state, final_model)))
-    return 0 if finished else STOPPED_EXIT_STATUS
+    return 0 if finished else 128 + (state.stopped_by or signal.SIGTERM)
 
 
 def _outcome(state: DistillationRun, final_model: Path | None) -> RunOutcome:
@@ -127,7 +129,8 @@ def _outcome(state: DistillationRun, final_model: Path | None) -> RunOutcome:
 
 def distillation_train(state: DistillationRun) -> bool:
     """Run steps until max_num_steps or max_num_epochs (see the module docstring). Returns
-    False when SIGTERM stopped it early: after the step in progress, with a checkpoint."""
+    False when SIGTERM or SIGINT stopped it early (state.stopped_by: which): after the step in
+    progress, with a checkpoint."""
     loop = state.cfg.distillation
     timers = Timers()
     if loop.val_at_start and state.step == 0:
@@ -136,7 +139,9 @@ def distillation_train(state: DistillationRun) -> bool:
     pipeline = _start_pipeline(state)
     try:
         with StopSignal() as stop:
-            return _train_steps(state, pipeline, timers, stop)
+            finished = _train_steps(state, pipeline, timers, stop)
+            state.stopped_by = None if finished else stop.received
+            return finished
     finally:
         pipeline.stop()
 
@@ -181,7 +186,8 @@ def _train_steps(
         if state.checkpoints.should_save(step, is_last=last or stopping):
             _save_checkpoint(state, pipeline)
         if stopping:
-            print(f"stopped after step {step} on SIGTERM; run the same command to resume")
+            name = signal_name(stop.received)
+            print(f"stopped after step {step} on {name}; run the same command to resume")
             return False
         if last:
             return True

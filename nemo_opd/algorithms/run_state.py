@@ -54,6 +54,8 @@ class DistillationRun:
     """The weights version the generation engine holds (the steps trained into them)."""
     resumed_step: int = 0
     """The step the run resumed from (0: a fresh run)."""
+    stopped_by: int | None = None
+    """The signal (SIGTERM, SIGINT) that stopped the run before its last step, if one did."""
     loader_position: dict | None = None
     """The loader's state after the last trained step's prompts (what a checkpoint records;
     the loader itself runs ahead with the rollout producer)."""

@@ -139,6 +139,21 @@ def test_setup_errors_go_to_stderr_and_exit_2(monkeypatch, capsys):
     assert err == "error: data.train_path: file not found: nope.jsonl\n"
 
 
+def test_ctrl_c_outside_the_steps_ends_in_one_line(monkeypatch, capsys):
+    # Ctrl-C during set-up (or a second one during a step): exit status 130, what is saved,
+    # and no traceback. The first one during the steps stops at a clean point (StopSignal).
+    def run(cfg):
+        raise KeyboardInterrupt
+
+    fake = types.ModuleType(TRAINER)
+    fake.run = run
+    monkeypatch.setitem(sys.modules, TRAINER, fake)
+    assert cli.main(["--config", str(TINY)]) == cli.EXIT_INTERRUPTED == 130
+    out, err = capsys.readouterr()
+    assert out == "" and "Traceback" not in err
+    assert err.startswith("stopped at once by SIGINT (Ctrl-C): nothing since the run's last ")
+
+
 def test_overrides_and_flags_can_be_interleaved(capsys):
     assert cli.main(["loss_fn.kl_type=forward", "--config", str(TINY), "--print-config"]) == 0
     assert "kl_type: forward" in capsys.readouterr().out

@@ -1,5 +1,6 @@
-"""StopSignal: the first SIGTERM requests a stop, a second one stops at once, and the previous
-handler is back outside the block."""
+"""StopSignal: the first SIGTERM or SIGINT (Ctrl-C) requests a stop, a second one stops at once
+(SIGTERM by its default action, SIGINT as KeyboardInterrupt), a signal the process ignores stays
+ignored, and the previous handlers are back outside the block."""
 
 import os
 import signal
@@ -7,17 +8,51 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from nemo_opd.utils.stop_signal import StopSignal
 
 
-def test_first_sigterm_requests_a_stop(capsys):
-    before = signal.getsignal(signal.SIGTERM)
+@pytest.mark.parametrize(
+    ("signum", "notice"),
+    [
+        (signal.SIGTERM, "SIGTERM: the run stops after this step"),
+        (signal.SIGINT, "SIGINT (Ctrl-C): the run stops after this step"),
+    ],
+)
+def test_first_signal_requests_a_stop(signum, notice, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    before = {other: signal.getsignal(other) for other in (signal.SIGTERM, signal.SIGINT)}
     with StopSignal() as stop:
-        assert not stop.requested
-        os.kill(os.getpid(), signal.SIGTERM)
-        assert stop.requested  # the handler ran (the process is still here)
-    assert signal.getsignal(signal.SIGTERM) is before
-    assert "the run stops after this step" in capsys.readouterr().err
+        assert not stop.requested and stop.received is None
+        os.kill(os.getpid(), signum)
+        assert stop.requested and stop.received == signum  # the process is still here
+    assert {other: signal.getsignal(other) for other in before} == before
+    err = capsys.readouterr().err
+    assert notice in err
+    assert all(len(line) <= 80 for line in err.splitlines()), err
+
+
+def test_second_sigint_raises_keyboard_interrupt():
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt), StopSignal() as stop:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stop.received == signal.SIGINT
+        os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_an_ignored_sigint_stays_ignored(monkeypatch):
+    # A job a shell starts in the background ignores Ctrl-C; so does its run.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with StopSignal() as stop:
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGINT)
+            assert not stop.requested
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_second_sigterm_stops_at_once():
