@@ -25,7 +25,7 @@ from nemo_opd.config import ConfigError, DistillationConfig, load_config, to_yam
 from nemo_opd.errors import RunError, SetupError
 from nemo_opd.secrets import redact_text
 from nemo_opd.utils.cpu_waits import prefer_passive_waits
-from nemo_opd.utils.error_output import print_error
+from nemo_opd.utils.error_output import EXIT_INTERRUPTED, print_error, print_interrupted
 from nemo_opd.utils.gc_pause import collection_paused
 from nemo_opd.utils.import_ahead import ImportAhead
 from nemo_opd.utils.text_width import wrapped
@@ -33,10 +33,9 @@ from nemo_opd.utils.wheel_tags import repair_installed_tags
 
 EXIT_CONFIG_ERROR = 2
 EXIT_RUN_FAILED = 1
-EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell's convention
 INTERRUPTED = (
-    "stopped at once by SIGINT (Ctrl-C): nothing since the run's last checkpoint is saved (the "
-    "same command resumes from that checkpoint, if the run saved one)"
+    "nothing since the run's last checkpoint is saved (the same command resumes from that "
+    "checkpoint, if the run saved one)"
 )
 LOOP_HEAVY_IMPORTS = ("nemo_opd.algorithms.tokenizers", "nemo_opd.algorithms.model_checks")
 """Modules of the loop that import torch and transformers (most of its import time:
@@ -83,7 +82,7 @@ def main(argv: Sequence[str] | None = None, description: str | None = None) -> i
         print_error(error)
         return EXIT_RUN_FAILED
     except KeyboardInterrupt:  # Ctrl-C outside the steps, or a second one within them
-        print(wrapped(INTERRUPTED), file=sys.stderr)
+        print_interrupted(INTERRUPTED)
         return EXIT_INTERRUPTED
 
 

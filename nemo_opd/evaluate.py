@@ -16,7 +16,8 @@ OUT (default <logger.log_dir>/evaluation/<model folder's name>):
     metrics.json    the metrics (also printed)
 
 Exit status: 0 when the evaluation ran; 2 for a bad config, override, folder or setup input; 1
-for a fault that stopped it (a worker that died).
+for a fault that stopped it (a worker that died); 130 when Ctrl-C stopped it (one line, nothing
+written).
 """
 
 import argparse
@@ -29,7 +30,7 @@ from pathlib import Path
 from nemo_opd.config import ConfigError, load_config
 from nemo_opd.errors import RunError, SetupError
 from nemo_opd.utils.cpu_waits import prefer_passive_waits
-from nemo_opd.utils.error_output import print_error
+from nemo_opd.utils.error_output import EXIT_INTERRUPTED, print_error, print_interrupted
 
 EXIT_BAD_INPUT = 2
 EXIT_RUN_FAILED = 1
@@ -76,6 +77,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RunError as error:
         print_error(error)
         return EXIT_RUN_FAILED
+    except KeyboardInterrupt:
+        print_interrupted("nothing was written")
+        return EXIT_INTERRUPTED
     _write(out_dir, metrics, graded)
     _print(metrics, out_dir, graded)
     return 0

@@ -8,7 +8,7 @@ the driver alone (no Ray, no GPU): the checkpoint's weights are read from disk. 
 whole, and only when it is new, empty or an earlier export (nemo_opd.utils.export_folder).
 Exit status 0, or 2 with one `error:` line for a bad config, a folder that holds no model, a
 LoRA checkpoint (its adapters only: the run's final_model is the merged one), or an OUT that
-holds anything else (nothing in it is touched).
+holds anything else (nothing in it is touched); 130, in one line, when Ctrl-C stopped it.
 """
 
 import argparse
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from nemo_opd.config import ConfigError, load_config
 from nemo_opd.errors import SetupError
-from nemo_opd.utils.error_output import print_error
+from nemo_opd.utils.error_output import EXIT_INTERRUPTED, print_error, print_interrupted
 
 EXIT_BAD_INPUT = 2
 
@@ -52,6 +52,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, SetupError) as error:
         print_error(error)
         return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print_interrupted()
+        return EXIT_INTERRUPTED
     print(f"exported {args.checkpoint} as a Hugging Face model ({policy.precision}): {target}")
     return 0
 

@@ -81,6 +81,27 @@ def test_bad_input_exits_2(tmp_path, capsys, extra, message):
     assert err.startswith("error: ") and message in err, err
 
 
+def test_ctrl_c_ends_in_one_line(tmp_path, capsys, monkeypatch):
+    def interrupted(cfg):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("nemo_opd.evaluate._evaluate", interrupted)
+    fake_model(tmp_path / "m")
+    out_dir = tmp_path / "out"
+    argv = [
+        "--config",
+        str(TINY),
+        "--checkpoint",
+        str(tmp_path / "m"),
+        "--output-dir",
+        str(out_dir),
+    ]
+    assert main(argv) == 130
+    err = capsys.readouterr().err
+    assert err == "stopped at once by SIGINT (Ctrl-C): nothing was written\n"
+    assert not out_dir.exists()
+
+
 def test_a_folder_without_a_model_exits_2(tmp_path, capsys):
     assert main(["--config", str(TINY), "--checkpoint", str(tmp_path)]) == 2
     assert capsys.readouterr().err.startswith(f"error: no model in {tmp_path}")

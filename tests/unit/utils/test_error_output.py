@@ -6,7 +6,7 @@ import io
 import pytest
 
 from nemo_opd.errors import SetupError
-from nemo_opd.utils.error_output import print_error
+from nemo_opd.utils.error_output import print_error, print_interrupted
 from nemo_opd.utils.text_width import wrapped_lines
 
 PROBLEMS = SetupError(
@@ -57,3 +57,17 @@ def test_a_word_longer_than_the_width_is_kept_whole():
     text = wrapped_lines(f"error: {path} is not there", 40)
     assert path in text.splitlines()[0] + text.splitlines()[1]
     assert text.replace("\n", " ").split() == f"error: {path} is not there".split()
+
+
+def test_ctrl_c_is_reported_like_an_error(monkeypatch):
+    stderr = io.StringIO()
+    monkeypatch.setattr("sys.stderr", stderr)
+    consequence = "nothing since the run's last checkpoint is saved " * 3
+    print_interrupted(consequence)
+    assert stderr.getvalue() == f"stopped at once by SIGINT (Ctrl-C): {consequence}\n"
+    terminal = Terminal()
+    monkeypatch.setattr("sys.stderr", terminal)
+    monkeypatch.setenv("COLUMNS", "80")
+    print_interrupted(consequence)
+    rows = terminal.getvalue().splitlines()
+    assert len(rows) > 1 and all(len(row) <= 80 for row in rows)

@@ -107,6 +107,15 @@ def test_what_is_not_a_model_is_refused(checkpoint, tmp_path, capsys):
     assert (checkpoint / "policy" / "training_state.pt").exists()  # nothing was replaced
 
 
+def test_ctrl_c_ends_in_one_line(checkpoint, tmp_path, capsys, monkeypatch):
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("nemo_opd.policy.hf_export.export_checkpoint", interrupted)
+    assert export(checkpoint, tmp_path / "out") == 130
+    assert capsys.readouterr().err == "stopped at once by SIGINT (Ctrl-C)\n"
+
+
 def export(checkpoint: Path, out: Path) -> int:
     return main(["--config", str(TINY), "--checkpoint", str(checkpoint), "-o", str(out)])
 
