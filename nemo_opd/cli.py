@@ -9,10 +9,10 @@ error (data, tokenizers, models); 1 a fault that ended the run (a worker died, a
 could not be written); 143 a run stopped by SIGTERM at a clean point; 130 one stopped by SIGINT
 (Ctrl-C): at a clean point (the step in progress finished and saved), or at once after a second
 Ctrl-C or one outside the steps (set-up, validation at the start, the export), reported in one
-line without a traceback. Errors are printed to
-stderr as `error: ...` without a traceback, each line wrapped at a terminal's width (one line
-per problem into a file: utils/error_output.py). Nothing printed holds a secret: URL user-info
-and registered secrets are redacted (nemo_opd.secrets).
+line without a traceback. Errors are printed to stderr as `error: ...` without a traceback,
+each line wrapped at a terminal's width (one line per problem into a file:
+utils/error_output.py). Nothing printed holds a secret: URL user-info and registered secrets
+are redacted (nemo_opd.secrets).
 """
 
 import argparse

@@ -15,18 +15,19 @@ EXIT_INTERRUPTED = 130
 def print_error(error: BaseException | str) -> None:
     """Print `error` to standard error as `error: ...`, redacted and fitted (module
     docstring)."""
-    _print_fitted(f"error: {redact_text(str(error))}")
+    print_fitted(f"error: {redact_text(str(error))}")
 
 
 def print_interrupted(consequence: str = "") -> None:
     """Report a command stopped at once by SIGINT (Ctrl-C), and what that left
     (`consequence`, if given), in place of KeyboardInterrupt's traceback."""
     ending = f": {consequence}" if consequence else ""
-    _print_fitted(f"stopped at once by SIGINT (Ctrl-C){ending}")
+    print_fitted(f"stopped at once by SIGINT (Ctrl-C){ending}")
 
 
-def _print_fitted(text: str) -> None:
-    """`text` to standard error, each line wrapped at a terminal's width (only on one)."""
+def print_fitted(text: str) -> None:
+    """`text` to standard error, each line wrapped at a terminal's width (only on one): every
+    message of a command to its user there (errors, the notice of a stop signal)."""
     if sys.stderr.isatty():
         text = wrapped_lines(text, console_width(sys.stderr))
-    print(text, file=sys.stderr)
+    print(text, file=sys.stderr, flush=True)

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Sequence
 from types import FrameType
 
-from nemo_opd.utils.text_width import wrapped
+from nemo_opd.utils.error_output import print_fitted
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 """The signals that ask a run to stop after its step in progress."""
@@ -70,4 +70,4 @@ class StopSignal:
         again = "press Ctrl-C again" if signum == signal.SIGINT else f"send {name} again"
         notice = f"{name}: the run stops after this step, with a checkpoint ({again} to stop at"
         notice += " once)"
-        print(wrapped(notice), file=sys.stderr, flush=True)
+        print_fitted(notice)

@@ -2,6 +2,7 @@
 (SIGTERM by its default action, SIGINT as KeyboardInterrupt), a signal the process ignores stays
 ignored, and the previous handlers are back outside the block."""
 
+import io
 import os
 import signal
 import subprocess
@@ -13,6 +14,11 @@ import pytest
 from nemo_opd.utils.stop_signal import StopSignal
 
 
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
 @pytest.mark.parametrize(
     ("signum", "notice"),
     [
@@ -20,7 +26,9 @@ from nemo_opd.utils.stop_signal import StopSignal
         (signal.SIGINT, "SIGINT (Ctrl-C): the run stops after this step"),
     ],
 )
-def test_first_signal_requests_a_stop(signum, notice, capsys, monkeypatch):
+def test_first_signal_requests_a_stop(signum, notice, monkeypatch):
+    terminal = Terminal()  # the notice is wrapped at a terminal's width
+    monkeypatch.setattr("sys.stderr", terminal)
     monkeypatch.setenv("COLUMNS", "80")
     before = {other: signal.getsignal(other) for other in (signal.SIGTERM, signal.SIGINT)}
     with StopSignal() as stop:
@@ -28,7 +36,7 @@ def test_first_signal_requests_a_stop(signum, notice, capsys, monkeypatch):
         os.kill(os.getpid(), signum)
         assert stop.requested and stop.received == signum  # the process is still here
     assert {other: signal.getsignal(other) for other in before} == before
-    err = capsys.readouterr().err
+    err = terminal.getvalue()
     assert notice in err
     assert all(len(line) <= 80 for line in err.splitlines()), err
 
