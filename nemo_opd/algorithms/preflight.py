@@ -1,6 +1,8 @@
 """The run's inputs checked before any process starts: the data files exist and every row holds
-the configured columns, and every model and tokenizer named by a local path is a folder that
-holds one (prompt files are read when the config loads). The command line runs these checks
+the configured columns, every model and tokenizer named by a local path is a folder that holds
+one, and what a local model's config.json decides alone (the student's positions, each model's
+heads against its tensor-parallel size) fits the config (prompt files are read when the config
+loads). The command line runs these checks
 before Ray starts (and --print-config after printing): the same mistakes found at setup would
 surface only after Ray, vLLM and the workers had started. Only local files are read; nothing
 here imports torch or transformers, or contacts a hub.
@@ -14,7 +16,11 @@ from types import SimpleNamespace
 
 from nemo_opd.algorithms.data_mix import on_policy_share
 from nemo_opd.algorithms.local_paths import is_local_model, missing_folder, nearest
-from nemo_opd.algorithms.model_checks import check_sequence_length, check_weights
+from nemo_opd.algorithms.model_checks import (
+    check_sequence_length,
+    check_tensor_parallel,
+    check_weights,
+)
 from nemo_opd.config import DistillationConfig, PolicyConfig
 from nemo_opd.config.templates import template_fields
 from nemo_opd.data.datasets import Split, load_prompt_records
@@ -81,6 +87,8 @@ def _model_problems(model: PolicyConfig, section: str, cfg: DistillationConfig) 
         config = _model_config(Path(model.model_name))
         if section == "policy" and config is not None:  # vLLM holds the student
             problems += _read_problems(lambda: check_sequence_length(model, config, section))
+        if config is not None and isinstance(getattr(config, "num_attention_heads", None), int):
+            problems += _read_problems(lambda: check_tensor_parallel(model, config, section))
     return problems
 
 

@@ -140,6 +140,18 @@ def test_a_sequence_longer_than_the_students_positions(user_dir):
     )
 
 
+def test_a_tensor_parallel_size_the_heads_do_not_divide(user_dir):
+    # Refused at setup after the loop's imports (13 s on a 2-core machine); here in a second.
+    [problem] = problems(
+        "cluster.gpus_per_node=4",
+        "policy.dtensor_cfg.tensor_parallel_size=4",  # the student's 4 heads: fine
+        "teacher.dtensor_cfg.tensor_parallel_size=4",  # the teacher has 2
+    )
+    assert problem.startswith(
+        "teacher: tensor_parallel_size 4 must divide the model's num_attention_heads (2); "
+    )
+
+
 def test_too_few_rows_for_one_step(user_dir):
     # The math recipe's 128 prompts per step with a 20-line file failed after 30 s.
     [problem] = problems(
