@@ -181,7 +181,8 @@ def check_model_family(cfg: PolicyConfig, config: PretrainedConfig, section: str
     """The engines reproduce the model's Hugging Face forward: its output head is one nemo_opd
     knows (models/output_head.py) and its backend expresses, and its attention needs nothing
     the engines' attention leaves out (check_attention)."""
-    from nemo_opd.models.output_head import UnknownHeadError, output_head_of  # imports torch
+    from nemo_opd.models.head_families import UnknownHeadError
+    from nemo_opd.models.output_head import output_head_of  # imports torch
 
     try:
         head = output_head_of(config)

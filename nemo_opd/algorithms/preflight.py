@@ -1,11 +1,11 @@
 """The run's inputs checked before any process starts: the data files exist and every row holds
 the configured columns, every model and tokenizer named by a local path is a folder that holds
 one, and what a local model's config.json decides alone (the student's positions, each model's
-heads against its tensor-parallel size) fits the config (prompt files are read when the config
-loads). The command line runs these checks
-before Ray starts (and --print-config after printing): the same mistakes found at setup would
-surface only after Ray, vLLM and the workers had started. Only local files are read; nothing
-here imports torch or transformers, or contacts a hub.
+heads against its tensor-parallel size, an output head nemo_opd reproduces) fits the config
+(prompt files are read when the config loads). The command line runs these checks before Ray
+starts (and --print-config after printing): the same mistakes found at setup would surface
+only after the loop's imports, Ray, vLLM and the workers had started. Only local files are
+read; nothing here imports torch or transformers, or contacts a hub.
 
 Which names are local paths: nemo_opd.algorithms.local_paths.
 """
@@ -25,6 +25,7 @@ from nemo_opd.config import DistillationConfig, PolicyConfig
 from nemo_opd.config.templates import template_fields
 from nemo_opd.data.datasets import Split, load_prompt_records
 from nemo_opd.errors import SetupError
+from nemo_opd.models.head_families import UnknownHeadError, head_fields
 
 MAX_CHECKED_BYTES = 64 * 2**20
 """Data files up to this size are read whole here (every row checked); a larger file is only
@@ -89,7 +90,20 @@ def _model_problems(model: PolicyConfig, section: str, cfg: DistillationConfig) 
             problems += _read_problems(lambda: check_sequence_length(model, config, section))
         if config is not None and isinstance(getattr(config, "num_attention_heads", None), int):
             problems += _read_problems(lambda: check_tensor_parallel(model, config, section))
+        if config is not None:
+            problems += _head_problems(config, section)
     return problems
+
+
+def _head_problems(config: SimpleNamespace, section: str) -> list[str]:
+    """[why] when the model's output head is not one nemo_opd reproduces (an unknown
+    model_type, a logit step its family does not take: models/head_families.py); setup
+    checks the same on the whole transformers config (model_checks.check_model_family)."""
+    try:
+        head_fields(config)
+    except UnknownHeadError as error:
+        return [f"{section}.model_name: {error}"]
+    return []
 
 
 def _model_config(folder: Path) -> SimpleNamespace | None:

@@ -152,6 +152,21 @@ def test_a_tensor_parallel_size_the_heads_do_not_divide(user_dir):
     )
 
 
+def test_a_model_whose_output_head_is_not_known(user_dir):
+    # Refused at setup after the loop's imports (14 s on a 2-core machine); here in a second.
+    teacher_config = user_dir / "models" / "teacher" / "config.json"
+    config = json.loads(teacher_config.read_text())
+    teacher_config.write_text(json.dumps({**config, "model_type": "gpt2"}))
+    [problem] = problems()
+    assert problem.startswith(
+        "teacher.model_name: model_type 'gpt2': its output head (how its logits are made from "
+        "the hidden states) is not one nemo_opd reproduces; use a model of a supported family"
+    )
+    teacher_config.write_text(json.dumps({**config, "logit_scale": 4.0}))  # qwen3 takes none
+    [problem] = problems()
+    assert "model_type 'qwen3' sets logit_scale=4.0, a logit step that" in problem
+
+
 def test_too_few_rows_for_one_step(user_dir):
     # The math recipe's 128 prompts per step with a 20-line file failed after 30 s.
     [problem] = problems(

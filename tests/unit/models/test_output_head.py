@@ -8,14 +8,9 @@ import torch
 import transformers
 from model_families import FAMILIES, NOT_PLAIN, VOCAB, build_family_model, family_config
 
-from nemo_opd.models.output_head import (
-    FAMILIES as KNOWN,
-)
-from nemo_opd.models.output_head import (
-    PLAIN_HEAD,
-    UnknownHeadError,
-    output_head_of,
-)
+from nemo_opd.models.head_families import FAMILIES as KNOWN
+from nemo_opd.models.head_families import UnknownHeadError
+from nemo_opd.models.output_head import PLAIN_HEAD, output_head_of
 
 
 def forward_and_parts(model: torch.nn.Module, seed: int = 0):
