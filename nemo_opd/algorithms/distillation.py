@@ -39,7 +39,6 @@ only on (seed, step), so the resumed run continues exactly as an uninterrupted o
 
 from __future__ import annotations
 
-import signal
 import time
 from collections import defaultdict
 from functools import partial
@@ -88,16 +87,13 @@ from nemo_opd.utils.stop_signal import StopSignal, signal_name
 from nemo_opd.utils.timers import Timers
 
 ELAPSED_KEY = "progress/elapsed_s"
-STOPPED_EXIT_STATUS = 128 + signal.SIGTERM
-"""Exit status of a run that SIGTERM stopped at a clean point (the shell's convention: 128 plus
-the signal's number; 130 after SIGINT, Ctrl-C)."""
 
 
 def run(cfg: DistillationConfig) -> int:
-    """Set up, train, export; returns the exit status: 0, or 128 plus the signal's number when
-    SIGTERM or SIGINT (Ctrl-C) stopped the run early (with a checkpoint to resume from, and no
-    final export): STOPPED_EXIT_STATUS, 130. Bad input found at setup raises SetupError before
-    any training."""
+    """Set up, train, export; returns the exit status: 0, or 128 plus the signal's number (the
+    shell's convention) when SIGTERM or SIGINT (Ctrl-C) stopped the run early, with a
+    checkpoint to resume from and no final export: 143, 130. Bad input found at setup raises
+    SetupError before any training."""
     state = setup(cfg)
     final_model = None
     try:
@@ -107,7 +103,7 @@ def run(cfg: DistillationConfig) -> int:
     finally:
         state.shutdown()
     print(format_run_summary(_outcome(state, final_model)))
-    return 0 if finished else 128 + (state.stopped_by or signal.SIGTERM)
+    return 0 if finished else 128 + state.stopped_by
 
 
 def _outcome(state: DistillationRun, final_model: Path | None) -> RunOutcome:

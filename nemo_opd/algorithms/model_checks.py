@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from nemo_opd.algorithms.local_paths import missing_folder
 from nemo_opd.config import PolicyConfig
 from nemo_opd.errors import SetupError
+from nemo_opd.models.head_families import UnknownHeadError, head_fields
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerBase
@@ -181,13 +182,10 @@ def check_model_family(cfg: PolicyConfig, config: PretrainedConfig, section: str
     """The engines reproduce the model's Hugging Face forward: its output head is one nemo_opd
     knows (models/output_head.py) and its backend expresses, and its attention needs nothing
     the engines' attention leaves out (check_attention)."""
-    from nemo_opd.models.head_families import UnknownHeadError
     from nemo_opd.models.output_head import output_head_of  # imports torch
 
-    try:
-        head = output_head_of(config)
-    except UnknownHeadError as error:
-        raise SetupError(f"{section}.model_name: {error}") from None
+    check_head_family(config, section)
+    head = output_head_of(config)
     if cfg.backend == "megatron" and not head.is_plain:
         raise SetupError(
             f"{section}.model_name: the output head of model_type {head.family!r} adds a bias, "
@@ -195,6 +193,16 @@ def check_model_family(cfg: PolicyConfig, config: PretrainedConfig, section: str
             f"apply; use the DTensor backend for {section}"
         )
     check_attention(cfg, config, section)
+
+
+def check_head_family(config: Any, section: str) -> None:
+    """The model's output head is one nemo_opd reproduces (a known model_type, no logit step its
+    family does not take: models/head_families.py), read from the config alone (a transformers
+    config, or config.json's keys as attributes: the pre-flight's), without torch."""
+    try:
+        head_fields(config)
+    except UnknownHeadError as error:
+        raise SetupError(f"{section}.model_name: {error}") from None
 
 
 def check_attention(cfg: PolicyConfig, config: PretrainedConfig, section: str) -> None:

@@ -17,6 +17,7 @@ from types import SimpleNamespace
 from nemo_opd.algorithms.data_mix import on_policy_share
 from nemo_opd.algorithms.local_paths import is_local_model, missing_folder, nearest
 from nemo_opd.algorithms.model_checks import (
+    check_head_family,
     check_sequence_length,
     check_tensor_parallel,
     check_weights,
@@ -25,7 +26,6 @@ from nemo_opd.config import DistillationConfig, PolicyConfig
 from nemo_opd.config.templates import template_fields
 from nemo_opd.data.datasets import Split, load_prompt_records
 from nemo_opd.errors import SetupError
-from nemo_opd.models.head_families import UnknownHeadError, head_fields
 
 MAX_CHECKED_BYTES = 64 * 2**20
 """Data files up to this size are read whole here (every row checked); a larger file is only
@@ -86,24 +86,21 @@ def _model_problems(model: PolicyConfig, section: str, cfg: DistillationConfig) 
     if not problems and not served and is_local_model(model.model_name):
         problems += _read_problems(lambda: check_weights(model, section))
         config = _model_config(Path(model.model_name))
-        if section == "policy" and config is not None:  # vLLM holds the student
-            problems += _read_problems(lambda: check_sequence_length(model, config, section))
-        if config is not None and isinstance(getattr(config, "num_attention_heads", None), int):
-            problems += _read_problems(lambda: check_tensor_parallel(model, config, section))
         if config is not None:
-            problems += _head_problems(config, section)
+            problems += _config_problems(model, config, section)
     return problems
 
 
-def _head_problems(config: SimpleNamespace, section: str) -> list[str]:
-    """[why] when the model's output head is not one nemo_opd reproduces (an unknown
-    model_type, a logit step its family does not take: models/head_families.py); setup
-    checks the same on the whole transformers config (model_checks.check_model_family)."""
-    try:
-        head_fields(config)
-    except UnknownHeadError as error:
-        return [f"{section}.model_name: {error}"]
-    return []
+def _config_problems(model: PolicyConfig, config: SimpleNamespace, section: str) -> list[str]:
+    """What a model's config.json decides alone, checked as setup checks the whole transformers
+    config (model_checks): the student's positions (vLLM holds it), the heads against the
+    tensor-parallel size, an output head nemo_opd reproduces."""
+    problems = []
+    if section == "policy":
+        problems += _read_problems(lambda: check_sequence_length(model, config, section))
+    if isinstance(getattr(config, "num_attention_heads", None), int):  # else: left to setup
+        problems += _read_problems(lambda: check_tensor_parallel(model, config, section))
+    return problems + _read_problems(lambda: check_head_family(config, section))
 
 
 def _model_config(folder: Path) -> SimpleNamespace | None:

@@ -12,7 +12,6 @@ bytecodes, so a step in progress (blocked in a call to the workers) finishes fir
 """
 
 import signal
-import sys
 import threading
 from collections.abc import Sequence
 from types import FrameType
@@ -59,7 +58,7 @@ class StopSignal:
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         name = signal_name(signum)
         if self.requested:
-            print(f"{name} again: stopping now", file=sys.stderr, flush=True)
+            print_fitted(f"{name} again: stopping now")
             if signum == signal.SIGINT:
                 signal.signal(signum, signal.default_int_handler)
                 raise KeyboardInterrupt
