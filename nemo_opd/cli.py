@@ -86,6 +86,15 @@ def main(argv: Sequence[str] | None = None, description: str | None = None) -> i
         return EXIT_INTERRUPTED
 
 
+def _engine_modules(cfg: DistillationConfig) -> list[str]:
+    """The engine modules of the student's and the teachers' backends: what their ranks import
+    (nemo_opd.policy.engines.ENGINE_MODULES)."""
+    from nemo_opd.policy.engines import ENGINE_MODULES
+
+    models = [cfg.policy, *cfg.named_teachers.values()]
+    return list(dict.fromkeys(ENGINE_MODULES[model.backend] for model in models))
+
+
 def _train(cfg: DistillationConfig) -> int:
     """Hand the config to the distillation loop: without Ray when it runs in this process or in
     processes of this machine (the local and processes executors: Ray is never imported), else
@@ -104,7 +113,7 @@ def _train(cfg: DistillationConfig) -> int:
     if executor == "processes":
         from nemo_opd.distributed.process_workers import start_fork_server
 
-        start_fork_server()  # its imports beside this process's own, not after them
+        start_fork_server(_engine_modules(cfg))  # its imports beside this process's own
     if not uses_ray(executor):
         with collection_paused():  # the loop's imports: torch, transformers (gc_pause)
             from nemo_opd.algorithms.distillation import run

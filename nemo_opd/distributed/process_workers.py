@@ -53,8 +53,18 @@ from nemo_opd.distributed.worker_calls import (
 )
 from nemo_opd.utils.worker_output import WORKERS_LOG_ENV
 
-PRELOAD = ["torch", "transformers", "nemo_opd.policy.worker", "nemo_opd.policy.engines.dtensor"]
-"""What the fork server imports before it forks a rank: what every policy rank imports."""
+PRELOAD = [
+    "torch",
+    "transformers",
+    "transformers.modeling_utils",
+    "transformers.modeling_layers",
+    "nemo_opd.policy.worker",
+    "nemo_opd.policy.engines.dtensor",
+]
+"""What the fork server imports before it forks a rank: what every policy rank imports.
+transformers' modeling_utils and modeling_layers are what building any model imports
+(transformers loads them on first use, with the image and audio modules they pull in: 2-3
+CPU-seconds each rank would spend again)."""
 PROCESS_NODE = ("local", "this machine")
 """What nodes() answers for each rank: no Ray node, a process of the driver's machine."""
 STARTING = "start (build the worker, join the process group)"
@@ -64,12 +74,17 @@ _NAME_BYTES = 15  # the kernel keeps 16 bytes of a process's name, its NUL inclu
 _context = multiprocessing.get_context("forkserver")
 
 
-def start_fork_server() -> None:
-    """Start this process's fork server now, if it is not running: its imports (PRELOAD, some
-    seconds of CPU) then run beside whatever this process does next, instead of when the first
-    group forks its first rank (which waits for them). The command line calls it before it
-    imports the loop; a group started later finds the server running."""
-    _context.set_forkserver_preload(PRELOAD)
+def start_fork_server(preload: Sequence[str] = ()) -> None:
+    """Start this process's fork server now, if it is not running: its imports (PRELOAD and
+    `preload`, some seconds of CPU) then run beside whatever this process does next, instead of
+    when the first group forks its first rank (which waits for them). The command line calls it
+    before it imports the loop; a group started later finds the server running, with what it
+    imported then (a module it lacks, each rank imports for itself).
+
+    Args:
+        preload: modules the ranks import besides PRELOAD (the Megatron engine's).
+    """
+    _context.set_forkserver_preload(list(dict.fromkeys([*PRELOAD, *preload])))
     multiprocessing.forkserver.ensure_running()
 
 
@@ -89,8 +104,9 @@ class ProcessWorkerGroup:
         timeout_s: float | None = DEFAULT_TIMEOUT_S,
         start_timeout_s: float | None = DEFAULT_TIMEOUT_S,
         environ: Callable[[int], dict[str, str]] | None = None,
+        preload: Sequence[str] = (),
     ) -> None:
-        start_fork_server()  # at once if it already runs (the command line starts it early)
+        start_fork_server(preload)  # at once if it runs (the command line starts it early)
         self.name = name
         self.worker_cls = worker_cls
         self.timeout_s = timeout_s

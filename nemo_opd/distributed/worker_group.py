@@ -126,6 +126,7 @@ def start_workers(
     placement: Any = None,
     bundles: Sequence[int] | None = None,
     reserve: Any = None,
+    preload: Sequence[str] = (),
 ) -> WorkerGroup:
     """num_workers workers `worker_cls(*make_args(rank))` on `executor`.
 
@@ -145,6 +146,9 @@ def start_workers(
             environment variables of ray_options' runtime_env, and, where ray_options ask for
             a GPU, the one Ray would give it: the bundles[rank]-th (default rank-th) of the
             driver's visible GPUs, as its only one (process_env).
+        preload: modules the workers will import, which the processes executor's fork server
+            imports once for all its ranks where it starts now (start_fork_server); the other
+            executors ignore it.
     """
     if executor == "local":
         from nemo_opd.distributed.local_workers import LocalWorkerGroup
@@ -169,6 +173,7 @@ def start_workers(
             wait=wait,
             timeout_s=timeout_s,
             start_timeout_s=start_timeout_s,
+            preload=preload,
             environ=lambda rank: process_env(
                 ray_options(rank) if ray_options else {},
                 device=rank if bundles is None else bundles[rank],

@@ -30,6 +30,7 @@ from nemo_opd.data.batching import TensorBatch, pad_batch_to_multiple, shard_for
 from nemo_opd.distributed.cluster import WorkerResources, resolve_device_type
 from nemo_opd.distributed.parallel_dims import ParallelDims
 from nemo_opd.distributed.worker_group import Executor, start_workers
+from nemo_opd.policy.engines import ENGINE_MODULES
 from nemo_opd.policy.trained_positions import unpacked
 from nemo_opd.policy.worker import PolicyWorker, answers_for_its_replica
 
@@ -101,6 +102,7 @@ class Policy:
             },
             placement=placement,
             reserve=resources,
+            preload=[ENGINE_MODULES[cfg.backend]],
         )
         self.leaders = [r for r in range(world) if answers_for_its_replica(self.dims, r)]
         self.executor = executor

@@ -104,18 +104,31 @@ def test_main_hands_the_validated_config_to_the_trainer(monkeypatch, executor, r
     assert ray_was_running == ray_runs and not ray.is_initialized()
 
 
-@pytest.mark.parametrize(("executor", "forks"), [("processes", True), ("auto", False)])
-def test_the_fork_server_starts_before_the_loop_is_imported(monkeypatch, executor, forks):
-    # cluster.executor=processes: the fork server's imports run beside the loop's own imports
-    # (and the prompts' rendering), so it is started before the trainer is imported; a run in
-    # this process forks nothing.
+DTENSOR, MEGATRON = "nemo_opd.policy.engines.dtensor", "nemo_opd.policy.engines.megatron"
+
+
+@pytest.mark.parametrize(
+    ("config", "executor", "forks"),
+    [
+        ("distillation_tiny.yaml", "processes", [("fork", [DTENSOR])]),
+        ("distillation_tiny_megatron.yaml", "processes", [("fork", [MEGATRON])]),
+        ("distillation_tiny.yaml", "auto", []),
+    ],
+)
+def test_the_fork_server_starts_before_the_loop_is_imported(monkeypatch, config, executor, forks):
+    # cluster.executor=processes: the fork server's imports (the engines of the run's models
+    # among them) run beside the loop's own imports (and the prompts' rendering), so it is
+    # started before the trainer is imported; a run in this process forks nothing.
     events = []
     fake = types.ModuleType(TRAINER)
     fake.run = lambda cfg: events.append("run") or 0
     monkeypatch.setitem(sys.modules, TRAINER, fake)
-    monkeypatch.setattr(process_workers, "start_fork_server", lambda: events.append("fork"))
-    assert cli.main(["--config", str(TINY), f"cluster.executor={executor}"]) == 0
-    assert events == (["fork", "run"] if forks else ["run"])
+    monkeypatch.setattr(
+        process_workers, "start_fork_server", lambda preload: events.append(("fork", preload))
+    )
+    path = TINY.parent / config
+    assert cli.main(["--config", str(path), f"cluster.executor={executor}"]) == 0
+    assert events == [*forks, "run"]
 
 
 def test_setup_errors_go_to_stderr_and_exit_2(monkeypatch, capsys):
