@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from forked_ranks import run_ranks
 
 from nemo_opd.distributed.vocab_parallel import (
     vocab_parallel_logprobs,
@@ -57,9 +57,9 @@ def _case(vocab: int) -> tuple:
 
 
 def test_padded_vocabulary_matches_single_process(tmp_path):
-    # The shards are built here: the spawned workers import only vocab_parallel.
+    # The shards are built here: the forked workers only compute with vocab_parallel.
     cases = [_case(vocab) for vocab in VOCABS]
-    mp.spawn(_worker, args=(str(tmp_path / "init"), cases), nprocs=WORLD, join=True)
+    run_ranks(_worker, WORLD, str(tmp_path / "init"), cases)
 
 
 # vocab_parallel_logprobs_with_grad: values and gradients.
@@ -132,4 +132,4 @@ def test_logprobs_with_grad_tp2_equal_single_process(tmp_path):
     for dtype in (torch.float32, torch.bfloat16):
         logits, targets, grad_out = _grad_case(dtype, seed=1)
         cases.append((logits, targets, grad_out, _with_grad(logits, targets, grad_out)))
-    mp.spawn(_grad_worker, args=(str(tmp_path / "init"), cases), nprocs=WORLD, join=True)
+    run_ranks(_grad_worker, WORLD, str(tmp_path / "init"), cases)

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from forked_ranks import run_ranks
 from topk_kl_testing import run_reference
 
 from nemo_opd.losses import PolicyGradientLossFn, TopkKLParams, topk_kl_weighted_sum
@@ -179,9 +179,7 @@ def _worker(rank, init_file):
 
 
 def test_vocabulary_shards_give_the_unsharded_answer(tmp_path):
-    mp.start_processes(
-        _worker, args=(str(tmp_path / "init"),), nprocs=2, join=True, start_method="spawn"
-    )
+    run_ranks(_worker, 2, str(tmp_path / "init"))
 
 
 def loss_data(teacher, mask):

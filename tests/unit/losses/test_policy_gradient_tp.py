@@ -5,7 +5,7 @@ import math
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from forked_ranks import run_ranks
 from topk_kl_testing import make_case
 
 from nemo_opd.losses import DistillationLossFn, PolicyGradientLossFn, TopkKLParams
@@ -81,7 +81,6 @@ def _worker(rank, init_file):
         dist.destroy_process_group()
 
 
-def test_vocab_parallel_equals_single_process(tmp_path, monkeypatch):
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    # A failed assertion in either child makes spawn raise here.
-    mp.spawn(_worker, args=(str(tmp_path / "store"),), nprocs=WORLD, join=True)
+def test_vocab_parallel_equals_single_process(tmp_path):
+    # A failed assertion in either child raises here.
+    run_ranks(_worker, WORLD, str(tmp_path / "store"), env={"OMP_NUM_THREADS": "1"})
