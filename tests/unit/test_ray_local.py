@@ -81,18 +81,15 @@ def test_what_a_module_leaves_is_named_and_the_next_gets_a_fresh_instance(monkey
 
 
 def test_sizes_at_least_or_exactly_what_a_module_asks_for():
-    with shared_ray(2, exact=True) as exact:
+    with shared_ray(6) as larger:
+        assert ray.cluster_resources()["CPU"] == 6
+    with shared_ray(2) as at_least_two:  # 6 is at least 2: the same instance
+        assert ray.cluster_resources()["CPU"] == 6
+    with shared_ray(2, exact=True) as exact:  # 6 is not exactly 2: a fresh instance
         assert ray.cluster_resources()["CPU"] == 2
     with shared_ray(1) as at_least_one:  # 2 is at least 1: the same instance
         assert ray.cluster_resources()["CPU"] == 2
-    with shared_ray(6) as larger:
-        assert ray.cluster_resources()["CPU"] == 6
-    with shared_ray(2) as at_least_two:
-        assert ray.cluster_resources()["CPU"] == 6
-    assert exact == at_least_one != larger == at_least_two
-    with shared_ray(2, exact=True) as exact_again:
-        assert ray.cluster_resources()["CPU"] == 2
-    assert exact_again != larger
+    assert larger == at_least_two != exact == at_least_one
 
 
 def test_a_module_that_starts_its_own_ray_finds_the_shared_one_stopped():
