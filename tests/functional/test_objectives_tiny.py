@@ -1,5 +1,6 @@
-"""The three reinforcement-learning configs on CPU, a few steps each, in one driver process
-(one import, one Ray instance; each run starts and stops its own workers):
+"""The three reinforcement-learning configs on CPU, a few steps each, in this process (the
+local executor: each run builds and stops its own student, teacher and engine, and they share
+the process's imports):
 
 - grpo_tiny.yaml: reward only; no teacher is configured, and none is started;
 - opd_grpo_tiny.yaml: GRPO plus the sampled-token reverse-KL term (slime), here with the top-k
@@ -12,12 +13,10 @@ The models are the micro build of the tiny assets (seconds to build): the machin
 tested here; docs/objectives.md records the learning curves of the full configs.
 """
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+import run_configs
 from run_metrics import read_metrics
 
 from nemo_opd.tiny.assets import ensure_tiny_assets
@@ -75,8 +74,8 @@ def with_teacher(assets) -> list[str]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Run every config once, and opd_rl once more from its step-1 checkpoint, in one driver
-    process (four runs: each starts and stops its own workers, and they share the rest)."""
+    """Run every config once, and opd_rl once more from its step-1 checkpoint, in this process
+    (four runs: each builds and stops its own workers, and they share the rest)."""
     assets = ensure_tiny_assets(micro_recipe())
     root = tmp_path_factory.mktemp("objectives")
     dirs = {name: root / name for name in ("grpo", "opd_grpo", "opd_rl", "opd_rl_resumed")}
@@ -94,18 +93,8 @@ def runs(tmp_path_factory):
             source = dirs["opd_rl"] / "checkpoints" / "step_1"
             seed = [str(source), str(dirs[name] / "checkpoints" / "step_1")]
         spec.append({"args": args, "seed_checkpoint": seed})
-    (root / "runs.json").write_text(json.dumps(spec))
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "functional" / "run_configs.py"), "runs.json"],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
-    output = result.stdout.split("=== run ")[1:]
-    assert result.returncode == 0 and len(output) == len(plan), (
-        result.stdout[-4000:] + result.stderr[-4000:]
-    )
+    output = run_configs.run_here(spec)
+    assert len(output) == len(plan)
     return dirs, output
 
 

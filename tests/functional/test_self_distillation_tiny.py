@@ -1,7 +1,7 @@
 """Self-distillation in the loop: examples/configs/distillation_tiny_self.yaml, short runs with
 each teacher source (the student's live weights, an EMA of them, a lagged snapshot).
 
-- Straight through, all three sources in one driver process (the config's one worker: the
+- Straight through, all three sources in the test's process (the config's one worker: the
   local executor, everything in that process) with the config's objective (GRPO plus the
   sampled-token reverse KL to the teacher), and the top-k divergence to the EMA from its top-k
   and from its hidden states (the full vocabulary): no teacher model is built or started (the
@@ -20,12 +20,12 @@ import math
 import os
 import re
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import psutil
 import pytest
+import run_configs
 from run_metrics import assert_resumed_like, read_metrics
 from run_process import Run, run_to_end
 from short_runs import short_run_args
@@ -65,8 +65,8 @@ def command(source: str, run_dir: Path, *extra: str) -> list[str]:
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
     """The three sources' uninterrupted runs and the EMA's with the top-k objective (its top-k,
-    and its hidden states for the full vocabulary), in one driver process: {name: (run dir,
-    its stdout)}."""
+    and its hidden states for the full vocabulary), in this process (tests/functional/
+    run_configs.py): {name: (run dir, its stdout)}."""
     root = tmp_path_factory.mktemp("self_straight")
     plan = {source: (source, CONFIG, []) for source in SOURCES}
     topk = CONFIGS / "distillation_tiny_100.yaml"
@@ -77,18 +77,8 @@ def straight(tmp_path_factory):
         {"args": args(source, dirs[name], "checkpointing.save_period=2", *extra, config=config)}
         for name, (source, config, extra) in plan.items()
     ]
-    (root / "runs.json").write_text(json.dumps(spec))
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "functional" / "run_configs.py"), "runs.json"],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    output = result.stdout.split("=== run ")[1:]
-    assert result.returncode == 0 and len(output) == len(plan), (
-        result.stdout[-4000:] + result.stderr[-4000:]
-    )
+    output = run_configs.run_here(spec)
+    assert len(output) == len(plan)
     for part in output:
         assert part.rstrip().endswith(" 0"), part[-3000:]
     return {name: (dirs[name], part) for name, part in zip(plan, output, strict=True)}
