@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import run_configs
 import torch
 from peft import PeftModel
 from run_metrics import assert_resumed_like, read_metrics
@@ -39,10 +40,13 @@ def command(run_dir: Path, *extra: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
-    """The uninterrupted run: its directory and stdout."""
+    """The uninterrupted run, in this process (the local executor: it starts no process):
+    its directory and stdout."""
     run_dir = tmp_path_factory.mktemp("lora_straight")
-    result = run_to_end(command(run_dir, *CHECKPOINTS, "checkpointing.save_period=2"), run_dir)
-    return run_dir, result.stdout
+    args = short_run_args(CONFIG, run_dir, STEPS, *CHECKPOINTS, "checkpointing.save_period=2")
+    (output,) = run_configs.run_here([{"args": args}])
+    assert output.rstrip().endswith("exit 0 0"), output[-3000:]
+    return run_dir, output
 
 
 def logprobs(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
