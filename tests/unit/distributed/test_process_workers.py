@@ -5,6 +5,7 @@ outlives its time-out is reported and its late answer never answers a later call
 raises while another still works does not leave the group answering out of turn; one call at
 a time per rank across threads (test_worker_groups: no Ray imported)."""
 
+import importlib
 import os
 import signal
 import sys
@@ -207,3 +208,18 @@ def test_an_answer_that_cannot_be_sent_is_an_error_not_a_hang():
         assert group.run(Ranked.echo, "next") == ["next"]
     finally:
         group.shutdown()
+
+
+def test_every_module_the_fork_server_imports_exists():
+    # The fork server passes over a module it cannot import without a word: a name gone stale
+    # (a module of transformers or of the package renamed) would cost every rank its import
+    # again. Each backend's entry is the module its engine is defined in.
+    from nemo_opd.distributed.process_workers import PRELOAD
+    from nemo_opd.policy.engines import ENGINE_MODULES
+    from nemo_opd.policy.engines.dtensor import DTensorEngine
+    from nemo_opd.policy.engines.megatron import MegatronEngine
+
+    for name in [*PRELOAD, *ENGINE_MODULES.values()]:
+        importlib.import_module(name)
+    engines = {"dtensor": DTensorEngine, "megatron": MegatronEngine}
+    assert {backend: cls.__module__ for backend, cls in engines.items()} == ENGINE_MODULES
