@@ -11,11 +11,10 @@ tensor-parallel test (tests/unit/losses/test_topk_kl_tp.py) spawns fresh interpr
 """
 
 import importlib
-import os
 
 import torch.multiprocessing as mp
 
-from nemo_opd.distributed.process_workers import start_fork_server
+from nemo_opd.distributed.process_workers import adopt_environ, start_fork_server
 
 
 def run_ranks(function, nprocs: int, *args, env: dict[str, str] | None = None) -> None:
@@ -34,11 +33,7 @@ def run_ranks(function, nprocs: int, *args, env: dict[str, str] | None = None) -
 
 
 def _rank(rank: int, target: tuple[str, str], env: dict[str, str], args: tuple) -> None:
-    os.environ.update(env)
-    if "OMP_NUM_THREADS" in env:  # the fork server imported torch before it was set
-        import torch
-
-        torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+    adopt_environ(env)  # as the processes executor's ranks take theirs
     module, name = target
     function = getattr(importlib.import_module(module), name)
     function(rank, *args)

@@ -63,8 +63,8 @@ PRELOAD = [
 ]
 """What the fork server imports before it forks a rank: what every policy rank imports.
 transformers' modeling_utils and modeling_layers are what building any model imports
-(transformers loads them on first use, with the image and audio modules they pull in: 2-3
-CPU-seconds each rank would spend again)."""
+(transformers loads them on first use, with the image and audio modules they pull in; what a
+rank spent on them again is measured in docs/distillation.md)."""
 PROCESS_NODE = ("local", "this machine")
 """What nodes() answers for each rank: no Ray node, a process of the driver's machine."""
 STARTING = "start (build the worker, join the process group)"
@@ -380,20 +380,25 @@ class _Rank:
 # ---------------------------------------------------------------------- in the child
 
 
+def adopt_environ(environ: dict[str, str]) -> None:
+    """Set `environ` in this process, forked from the fork server: OMP_NUM_THREADS sets torch's
+    thread count too (the server imported torch before the variable was there)."""
+    os.environ.update(environ)
+    if "OMP_NUM_THREADS" in environ:
+        import torch
+
+        torch.set_num_threads(int(environ["OMP_NUM_THREADS"]))
+
+
 def _serve(connection, worker_cls: type, args: tuple, environ: dict[str, str]) -> None:
     """A rank's process: build the worker, answer _READY, then serve calls until a None
-    message or the driver's end of the pipe closes. OMP_NUM_THREADS in `environ` sets torch's
-    thread count too (the fork server imported torch before the variable was there)."""
-    os.environ.update(environ)
+    message or the driver's end of the pipe closes."""
+    adopt_environ(environ)
     _name_process(worker_cls.__name__)
     if WORKERS_LOG_ENV in environ:  # standard error to the run's workers.log, for good
         log = os.open(environ[WORKERS_LOG_ENV], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(log, 2)
         os.close(log)
-    if "OMP_NUM_THREADS" in environ:
-        import torch
-
-        torch.set_num_threads(int(environ["OMP_NUM_THREADS"]))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
     try:
         worker = worker_cls(*args)
