@@ -344,15 +344,28 @@ def _mark_tensor_parallel(param: torch.nn.Parameter, rule: Rule) -> None:
         param.partition_stride = 1
 
 
+_MEGATRON_WORLD: list = [None]
+"""The default process group Megatron's model-parallel state was made in (see below)."""
+
+
 def _init_megatron_parallel(dims: ParallelDims) -> None:
     """Megatron's model-parallel state with tp = dims.tp and cp folded into data parallel
-    (the engine's attention does context parallelism); checks its groups equal dims'."""
+    (the engine's attention does context parallelism); checks its groups equal dims'.
+
+    The state is the process's, made once and shared by its engines (a run in one process:
+    the student and a Megatron teacher). A state made in a default group that has since been
+    destroyed (vLLM's teardown ends the process's group at the end of a run in one process;
+    the next run makes a new one) holds groups torch no longer knows: it is made again."""
+    made_in_another_group = _MEGATRON_WORLD[0] is not dist.group.WORLD
+    if parallel_state.model_parallel_is_initialized() and made_in_another_group:
+        parallel_state.destroy_model_parallel()
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(
             tensor_model_parallel_size=dims.tp,
             distributed_timeout_minutes=5,
             create_gloo_process_groups=False,
         )
+        _MEGATRON_WORLD[0] = dist.group.WORLD
     pairs = (
         (parallel_state.get_tensor_model_parallel_group(), dims.group("tp")),
         (parallel_state.get_data_parallel_group(), dims.group("dp_cp")),

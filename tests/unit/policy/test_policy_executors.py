@@ -118,3 +118,21 @@ def test_every_model_of_the_process_shares_its_one_rank_group():
     assert dist.group.WORLD is group and dist.get_world_size() == 1
     with pytest.raises(RuntimeError, match="needs a one-rank nccl group"):
         init_local_process_group("cuda")
+
+
+def test_a_megatron_run_in_a_process_whose_group_was_made_again(model_dirs):
+    """A second Megatron policy in one process after the process's group was destroyed and made
+    again (vLLM's teardown ends it at the end of a run in one process) starts, and scores as
+    the first did: Megatron's model-parallel state from the first is made again in the new
+    group, not used with groups torch no longer knows."""
+    cfg = policy_config(model_dirs["untied"], **LAYOUTS["megatron"])
+    batch = make_batch(4, seed=3, teacher=False)
+    scores = []
+    for _ in range(2):
+        policy = Policy(cfg, cpu_cluster(1), executor="local", optimizer=False)
+        try:
+            scores.append(policy.get_logprobs(batch))
+        finally:
+            policy.shutdown()
+        dist.destroy_process_group()
+    torch.testing.assert_close(scores[1], scores[0], rtol=0, atol=0)
