@@ -25,6 +25,9 @@ import run_process
 from run_metrics import read_metrics
 from run_process import Run
 
+from nemo_opd.distributed.address import probe_head
+from nemo_opd.errors import SetupError
+
 pytest.importorskip("vllm")
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,6 +104,15 @@ def test_one_process_logs_the_ray_runs_metrics_exactly(on_ray, in_one_process):
     assert "validation/accuracy" in local_metrics[STEPS]
     assert local_metrics[1]["generation/logprob_mismatch"] < 1e-3  # the refit holds
     assert compared(local_metrics) == compared(ray_metrics)
+
+
+def test_the_ray_run_stops_the_ray_it_started(on_ray):
+    """The command started a local Ray of its own (nothing to attach to): once it has ended,
+    that instance's GCS no longer answers."""
+    _, ray_out = on_ray
+    address = re.search(r"ray: started a local instance at (\S+)", ray_out).group(1)
+    with pytest.raises(SetupError, match="cannot reach a Ray head"):
+        probe_head(address, timeout_s=5.0)
 
 
 def test_forked_processes_log_the_ray_runs_metrics_exactly(on_ray, tmp_path):

@@ -1,8 +1,8 @@
 """The loop with its teacher served by vLLM's OpenAI-compatible server: one server for the
 module, started by `python -m nemo_opd.teacher_server` with the example config, and the loop
-runs in this process (sharing imports and Ray). Its workers are Ray's (auto's choice for a served
-teacher), but for the run read through another chat template, which runs them in this process
-(cluster.executor=local: a served teacher needs no Ray).
+runs in this process (sharing imports and Ray). The straight run's workers are Ray's (auto's
+choice for a served teacher); the other runs put them in this process (cluster.executor=local:
+a served teacher needs no Ray, and the executors log the same metrics, test_executors_tiny.py).
 
 - the first step's loss equals the in-process teacher's (the served run overlapping: max_staleness
   1, each step scored in two parts while the rest generates);
@@ -351,6 +351,7 @@ def test_a_server_killed_mid_run_then_restarted_resumes_exactly(server, straight
     # Last in the module: it kills the module's server (and starts it again).
     args = (
         f"teacher.server.base_url={server.base_url}",
+        "cluster.executor=local",  # the server's process boundary, not Ray's, is under test
         "distillation.val_at_end=true",
         "teacher.server.max_retries=2",
         "teacher.server.retry_backoff_s=0.05",
