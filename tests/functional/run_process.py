@@ -1,5 +1,6 @@
 """A run of the loop as its own process, as the fault tests start, stop and kill it."""
 
+import json
 import subprocess
 import time
 from pathlib import Path
@@ -34,6 +35,14 @@ class Run:
             assert time.monotonic() < deadline, f"checkpoint {step} never appeared"
             time.sleep(0.1)
 
+    def wait_for_step(self, step: int) -> None:
+        """Until the run has logged `step`'s metrics (logs/metrics.jsonl)."""
+        deadline = time.monotonic() + 900
+        while step not in logged_steps(self.run_dir):
+            assert self.process.poll() is None, f"the run ended first:\n{self.err.read_text()}"
+            assert time.monotonic() < deadline, f"step {step} was never logged"
+            time.sleep(0.1)
+
     def policy_workers(self) -> list[int]:
         """Pids of this run's training workers (student and teacher PolicyWorkers)."""
         return actor_pids(psutil.Process(self.process.pid), "PolicyWorker")
@@ -46,6 +55,19 @@ class Run:
         """Exit status, stdout and stderr; a run that does not end in time fails the test."""
         code = self.process.wait(timeout=timeout)
         return code, self.out.read_text(), self.err.read_text()
+
+
+def logged_steps(run_dir: Path) -> set[int]:
+    """The steps run_dir/logs/metrics.jsonl has records of so far (a line being written is
+    not one yet)."""
+    path = run_dir / "logs" / "metrics.jsonl"
+    steps = set()
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            steps.add(json.loads(line)["step"])
+        except json.JSONDecodeError:
+            break
+    return steps
 
 
 def actor_pids(root: psutil.Process, actor_class: str) -> list[int]:
