@@ -20,7 +20,6 @@ minutes to build): this test checks the machinery, not the learning curve (docs/
 records that).
 """
 
-import json
 import os
 import re
 import signal
@@ -30,6 +29,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import run_configs
 import run_process
 import torch
 from run_metrics import assert_resumed_like, read_metrics
@@ -130,23 +130,17 @@ FRESH = {step for step in range(1, STEPS + 1) if (step - 1) % 3 == 0}
 @pytest.fixture(scope="module")
 def uninterrupted(micro_assets, tmp_path_factory):
     """The two uninterrupted runs, lockstep and overlapped (max_staleness 1), one after the other
-    in one driver process (tests/functional/run_configs.py: they share the driver's imports and
-    its fork server): {"lockstep"/"overlapped": (run dir, metrics, stdout)}."""
+    in this process (tests/functional/run_configs.py: they share its imports and fork server):
+    {"lockstep"/"overlapped": (run dir, metrics, stdout)}."""
     root = tmp_path_factory.mktemp("uninterrupted")
     plan = {"lockstep": (), "overlapped": OVERLAP}
-    for name in plan:
-        (root / name).mkdir()
     spec = [  # the command's arguments after the script's name
         {"args": [*command(micro_assets, root / name)[2:], *extra]} for name, extra in plan.items()
     ]
-    (root / "runs.json").write_text(json.dumps(spec))
-    script = ROOT / "tests" / "functional" / "run_configs.py"
-    result = run_process.run_to_end([sys.executable, str(script), "runs.json"], root)
-    outputs = result.stdout.split("=== run ")[1:]
-    assert len(outputs) == len(plan), result.stdout[-4000:] + result.stderr[-4000:]
+    outputs = run_configs.run_here(spec)
     runs = {}
     for (name, _), out in zip(plan.items(), outputs, strict=True):
-        assert out.rstrip().endswith(" 0"), out[-3000:] + result.stderr[-4000:]
+        assert out.rstrip().endswith(" 0"), out[-3000:]
         runs[name] = (root / name, read_metrics(root / name), out)
     return runs
 
