@@ -1,17 +1,15 @@
 """Train a config in this process, export the final student, and score probe sequences with the
 student the run ends with: the run's own log-probs, for a test to compare an export against.
 
-    python run_and_score.py CONFIG OUT.pt [overrides...]
+    record = train_export_score(CONFIG, overrides)
 
-OUT.pt: {"input_ids": [B, S], "input_lengths": [B], "logprobs": [B, S] (position t scores
+record: {"input_ids": [B, S], "input_lengths": [B], "logprobs": [B, S] (position t scores
 token t + 1), "final_model": the export's folder}. The probes are the first validation prompts
 rendered with the run's chat template, each followed by its reference answer.
 """
 
 import contextlib
 import os
-import sys
-from pathlib import Path
 
 import torch
 
@@ -58,11 +56,13 @@ def executor_session(cfg):
     return ray_session(cfg.cluster)
 
 
-if __name__ == "__main__":
+def train_export_score(config: str, overrides: list[str] | None = None) -> dict:
+    """Train `config` (with `overrides`) in this process, export the final student and score
+    the probes with it: the record (module docstring)."""
     from nemo_opd.algorithms.distillation import distillation_train, export_final_model
     from nemo_opd.algorithms.setup import setup
 
-    cfg = load_config(sys.argv[1], sys.argv[3:])
+    cfg = load_config(config, overrides or [])
     with executor_session(cfg):
         state = setup(cfg)
         try:
@@ -72,5 +72,4 @@ if __name__ == "__main__":
             logprobs = state.student.get_logprobs(batch)
         finally:
             state.shutdown()
-    torch.save({**batch, "logprobs": logprobs, "final_model": str(final)}, Path(sys.argv[2]))
-    print(f"scored {len(logprobs)} probes with the run's student; exported {final}")
+    return {**batch, "logprobs": logprobs, "final_model": str(final)}

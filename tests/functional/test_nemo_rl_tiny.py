@@ -11,29 +11,32 @@ evaluates.
    run's student before it shut down), closer than the student the run started from.
 3. python -m nemo_opd.evaluate on the step's checkpoint: exit 0, greedy accuracy, avg@2 and
    pass@2, the teacher's divergences, and a JSONL with every graded response.
+
+Each part runs in the test's process, as its command's main() would (one worker: the local
+executor), sharing the process's imports.
 """
 
+import contextlib
+import io
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
 from nemo_rl_configs import FIXTURES, nemo_rl_repo, published_configs
-from run_process import run_to_end
+from run_and_score import train_export_score
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
+from vllm_score import vllm_logprobs
 
 from nemo_opd.convert.__main__ import main as convert
+from nemo_opd.evaluate import main as evaluate
 from nemo_opd.tiny.assets import ensure_tiny_assets
 from nemo_opd.tiny.recipe import micro_recipe
 
 pytest.importorskip("vllm")
 
-HERE = Path(__file__).resolve().parent
 VAL_PROMPTS = 6
 SAMPLES = 2
 # bf16 rounds each weight and activation to 8 bits of mantissa: the run (FSDP's bf16 compute
@@ -128,13 +131,13 @@ def run(tmp_path_factory) -> dict:
     assert convert(["nemo-rl", str(nemo_rl_config(run_dir / "nemo_rl")), "-o", str(converted)]) == 0
     config = run_dir / "tiny.yaml"
     config.write_text(yaml.safe_dump(tiny_overlay(converted, assets, run_dir), sort_keys=False))
-    scores = run_dir / "run_scores.pt"
-    run_to_end([sys.executable, str(HERE / "run_and_score.py"), str(config), str(scores)], run_dir)
-    return {"dir": run_dir, "config": config, "scores": scores, "assets": assets}
+    with contextlib.redirect_stdout(io.StringIO()):
+        scored = train_export_score(str(config))
+    return {"dir": run_dir, "config": config, "scored": scored, "assets": assets}
 
 
 def test_the_export_is_what_users_load(run):
-    scored = torch.load(run["scores"])
+    scored = run["scored"]
     final = Path(scored["final_model"])
     files = {path.name for path in final.iterdir()}
     assert {"config.json", "model.safetensors", "generation_config.json"} <= files
@@ -152,18 +155,9 @@ def test_the_export_is_what_users_load(run):
     print(f"\ntransformers vs the run: {error:.4f} (the initial student: {before:.4f})")
     assert error < MEAN_ATOL and error < before / 2, (error, before)
 
-    out = run["dir"] / "vllm_scores.pt"
-    command = [sys.executable, str(HERE / "vllm_score.py"), str(final)]
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    result = subprocess.run(
-        [*command, str(run["scores"]), str(out), "bfloat16"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    error = mean_error(torch.load(out)["logprobs"], own, lengths)
+    with contextlib.redirect_stdout(io.StringIO()):
+        from_vllm = vllm_logprobs(str(final), scored, "bfloat16")
+    error = mean_error(from_vllm, own, lengths)
     print(f"vLLM vs the run: {error:.4f}")
     assert error < MEAN_ATOL and error < before / 2, (error, before)
 
@@ -185,10 +179,11 @@ def mean_error(ours: torch.Tensor, theirs: torch.Tensor, lengths: torch.Tensor) 
 
 def test_evaluate_a_checkpoint(run):
     out = run["dir"] / "evaluation"
-    command = [sys.executable, "-m", "nemo_opd.evaluate", "--config", str(run["config"])]
-    command += ["--checkpoint", str(run["dir"] / "checkpoints" / "step_1")]
-    command += ["--samples", str(SAMPLES), "--output-dir", str(out)]
-    result = run_to_end(command, run["dir"])
+    args = ["--config", str(run["config"])]  # python -m nemo_opd.evaluate's, in this process
+    args += ["--checkpoint", str(run["dir"] / "checkpoints" / "step_1")]
+    args += ["--samples", str(SAMPLES), "--output-dir", str(out)]
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        assert evaluate(args) == 0
     metrics = json.loads((out / "metrics.json").read_text())
     for name in (
         "validation/accuracy",
@@ -197,7 +192,7 @@ def test_evaluate_a_checkpoint(run):
         "validation/forward_kl",
         "validation/reverse_kl",
     ):
-        assert name in metrics and name in result.stdout, name
+        assert name in metrics and name in printed.getvalue(), name
     graded = [json.loads(line) for line in (out / "graded.jsonl").read_text().splitlines()]
     assert all({"prompt", "response", "answer", "reward"} <= set(r) for r in graded)
     prompts = sorted(r["prompt"] for r in graded if r["mode"] == "greedy")

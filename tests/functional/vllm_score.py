@@ -1,21 +1,20 @@
 """Load a model folder in vLLM (the CPU build here) as a user would, straight from disk, and
 score sequences: log p(token t + 1 | tokens <= t) at every position.
 
-    python vllm_score.py MODEL_DIR IDS.pt OUT.pt PRECISION
+    vllm_logprobs(MODEL_DIR, probes, PRECISION)
 
-IDS.pt holds "input_ids" [B, S] and "input_lengths" [B]; OUT.pt gets "logprobs" [B, S] aligned
+probes holds "input_ids" [B, S] and "input_lengths" [B]; the answer is [B, S] log-probs aligned
 like Policy.get_logprobs (0 past each row's last scored position).
 """
-
-import sys
 
 import torch
 
 from nemo_opd.generation.vllm_worker import VllmWorker
 
-if __name__ == "__main__":
-    model, ids_file, out_file, precision = sys.argv[1:5]
-    probes = torch.load(ids_file)
+
+def vllm_logprobs(model: str, probes: dict, precision: str) -> torch.Tensor:
+    """[B, S] log-probs of probes' rows (input_ids [B, S], input_lengths [B]) from an engine
+    of `model` loaded from disk, stopped afterwards."""
     rows = [
         ids[:length].tolist()
         for ids, length in zip(probes["input_ids"], probes["input_lengths"], strict=True)
@@ -31,8 +30,11 @@ if __name__ == "__main__":
             "enforce_eager": True,
         },
     )
-    scores = engine.score(rows)
+    try:
+        scores = engine.score(rows)
+    finally:
+        engine.stop()
     logprobs = torch.zeros(probes["input_ids"].shape)
     for index, row in enumerate(scores):
         logprobs[index, : len(row)] = torch.tensor(row)
-    torch.save({"logprobs": logprobs}, out_file)
+    return logprobs
