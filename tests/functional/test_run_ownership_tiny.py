@@ -12,10 +12,15 @@ run's folders.
 4. With the final model's marker gone (an export from before exports were marked): the run
    resumes step 2, trains nothing ("nothing to train") and exports step 2 over it.
 
+Runs 2 and 3, which must end in seconds, are the command as its own process, timed from its
+start as a user sees it; 1 and 4 run its main() in the test's process, sharing its imports.
+
 Before: step 2 printed `resumed from .../step_2 (step 2)`, trained nothing, exported the first
 run's weights again, wrote its own run_config.json beside the first run's metrics, exit 0.
 """
 
+import contextlib
+import io
 import json
 import subprocess
 import sys
@@ -25,6 +30,8 @@ from pathlib import Path
 import pytest
 from refused_runs import assert_shows_path
 from short_runs import short_run_args
+
+from nemo_opd.cli import main
 
 pytest.importorskip("vllm")
 
@@ -44,7 +51,18 @@ def command(config: Path, run_dir: Path, steps: int) -> list[str]:
     return [sys.executable, str(SCRIPT), *args]
 
 
+def run_here(config: Path, run_dir: Path, steps: int) -> tuple[int, str]:
+    """The command's main() in this process (the runs that train or export: they share the
+    test process's imports): its exit status and standard output."""
+    args = short_run_args(config, run_dir, steps, *CHECKPOINTS, *SMALL_VALIDATION)
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        status = main(args)
+    return status, out.getvalue()
+
+
 def run(config: Path, run_dir: Path, steps: int) -> tuple[subprocess.CompletedProcess, float]:
+    """The command as its own process, as a user runs it (the runs that must end in seconds:
+    timed from the interpreter's start)."""
     started = time.monotonic()
     result = subprocess.run(
         command(config, run_dir, steps), cwd=run_dir, capture_output=True, text=True, timeout=900
@@ -64,8 +82,8 @@ def snapshot(run_dir: Path) -> dict[str, bytes]:
 def test_a_second_config_never_takes_the_first_runs_folders(tmp_path):
     run_dir = tmp_path / "runs"
     run_dir.mkdir()
-    first, _ = run(TINY, run_dir, 2)
-    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    status, out = run_here(TINY, run_dir, 2)
+    assert status == 0, out[-3000:]
     checkpoint = json.loads(
         (run_dir / "checkpoints" / "step_2" / "training_state.json").read_text()
     )
@@ -109,10 +127,10 @@ def test_a_second_config_never_takes_the_first_runs_folders(tmp_path):
     # 4. A final model exported before exports were marked, of another step than the newest
     # checkpoint (an interrupted export): the run resumes, trains nothing, exports that step.
     (run_dir / "checkpoints" / "final_model" / "nemo_opd_export.json").unlink()
-    fourth, _ = run(TINY, run_dir, 1)
-    assert fourth.returncode == 0, fourth.stdout[-3000:] + fourth.stderr[-3000:]
-    assert f"resumed from {run_dir / 'checkpoints' / 'step_2'} (step 2)" in fourth.stdout
-    assert "nothing to train: step 2 >= 1; exporting that step's model" in fourth.stdout
+    status, out = run_here(TINY, run_dir, 1)
+    assert status == 0, out[-3000:]
+    assert f"resumed from {run_dir / 'checkpoints' / 'step_2'} (step 2)" in out
+    assert "nothing to train: step 2 >= 1; exporting that step's model" in out
     marker = run_dir / "checkpoints" / "final_model" / "nemo_opd_export.json"
     assert json.loads(marker.read_text())["source"]["step"] == 2
     metrics = (run_dir / "logs" / "metrics.jsonl").read_bytes()
