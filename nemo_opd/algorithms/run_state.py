@@ -75,9 +75,10 @@ class DistillationRun:
 
         In one process, what setup froze (utils/gc_pause.py) is collected once at the end
         (_collect_frozen). The generation engines stop after the student and the teacher:
-        vLLM's engine unfreezes the process's objects and runs full collections at its own
-        shutdown, so stopped last, its collections free the other parts' memory too, and
-        every collection before it walks only the objects made since setup."""
+        vLLM's engine unfreezes the process's objects and collects them at its own shutdown
+        (once: VllmWorker.stop defers its two collections to one), so stopped last, its
+        collection frees the other parts' memory too, and every collection before it walks
+        only the objects made since setup."""
         parts = [self.student, self.teacher, self.teacher_sampler, self.generation]
         stops = [part.shutdown for part in parts if part is not None]
         stops += [env.shutdown for env in self.environments.values()]

@@ -49,6 +49,7 @@ from typing import Any
 import torch
 
 from nemo_opd.generation.interface import FinishReason, GenerationOutput
+from nemo_opd.utils.gc_pause import collections_deferred
 from nemo_opd.utils.startup import StartupMarks
 
 # Set in the engine's process before vLLM reads them (VllmGeneration also passes them as a Ray
@@ -350,8 +351,9 @@ class VllmWorker:
         the process's other engines share (process_group.init_local_process_group); stopped
         by the run after them, it ends nothing still in use. Dropped without this, vLLM tears
         down at whatever collection first finds the engine: in the middle of another
-        engine's work."""
-        self.llm.llm_engine.engine_core.shutdown()
+        engine's work. Its two full collections are one (utils/gc_pause.py)."""
+        with collections_deferred():
+            self.llm.llm_engine.engine_core.shutdown()
 
     def ping(self) -> int:
         """The actor's process id (liveness checks, tests)."""

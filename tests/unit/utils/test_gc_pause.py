@@ -1,11 +1,14 @@
 """collection_paused: automatic garbage collection off while a run starts, what survives it
-frozen, automatic collection back as it was."""
+frozen, automatic collection back as it was. collections_deferred: gc.collect() a no-op in the
+block, one full collection at its end."""
 
+import contextlib
 import gc
+import weakref
 
 import pytest
 
-from nemo_opd.utils.gc_pause import collection_paused
+from nemo_opd.utils.gc_pause import collection_paused, collections_deferred
 
 
 @pytest.fixture(autouse=True)
@@ -45,3 +48,29 @@ def test_an_error_inside_still_restores_collection():
     with pytest.raises(RuntimeError, match="inside"), collection_paused():
         raise RuntimeError("inside")
     assert gc.isenabled()
+
+
+class _Node:
+    """An object a reference cycle can hold (and a weak reference can watch)."""
+
+
+def _garbage_cycle() -> weakref.ref:
+    """A reference cycle nothing else refers to: only a collection frees it."""
+    node = _Node()
+    node.self = node
+    return weakref.ref(node)
+
+
+@pytest.mark.parametrize("raises", [False, True])
+def test_collections_inside_are_deferred_to_one_at_the_end(raises):
+    collect = gc.collect
+    gc.unfreeze()
+    expected = pytest.raises(RuntimeError) if raises else contextlib.nullcontext()
+    with expected, collections_deferred():
+        cycle = _garbage_cycle()
+        assert gc.collect() == 0 and gc.collect(2) == 0
+        assert cycle() is not None  # not collected inside
+        if raises:
+            raise RuntimeError("inside")
+    assert cycle() is None  # collected at the end
+    assert gc.collect is collect
