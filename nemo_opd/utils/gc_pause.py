@@ -18,11 +18,11 @@ freed when nothing refers to them; only garbage in reference cycles among them s
 gc.unfreeze() (DistillationRun.shutdown calls it, and vLLM's engine, which freezes its own start
 the same way, does at its shutdown).
 
-A full collection walks every tracked object of the process (~0.7 s for the ~880,000 of a run's
-process on a 2-core CPU, 2026-11-30): vLLM's engine teardown unfreezes the process and collects
+A full collection walks every tracked object of the process (CHANGELOG.md, 2026-11-30, has
+what one costs in a run's process): vLLM's engine teardown unfreezes the process and collects
 twice, once in its model runner's teardown and once after destroying its process groups, the
-second finding almost nothing the first left (68 objects there). collections_deferred makes
-those calls no-ops for the block and collects once at its end.
+second finding almost nothing the first left. collections_deferred makes those calls no-ops
+for the block and collects once at its end.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 import psutil
+from run_metrics import read_metrics
 
 
 def run_to_end(command: list[str], run_dir: Path) -> subprocess.CompletedProcess:
@@ -36,9 +37,10 @@ class Run:
             time.sleep(0.1)
 
     def wait_for_step(self, step: int) -> None:
-        """Until the run has logged `step`'s metrics (logs/metrics.jsonl)."""
+        """Until the run has logged `step`'s metrics (logs/metrics.jsonl; a line still being
+        written reads as nothing logged yet)."""
         deadline = time.monotonic() + 900
-        while step not in logged_steps(self.run_dir):
+        while step not in _metrics_so_far(self.run_dir):
             assert self.process.poll() is None, f"the run ended first:\n{self.err.read_text()}"
             assert time.monotonic() < deadline, f"step {step} was never logged"
             time.sleep(0.1)
@@ -57,17 +59,12 @@ class Run:
         return code, self.out.read_text(), self.err.read_text()
 
 
-def logged_steps(run_dir: Path) -> set[int]:
-    """The steps run_dir/logs/metrics.jsonl has records of so far (a line being written is
-    not one yet)."""
-    path = run_dir / "logs" / "metrics.jsonl"
-    steps = set()
-    for line in path.read_text().splitlines() if path.exists() else []:
-        try:
-            steps.add(json.loads(line)["step"])
-        except json.JSONDecodeError:
-            break
-    return steps
+def _metrics_so_far(run_dir: Path) -> dict[int, dict]:
+    """read_metrics(run_dir), or {} while its last line is being written."""
+    try:
+        return read_metrics(run_dir)
+    except json.JSONDecodeError:
+        return {}
 
 
 def actor_pids(root: psutil.Process, actor_class: str) -> list[int]:

@@ -13,14 +13,13 @@ run's folders.
    resumes step 2, trains nothing ("nothing to train") and exports step 2 over it.
 
 Runs 2 and 3, which must end in seconds, are the command as its own process, timed from its
-start as a user sees it; 1 and 4 run its main() in the test's process, sharing its imports.
+start as a user sees it; 1 and 4 run its main() in the test's process (run_configs.run_here),
+sharing its imports.
 
 Before: step 2 printed `resumed from .../step_2 (step 2)`, trained nothing, exported the first
 run's weights again, wrote its own run_config.json beside the first run's metrics, exit 0.
 """
 
-import contextlib
-import io
 import json
 import subprocess
 import sys
@@ -28,10 +27,9 @@ import time
 from pathlib import Path
 
 import pytest
+import run_configs
 from refused_runs import assert_shows_path
 from short_runs import short_run_args
-
-from nemo_opd.cli import main
 
 pytest.importorskip("vllm")
 
@@ -46,18 +44,12 @@ CHECKPOINTS = (
 SMALL_VALIDATION = ("distillation.val_at_end=true", "distillation.max_val_samples=8")
 
 
+def args(config: Path, run_dir: Path, steps: int) -> list[str]:
+    return short_run_args(config, run_dir, steps, *CHECKPOINTS, *SMALL_VALIDATION)
+
+
 def command(config: Path, run_dir: Path, steps: int) -> list[str]:
-    args = short_run_args(config, run_dir, steps, *CHECKPOINTS, *SMALL_VALIDATION)
-    return [sys.executable, str(SCRIPT), *args]
-
-
-def run_here(config: Path, run_dir: Path, steps: int) -> tuple[int, str]:
-    """The command's main() in this process (the runs that train or export: they share the
-    test process's imports): its exit status and standard output."""
-    args = short_run_args(config, run_dir, steps, *CHECKPOINTS, *SMALL_VALIDATION)
-    with contextlib.redirect_stdout(io.StringIO()) as out:
-        status = main(args)
-    return status, out.getvalue()
+    return [sys.executable, str(SCRIPT), *args(config, run_dir, steps)]
 
 
 def run(config: Path, run_dir: Path, steps: int) -> tuple[subprocess.CompletedProcess, float]:
@@ -82,8 +74,8 @@ def snapshot(run_dir: Path) -> dict[str, bytes]:
 def test_a_second_config_never_takes_the_first_runs_folders(tmp_path):
     run_dir = tmp_path / "runs"
     run_dir.mkdir()
-    status, out = run_here(TINY, run_dir, 2)
-    assert status == 0, out[-3000:]
+    (out,) = run_configs.run_here([{"args": args(TINY, run_dir, 2)}])
+    assert out.rstrip().endswith(" 0"), out[-3000:]
     checkpoint = json.loads(
         (run_dir / "checkpoints" / "step_2" / "training_state.json").read_text()
     )
@@ -127,8 +119,8 @@ def test_a_second_config_never_takes_the_first_runs_folders(tmp_path):
     # 4. A final model exported before exports were marked, of another step than the newest
     # checkpoint (an interrupted export): the run resumes, trains nothing, exports that step.
     (run_dir / "checkpoints" / "final_model" / "nemo_opd_export.json").unlink()
-    status, out = run_here(TINY, run_dir, 1)
-    assert status == 0, out[-3000:]
+    (out,) = run_configs.run_here([{"args": args(TINY, run_dir, 1)}])
+    assert out.rstrip().endswith(" 0"), out[-3000:]
     assert f"resumed from {run_dir / 'checkpoints' / 'step_2'} (step 2)" in out
     assert "nothing to train: step 2 >= 1; exporting that step's model" in out
     marker = run_dir / "checkpoints" / "final_model" / "nemo_opd_export.json"
