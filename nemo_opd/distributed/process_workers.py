@@ -21,8 +21,10 @@ answering while the driver sends never blocks either side; each call has an id, 
 of a call the driver stopped waiting for (it raised on another rank first, or timed out) is
 dropped when it comes. A rank whose process ends (killed, out of memory) is reported by its
 reader: the call waiting on it, and every later one, raises WorkerError naming it, with the
-process's exit code or signal. Time-outs bound every wait, start included. A rank serves one
-call at a time, as a Ray actor does; calls from several driver threads take each rank's lock.
+process's exit code or signal; a rank that raises while a peer dies (a connection reset in a
+collective) yields to that death (worker_calls.PEER_DEATH_GRACE_S). Time-outs bound every
+wait, start included. A rank serves one call at a time, as a Ray actor does; calls from several
+driver threads take each rank's lock.
 
 Worker classes and the arguments of their calls must be importable by name in the child (the
 fork server re-creates the driver's sys.path), as under Ray without pickling by value.
@@ -46,6 +48,8 @@ from typing import Any
 from nemo_opd.distributed.worker_calls import (
     DEFAULT_TIMEOUT_S,
     GROUP_TIMEOUT,
+    PEER_DEATH_GRACE_S,
+    WorkerError,
     died,
     hung,
     method_name,
@@ -283,11 +287,36 @@ class ProcessWorkerGroup:
                     pending = [r for r in ranks if r not in results]
                     limit = timeout_s if reported_limit is None else reported_limit
                     raise hung(self.name, pending, what, limit) from None
-                results[rank] = self._result(rank, status, payload)
+                try:
+                    results[rank] = self._result(rank, status, payload)
+                except WorkerError as error:
+                    death = None if error.died else self._death_behind(results, ranks, answers)
+                    if death is None:
+                        raise
+                    raise death from error  # the peer's raise, kept for the traceback
             return [results[rank] for rank in ranks]
         finally:
             with self._waiting_lock:
                 self._waiting.pop(call_id, None)
+
+    def _death_behind(
+        self, results: dict[int, Any], ranks: Sequence[int], answers: queue.SimpleQueue
+    ) -> WorkerError | None:
+        """After a rank raised: the death of another rank of the call reported within
+        PEER_DEATH_GRACE_S, or None. A rank killed in a collective makes its peers raise (a
+        connection reset) before its reader reports it, and the death is what the user must
+        read."""
+        waiting = len(set(ranks)) - len(results) - 1
+        deadline = time.monotonic() + PEER_DEATH_GRACE_S
+        while waiting and (left := deadline - time.monotonic()) > 0:
+            try:
+                rank, status, payload = answers.get(timeout=left)
+            except queue.Empty:
+                return None
+            if status == "died":
+                return died(self.name, rank, payload)
+            waiting -= 1
+        return None
 
     def _send(self, rank: int, call_id: int, name: str, args: tuple, answers) -> None:
         """Send one call to rank; a rank already gone answers at once as died."""

@@ -20,6 +20,8 @@ from nemo_opd.distributed.nodes import actor_nodes
 from nemo_opd.distributed.worker_calls import (
     DEFAULT_TIMEOUT_S,
     GROUP_TIMEOUT,
+    PEER_DEATH_GRACE_S,
+    WorkerError,
     died,
     hung,
     method_name,
@@ -166,8 +168,29 @@ class RayWorkerGroup:
             done, pending = ray.wait(pending, num_returns=1, timeout=limit)
             if not done:
                 raise hung(self.name, [rank_of[ref] for ref in pending], what, limit)
-            results[done[0]] = self._result(done[0], rank_of[done[0]])
+            try:
+                results[done[0]] = self._result(done[0], rank_of[done[0]])
+            except WorkerError as error:
+                death = None if error.died else self._death_behind(pending, rank_of)
+                if death is None:
+                    raise
+                raise death from error  # the peer's raise, kept for the traceback
         return [results[ref] for ref in refs]
+
+    def _death_behind(
+        self, pending: list[ray.ObjectRef], rank_of: dict[ray.ObjectRef, int]
+    ) -> WorkerError | None:
+        """After a rank raised: the death of a rank still `pending`, reported within
+        PEER_DEATH_GRACE_S, or None (a rank killed in a collective makes its peers raise
+        first; its death is what the user must read)."""
+        done, _ = ray.wait(pending, num_returns=len(pending), timeout=PEER_DEATH_GRACE_S)
+        for ref in done:
+            try:
+                self._result(ref, rank_of[ref])
+            except WorkerError as error:
+                if error.died:
+                    return error
+        return None
 
     def _result(self, ref: ray.ObjectRef, rank: int) -> Any:
         """The value of a finished ref; a dead or failing worker raises WorkerError."""

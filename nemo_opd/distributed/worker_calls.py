@@ -8,6 +8,11 @@ from nemo_opd.errors import RunError
 
 DEFAULT_TIMEOUT_S = 1800.0
 """How long a call (or a group's start) may take before it is reported as hung."""
+PEER_DEATH_GRACE_S = 3.0
+"""How long a call whose rank raised, while other ranks had not answered, waits for one of them
+to be reported dead: a rank that dies in a collective makes its peers raise (a connection reset)
+at once, and its death, the cause, is what the error names. A raise with no death behind it is
+reported this much later."""
 GROUP_TIMEOUT: Any = object()
 """run()'s timeout_s default: the group's own time-out (None is no limit)."""
 

@@ -6,9 +6,12 @@ by a group of either executor without it (test_process_workers has the processes
 own)."""
 
 import contextlib
+import os
+import signal
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 import torch
@@ -40,6 +43,14 @@ class Tally:
 
     def fail(self, why: str) -> None:
         raise ValueError(why)
+
+    def die_after_peer_raises(self, delay_s: float) -> None:
+        """Rank 1 raises at once (as a peer of a killed rank in a collective does, with a
+        connection reset); rank 0 is killed `delay_s` later."""
+        if self.rank == 1:
+            raise ConnectionResetError("peer closed the connection")
+        time.sleep(delay_s)
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class Broken(Tally):
@@ -145,6 +156,22 @@ def test_a_constructor_that_raises_is_named_alike(executor, ray_started):
     assert str(caught.value).startswith(
         "tally: worker rank 0 died (its constructor raised ValueError: rank 0 has no model)"
     )
+
+
+@pytest.mark.parametrize("executor", ["ray", "processes"])
+def test_a_death_behind_a_peers_raise_is_what_is_named(executor, ray_started):
+    """A rank killed in a collective makes its peers raise first; the error names the death
+    (the cause), reported within PEER_DEATH_GRACE_S of the raise, with the raise as context."""
+    group = group_of(executor, Tally, 2, ray_started)
+    try:
+        group.wait_until_ready()
+        with pytest.raises(WorkerError) as caught:
+            group.run(Tally.die_after_peer_raises, 0.5)
+        assert str(caught.value).startswith("tally: worker rank 0 died (pid ")
+        assert (caught.value.rank, caught.value.died) == (0, True)
+        assert "ConnectionResetError" in str(caught.value.__cause__)
+    finally:
+        group.shutdown()
 
 
 @pytest.mark.parametrize("executor", EXECUTORS)
