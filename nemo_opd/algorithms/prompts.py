@@ -12,6 +12,7 @@ from nemo_opd.data.chat import ChatFormatter, read_text_file
 from nemo_opd.data.datasets import load_prompt_records
 from nemo_opd.data.message_log import log_length
 from nemo_opd.data.progress import CountProgress
+from nemo_opd.data.prompt_cache import PromptCache
 from nemo_opd.errors import SetupError
 from nemo_opd.tools.base import tool_schemas
 from nemo_opd.utils.text_width import wrapped
@@ -36,16 +37,23 @@ def encode_prompts(
 
 
 def start_encoding_prompts(
-    records: list[dict], formatter: ChatFormatter, max_tokens: int, where: str
+    records: list[dict],
+    formatter: ChatFormatter,
+    max_tokens: int,
+    where: str,
+    cache: PromptCache | None = None,
 ) -> Callable[[], PromptSet]:
     """encode_prompts in two halves: the records are rendered now and tokenized in a thread of
     their own (ChatFormatter.start_prompt_logs); the returned function waits for that and
-    returns what encode_prompts returns. Either half that takes long prints its progress."""
+    returns what encode_prompts returns. Either half that takes long prints its progress. With
+    a `cache`, token ids stored by an earlier run for the same records and formatter are read
+    instead (data.prompt_cache)."""
     logs = formatter.start_prompt_logs(
         [record["prompt"] for record in records],
         [record.get("messages") for record in records],
         rendering=CountProgress(f"data: rendering the {where} prompts"),
         tokenizing=CountProgress(f"data: tokenizing the {where} prompts"),
+        cache=cache,
     )
     return lambda: _usable_prompts(records, logs(), max_tokens, where)
 
@@ -121,13 +129,14 @@ def start_loading_prompts(
         tools=offered_tools(cfg),
     )
     max_prompt = cfg.data.max_input_seq_length or cfg.policy.max_total_sequence_length - 1
+    cache = PromptCache() if cfg.data.cache_encoded_prompts else None
     records = load_prompt_records(cfg.data, "train", **record_options(cfg, "train"))
-    train = start_encoding_prompts(records, formatter, max_prompt, "train")
+    train = start_encoding_prompts(records, formatter, max_prompt, "train", cache)
     val = lambda: PromptSet([], 0)  # noqa: E731 - a run that never validates needs no data
     if cfg.distillation.validates:
         options = record_options(cfg, "validation")
         val_records = load_prompt_records(cfg.data, "validation", **options)
-        val = start_encoding_prompts(val_records, formatter, max_prompt, "validation")
+        val = start_encoding_prompts(val_records, formatter, max_prompt, "validation", cache)
     return lambda: _loaded_prompts(cfg, formatter, train(), val(), max_prompt)
 
 

@@ -251,6 +251,11 @@ class DataConfig(Section):
     policy.max_total_sequence_length. Null means policy.max_total_sequence_length - 1."""
     shuffle: bool = True
     """Shuffle the training prompts every epoch."""
+    cache_encoded_prompts: bool = True
+    """Keep the prompts' token ids (rendered by the chat template, then tokenized) in
+    $NEMO_OPD_CACHE/prompts (default ~/.cache/nemo_opd/prompts), keyed by the prompts, the
+    template and the tokenizer, so that a later run with the same ones reads them instead of
+    rendering and tokenizing again; false: every run renders and tokenizes its prompts."""
 
 
 class MathEnvConfig(Section):

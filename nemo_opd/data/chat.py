@@ -22,6 +22,9 @@ are read as text, broken by a zero-width space after their first character
 (nemo_opd.data.text_only), so that a model cannot forge turns by writing them.
 """
 
+import importlib.metadata
+import json
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -30,9 +33,11 @@ from transformers import PreTrainedTokenizerBase
 from nemo_opd.config.templates import template_problem
 from nemo_opd.data.message_log import Message
 from nemo_opd.data.progress import CountProgress
+from nemo_opd.data.prompt_cache import PromptCache, entry_key
 from nemo_opd.data.text_only import TextOnly
 from nemo_opd.data.user_files import read_user_file, read_utf8
 from nemo_opd.errors import SetupError
+from nemo_opd.utils.text_width import wrapped
 
 PROGRESS_EVERY = 256
 """Prompts rendered between two looks at the clock (data.progress.CountProgress)."""
@@ -88,7 +93,8 @@ class ChatFormatter:
         prompts at setup). conversations: per prompt, its chat-format messages when the
         dataset gives them (a `messages` column: the opening as written, after the system
         prompt unless it has its own), else None."""
-        openings, texts = self._render_openings(prompts, conversations)
+        openings = self._openings(prompts, conversations)
+        texts = self._opening_texts(openings, prompts, conversations)
         return _with_token_ids(openings, encode_unique(self.tokenizer, texts))
 
     def start_prompt_logs(
@@ -97,43 +103,93 @@ class ChatFormatter:
         conversations: list[list[Message] | None] | None = None,
         rendering: CountProgress | None = None,
         tokenizing: CountProgress | None = None,
+        cache: PromptCache | None = None,
     ) -> Callable[[], list[list[Message]]]:
         """prompt_logs in two halves: the template renders every prompt now, in this thread,
         and the tokenizer encodes the texts in a thread of its own (encode_in_background),
         beside whatever this thread does next (setup builds vLLM meanwhile). The returned
         function waits for the encoding and returns what prompt_logs returns. `rendering` and
         `tokenizing` are told the two halves' progress (prompts rendered, distinct texts
-        encoded)."""
-        openings, texts = self._render_openings(prompts, conversations, rendering)
+        encoded). With a `cache` (data.prompt_cache), ids it holds for the same prompts and
+        formatter are read instead of rendering and encoding, and new ones are stored."""
+        openings = self._openings(prompts, conversations)
+        fingerprint = self.fingerprint() if cache is not None else None
+        key = None if fingerprint is None else entry_key(fingerprint, prompts, conversations)
+        if key is not None:
+            ids = cache.load(key)
+            if ids is not None and len(ids) == sum(len(opening) for opening in openings):
+                return lambda: _with_token_ids(openings, ids)
+        texts = self._opening_texts(openings, prompts, conversations, rendering)
         encoded = encode_in_background(self.tokenizer, texts, tokenizing)
-        return lambda: _with_token_ids(openings, encoded())
 
-    def _render_openings(
+        def finish() -> list[list[Message]]:
+            ids = encoded()
+            if key is not None:
+                _store_quietly(cache, key, ids)
+            return _with_token_ids(openings, ids)
+
+        return finish
+
+    def fingerprint(self) -> bytes | None:
+        """Everything the ids of an opening depend on besides its prompt or messages: the chat
+        template and what it reads (its variables, the tools, the tokenizer's special tokens,
+        the date where it asks for it), the system prompt and prompt template, the tokenizer's
+        whole definition, and the versions of the libraries that render and encode. None for
+        a tokenizer without a serialized definition (a slow one): its prompts are not cached."""
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if not getattr(self.tokenizer, "is_fast", False) or backend is None:
+            return None
+        template = self.tokenizer.chat_template
+        inputs = {
+            "chat_template": template,
+            "template_kwargs": self.template_kwargs,
+            "tools": self.tools,
+            "special_tokens": self.tokenizer.special_tokens_map,
+            "split_special_tokens": bool(getattr(self.tokenizer, "split_special_tokens", False)),
+            "today": time.strftime("%Y-%m-%d") if "strftime_now" in str(template) else None,
+            "prompt_template": self.prompt_template,
+            "system_prompt": self.system_prompt,
+            "tokenizer_class": type(self.tokenizer).__name__,
+            "versions": {name: _version(name) for name in ("transformers", "tokenizers", "jinja2")},
+        }
+        described = json.dumps(inputs, sort_keys=True, default=repr)
+        return described.encode() + b"\0" + backend.to_str().encode()
+
+    def _openings(
+        self, prompts: list[str], conversations: list[list[Message] | None] | None
+    ) -> list[list[Message]]:
+        """The opening messages of each prompt (its conversation's, where it has one), without
+        token ids."""
+        conversations = conversations or [None] * len(prompts)
+        return [
+            self._opening(prompt) if messages is None else self._conversation(messages)
+            for prompt, messages in zip(prompts, conversations, strict=True)
+        ]
+
+    def _opening_texts(
         self,
+        openings: list[list[Message]],
         prompts: list[str],
         conversations: list[list[Message] | None] | None,
         progress: CountProgress | None = None,
-    ) -> tuple[list[list[Message]], list[str]]:
-        """The opening messages of each prompt and the text the template adds for each of
-        them, in order (a dataset's prompts repeat: equal prompts are rendered once); each
-        PROGRESS_EVERY-th prompt tells `progress`."""
+    ) -> list[str]:
+        """The text the template adds for each message of the openings (_openings of the
+        prompts and conversations), in order (a dataset's prompts repeat: equal prompts are
+        rendered once); each PROGRESS_EVERY-th prompt tells `progress`."""
         conversations = conversations or [None] * len(prompts)
-        openings, texts, rendered = [], [], {}
+        texts, rendered = [], {}
         for index, (prompt, messages) in enumerate(zip(prompts, conversations, strict=True)):
             if progress is not None and not index % PROGRESS_EVERY:
                 progress.update(index, len(prompts))
             if messages is None:
-                opening = self._opening(prompt)
                 if prompt not in rendered:
-                    rendered[prompt] = self._new_texts([], opening)
+                    rendered[prompt] = self._new_texts([], openings[index])
                 texts += rendered[prompt]
             else:
-                opening = self._conversation(messages)
-                texts += self._new_texts([], opening)
-            openings.append(opening)
+                texts += self._new_texts([], openings[index])
         if progress is not None:
             progress.finish(len(prompts))
-        return openings, texts
+        return texts
 
     def _opening(self, prompt: str) -> list[Message]:
         text = self.prompt_template.format(prompt) if self.prompt_template else prompt
@@ -293,6 +349,22 @@ def encode_in_background(
     finally:
         pool.shutdown(wait=False)
     return future.result
+
+
+def _store_quietly(cache: PromptCache, key: str, ids: list[list[int]]) -> None:
+    """cache.store, a folder that cannot be written told in one line (the run goes on)."""
+    try:
+        cache.store(key, ids)
+    except OSError as error:
+        print(wrapped(f"data: the prompts' token ids not cached ({error}); each run encodes them"))
+
+
+def _version(package: str) -> str | None:
+    """The installed version of `package`, None when it is not installed."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def _with_token_ids(openings: list[list[Message]], ids: list[list[int]]) -> list[list[Message]]:

@@ -43,10 +43,10 @@ from nemo_opd.tiny.recipe import (
     tools_recipe,
     xtok_recipe,
 )
+from nemo_opd.utils.cache_dir import cache_root
 
 __all__ = ["TINY_NAMES", "TINY_PREFIX", "TinyAssets", "cache_root", "ensure_tiny_assets"]
 
-CACHE_ENV = "NEMO_OPD_CACHE"
 TINY_PREFIX = "tiny:"
 TINY_NAMES = (
     "teacher",
@@ -104,12 +104,6 @@ class TinyAssets:
 
     def manifest(self) -> dict:
         return json.loads(self.manifest_file.read_text())
-
-
-def cache_root() -> Path:
-    """``$NEMO_OPD_CACHE`` if set, else ``~/.cache/nemo_opd``, as an absolute path (workers on
-    other nodes, or in another working directory, load the models from it)."""
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "nemo_opd").absolute()
 
 
 def assets_dir(recipe: TinyRecipe) -> Path:

@@ -8,6 +8,7 @@ import pytest
 
 from nemo_opd.algorithms.prompts import load_prompts, start_loading_prompts
 from nemo_opd.config import load_config
+from nemo_opd.data.chat import ChatFormatter
 from nemo_opd.errors import SetupError
 
 TINY = Path(__file__).parents[3] / "examples/configs/distillation_tiny.yaml"
@@ -66,3 +67,29 @@ def test_prompts_all_too_long_are_refused_when_the_tokenized_prompts_are_asked_f
     finish = start_loading_prompts(load_config(TINY, [*local, *VALIDATION_OFF]), chat_tokenizer)
     with pytest.raises(SetupError, match="train: all 40 prompts are longer than 2 tokens"):
         finish()
+
+
+def test_a_second_load_reads_the_cached_ids_unless_turned_off(
+    chat_tokenizer, tmp_path, monkeypatch
+):
+    """The loop's prompts go through the cache in $NEMO_OPD_CACHE/prompts: the second load
+    renders nothing and gives the same samples; data.cache_encoded_prompts=false renders every
+    time and stores nothing."""
+    monkeypatch.setenv("NEMO_OPD_CACHE", str(tmp_path / "cache"))
+    train = _train_file(tmp_path, 40)
+    local = ("data.dataset_name=null", f"data.train_path={train}")
+    cfg = load_config(TINY, [*local, *VALIDATION_OFF])
+    _, first, _ = load_prompts(cfg, chat_tokenizer)
+    assert len(list((tmp_path / "cache" / "prompts").glob("*.npz"))) == 1
+    rendered = []
+    original = ChatFormatter._render
+    monkeypatch.setattr(
+        ChatFormatter, "_render", lambda self, *a: rendered.append(1) or original(self, *a)
+    )
+    _, second, _ = load_prompts(cfg, chat_tokenizer)
+    assert second.samples == first.samples and not rendered
+    off = load_config(TINY, [*local, *VALIDATION_OFF, "data.cache_encoded_prompts=false"])
+    monkeypatch.setenv("NEMO_OPD_CACHE", str(tmp_path / "other"))
+    _, third, _ = load_prompts(off, chat_tokenizer)
+    assert third.samples == first.samples and rendered
+    assert not (tmp_path / "other").exists()
