@@ -23,8 +23,9 @@ One after the other on this machine, each as a fresh Python process timed from l
 Then, untimed, every saved student of all of them (and the initial one) is scored by one
 evaluator: greedy HF generate over all held-out problems, exact match of the last boxed answer
 (nemo_opd.tiny.evaluation). nemo_opd's own validation accuracies (the math environment's
-verifier, vLLM greedy decoding) are reported beside them. The accuracy of a saved student is
-placed at the wall time (since its process started) at which it was saved.
+verifier, the run's generation engine decoding greedily) are reported beside them. The
+accuracy of a saved student is placed at the wall time (since its process started) at which
+it was saved.
 
 Writes OUT/results.json, OUT/results.md (the table) and OUT/accuracy_vs_time.png, and prints
 the table and the verdict of the check: nemo_opd's whole command no slower than TRL's fastest
@@ -451,7 +452,7 @@ def report(results: dict, out: Path) -> str:
         own = ", ".join(
             f"step {p['step']}: {p['own_accuracy']:.1%}" for p in results["nemo_opd"]["points"]
         )
-        lines += ["", f"nemo_opd's own validation (math verifier, vLLM greedy): {own}"]
+        lines += ["", f"nemo_opd's own validation (math verifier, greedy): {own}"]
     peers = [system for system in finals if system.startswith("trl_")]
     if "nemo_opd" in finals and peers:
         ours_acc, ours_wall = finals["nemo_opd"]

@@ -63,6 +63,7 @@ WIDTH = SHAPES["qwen3-0.6b"]
 """Qwen3-0.6B's width and vocabulary (its config.json), at fewer layers."""
 
 NEMO_OPD_SETTINGS = [
+    "policy.generation.backend=auto",  # vLLM where installed (the tiny default's is transformers)
     "policy.generation.logprob_check=false",
     "policy.generation.vllm_cfg.precision=bfloat16",
     "policy.precision=bfloat16",
@@ -71,7 +72,8 @@ NEMO_OPD_SETTINGS = [
     "teacher.dynamic_batching.enabled=false",
 ]
 """nemo_opd's settings at this width, beyond the embedded default's: the math recipe's
-(distillation_math.yaml): no refit check (at this width a second forward of the student per
+(distillation_math.yaml): vLLM generation (the tiny default's transformers engine is for its
+tiny model), no refit check (at this width a second forward of the student per
 step: +7 s of ~50), vLLM sampling in bfloat16 (6.6 s against 10.5 s in float32 on the 2-core
 CPU), and both models computing in bfloat16, the student's weights and Adam moments kept in
 float32 (FSDP's mixed precision: the math recipe's `precision: bfloat16`)."""

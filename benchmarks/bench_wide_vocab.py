@@ -55,6 +55,7 @@ def run_pair(name: str, student: str, teacher: str, args: argparse.Namespace) ->
         f"checkpointing.save_period={args.steps}",
         "checkpointing.metric_name=null",  # no validation to rank checkpoints by
         f"logger.log_dir={run_dir / 'logs'}",
+        "policy.generation.backend=auto",  # vLLM where installed, as measured
         *args.overrides,
     ]
     command = [

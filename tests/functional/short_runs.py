@@ -9,6 +9,12 @@ LOCKSTEP = ("distillation.max_staleness=0", "policy.generation.logprob_check_per
 step) in lockstep, each step checked."""
 
 
+GENERATION_AUTO = "policy.generation.backend=auto"
+"""The generation engine these runs test: vLLM where it is installed (the tiny default itself
+generates with the transformers backend; test_transformers_generation_tiny runs it as shipped,
+and a test's own overrides, after this, choose another)."""
+
+
 def short_run_args(
     config: Path, run_dir: Path, steps: int, *extra: str, checkpoint_dir: Path | None = None
 ) -> list[str]:
@@ -30,5 +36,6 @@ def short_run_args(
         f"checkpointing.checkpoint_dir={checkpoint_dir or run_dir / 'checkpoints'}",
         f"logger.log_dir={run_dir / 'logs'}",
         "logger.console_progress=false",
+        GENERATION_AUTO,
         *extra,
     ]

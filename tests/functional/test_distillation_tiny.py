@@ -34,6 +34,7 @@ import run_process
 import torch
 from run_metrics import assert_resumed_like, read_metrics
 from run_process import Run
+from short_runs import GENERATION_AUTO
 
 from nemo_opd.tiny.assets import ensure_tiny_assets
 from nemo_opd.tiny.recipe import micro_recipe
@@ -85,6 +86,7 @@ def overrides(assets, run_dir: Path) -> list[str]:
         f"logger.log_dir={run_dir / 'logs'}",
         "logger.console_progress=false",
         "logger.rollout_dump_period=2",
+        GENERATION_AUTO,  # vLLM, whose engine the fault chain kills
     ]
 
 

@@ -24,6 +24,7 @@ import pytest
 import run_process
 from run_metrics import read_metrics
 from run_process import Run
+from short_runs import GENERATION_AUTO
 
 from nemo_opd.distributed.address import probe_head
 from nemo_opd.errors import SetupError
@@ -52,6 +53,7 @@ def command(run_dir: Path, *extra: str) -> list[str]:
         f"checkpointing.checkpoint_dir={run_dir / 'checkpoints'}",
         f"logger.log_dir={run_dir / 'logs'}",
         "logger.console_progress=false",
+        GENERATION_AUTO,
         *extra,
     ]
 

@@ -61,5 +61,7 @@ def test_the_engine_shares_the_students_module_only_where_it_may(monkeypatch):
     assert not shares("distillation.max_staleness=1")
     assert not shares("policy.generation.transformers_cfg.precision=bfloat16")  # fp32 student
     assert not shares("policy.dtensor_cfg.enabled=false", "policy.megatron_cfg.enabled=true")
+    assert shares("policy.generation.backend=auto")  # auto: transformers here
     monkeypatch.setattr(backends, "vllm_installed", lambda: True)  # auto: vllm
-    assert not shares()
+    assert not shares("policy.generation.backend=auto")
+    assert shares()  # the tiny default's own engine: transformers wherever vLLM is
