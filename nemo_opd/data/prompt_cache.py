@@ -26,6 +26,7 @@ import itertools
 import os
 import pickle
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +39,10 @@ KEEP = 16
 """Entries kept (the most recently written or read); older ones are deleted on a write."""
 MAX_BYTES = 4 * 2**30
 """Bytes the kept entries may take together (the newest first); older ones are deleted."""
+PARTIAL = ".partial-"
+"""The name's start of an entry being written (renamed into place when whole)."""
+STALE_PARTIAL_S = 3600.0
+"""A partial entry this old was left by a writer that died; a prune deletes it."""
 
 
 class PromptCache:
@@ -67,7 +72,7 @@ class PromptCache:
         lengths = np.fromiter((len(row) for row in ids), dtype=np.int64, count=len(ids))
         flat = np.fromiter(itertools.chain.from_iterable(ids), np.int64, int(lengths.sum()))
         self.root.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=self.root, prefix=".partial-", suffix=".npz")
+        handle, temporary = tempfile.mkstemp(dir=self.root, prefix=PARTIAL, suffix=".npz")
         try:
             os.chmod(temporary, 0o644)  # mkstemp makes it owner-only; an entry is readable
             with os.fdopen(handle, "wb") as file:
@@ -92,7 +97,10 @@ class PromptCache:
                 stat = path.stat()
             except OSError:
                 continue
-            entries.append((stat.st_mtime, stat.st_size, path))
+            if not path.name.startswith(PARTIAL):
+                entries.append((stat.st_mtime, stat.st_size, path))
+            elif time.time() - stat.st_mtime > STALE_PARTIAL_S:  # its writer is long gone
+                path.unlink(missing_ok=True)
         total = 0
         for kept, (_, size, path) in enumerate(sorted(entries, reverse=True)):
             total += size
@@ -102,12 +110,17 @@ class PromptCache:
 
 def entry_key(
     fingerprint: bytes, prompts: list[str], conversations: list[list[dict] | None] | None
-) -> str:
+) -> str | None:
     """The key of the ids of `prompts` (with their chat `conversations`, where given) as a
-    formatter of `fingerprint` renders and encodes them."""
+    formatter of `fingerprint` renders and encodes them; None when the records cannot be
+    serialized to be hashed (they are then rendered and encoded every run)."""
+    try:
+        records = pickle.dumps((prompts, conversations), protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, TypeError, AttributeError, RecursionError):
+        return None
     digest = hashlib.blake2b(FORMAT, digest_size=20)
     digest.update(hashlib.blake2b(fingerprint).digest())
-    digest.update(pickle.dumps((prompts, conversations), protocol=pickle.HIGHEST_PROTOCOL))
+    digest.update(records)
     return digest.hexdigest()
 
 

@@ -145,6 +145,35 @@ def test_the_folder_keeps_its_newest_entries(tmp_path, monkeypatch):
     assert not list(tmp_path.glob(".partial-*"))
 
 
+def test_a_prune_leaves_an_entry_being_written_and_clears_a_dead_writers(tmp_path):
+    """Another run's entry still being written (a partial file) is not an entry to prune; one
+    left by a writer that died long ago is deleted."""
+    cache = PromptCache(tmp_path)
+    writing = tmp_path / f"{prompt_cache.PARTIAL}live.npz"
+    abandoned = tmp_path / f"{prompt_cache.PARTIAL}dead.npz"
+    writing.write_bytes(b"half")
+    abandoned.write_bytes(b"half")
+    old = time.time() - prompt_cache.STALE_PARTIAL_S - 60
+    os.utime(abandoned, (old, old))
+    cache.store("key", [[1]])
+    assert writing.exists() and not abandoned.exists()
+    assert cache.load("key") == [[1]]
+
+
+def test_records_that_cannot_be_hashed_are_encoded_every_time(chat_tokenizer, tmp_path):
+    class Opaque(dict):  # a message pickle cannot serialize (a lambda inside)
+        pass
+
+    message = Opaque(role="user", content="Add 4 and 5.")
+    message["hook"] = lambda: None
+    conversations = [None, [message], None, None]
+    formatter = ChatFormatter(chat_tokenizer, system_prompt="Be brief.")
+    assert entry_key(formatter.fingerprint(), PROMPTS, conversations) is None
+    logs = _start(formatter, PromptCache(tmp_path), PROMPTS, conversations)
+    assert logs == formatter.prompt_logs(PROMPTS, conversations)
+    assert not list(tmp_path.glob("*.npz"))
+
+
 def test_a_folder_that_cannot_be_written_costs_one_line(chat_tokenizer, tmp_path, capsys):
     blocked = tmp_path / "file"
     blocked.write_text("not a folder")
