@@ -63,7 +63,7 @@ def start_up_output_to(path: Path) -> Iterator[Path]:
         if failed:
             _show_tail(path, size)
     if path.stat().st_size > size:
-        print(wrapped(f"workers' start-up messages (vLLM, torch, the models): {path}"))
+        print(wrapped(f"workers' start-up messages (engines, torch, the models): {path}"))
 
 
 def _show_tail(path: Path, start: int) -> None:

@@ -32,7 +32,7 @@ def test_standard_error_of_the_process_and_its_children_goes_to_the_log(tmp_path
     run = [sys.executable, "-c", CHILD, str(log)]
     done = subprocess.run(run, capture_output=True, text=True, timeout=120, check=True)
     assert " ".join(done.stdout.split()) == (
-        f"the run's own line workers' start-up messages (vLLM, torch, the models): {log}"
+        f"the run's own line workers' start-up messages (engines, torch, the models): {log}"
     )
     assert max(len(line) for line in done.stdout.splitlines()) <= max(80, len(str(log)) + 2)
     assert done.stderr == "after\n"  # standard error is the console's again
