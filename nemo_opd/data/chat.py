@@ -41,6 +41,8 @@ from nemo_opd.utils.text_width import wrapped
 
 PROGRESS_EVERY = 256
 """Prompts rendered between two looks at the clock (data.progress.CountProgress)."""
+_NOT_YET = object()
+"""ChatFormatter's fingerprint before it is first asked for."""
 ENCODE_CHUNK = 20_000
 """Distinct texts per call of the tokenizer (a batch its Rust code spreads over the cores)."""
 
@@ -80,6 +82,7 @@ class ChatFormatter:
         self.template_kwargs = dict(template_kwargs or {})
         self.tools = tools or None
         self._text_only = TextOnly(tokenizer)
+        self._fingerprint: bytes | None | object = _NOT_YET
 
     def prompt_log(self, prompt: str) -> list[Message]:
         """The opening messages (system?, user) with the assistant header appended to the last
@@ -135,7 +138,15 @@ class ChatFormatter:
         template and what it reads (its variables, the tools, the tokenizer's special tokens,
         the date where it asks for it), the system prompt and prompt template, the tokenizer's
         whole definition, and the versions of the libraries that render and encode. None for
-        a tokenizer without a serialized definition (a slow one): its prompts are not cached."""
+        a tokenizer without a serialized definition (a slow one): its prompts are not cached.
+        Made once per formatter (a real tokenizer's definition takes a few tenths of a second
+        to serialize, and a run asks for its train and its validation prompts)."""
+        if self._fingerprint is _NOT_YET:
+            self._fingerprint = self._make_fingerprint()
+        return self._fingerprint
+
+    def _make_fingerprint(self) -> bytes | None:
+        """fingerprint(), computed."""
         backend = getattr(self.tokenizer, "backend_tokenizer", None)
         if not getattr(self.tokenizer, "is_fast", False) or backend is None:
             return None

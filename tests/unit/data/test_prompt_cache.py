@@ -115,6 +115,14 @@ def test_a_template_that_writes_the_date_is_keyed_by_the_day(chat_tokenizer, mon
     assert plain_1 == plain_2
 
 
+def test_a_formatter_serializes_its_tokenizer_once(chat_tokenizer):
+    """The train and the validation prompts of a run share one fingerprint: a real tokenizer's
+    definition takes tenths of a second to serialize."""
+    formatter = ChatFormatter(chat_tokenizer, system_prompt="Be brief.")
+    first = formatter.fingerprint()
+    assert first is not None and formatter.fingerprint() is first
+
+
 def test_a_damaged_entry_is_ignored_and_replaced(chat_tokenizer, tmp_path):
     cache = PromptCache(tmp_path)
     formatter = ChatFormatter(chat_tokenizer, system_prompt="Be brief.")
