@@ -9,11 +9,14 @@ cumulative probability stays within 1 - top_p, never the most likely one. Greedy
 no temperature: it takes the argmax and reports log_softmax(logits) (temperature 1).
 
 Seeds: each row draws from a torch.Generator of its own, seeded with its request's seed, and
-draws the same count of numbers (one per vocabulary entry) at every step it is sampled. So a
-row's tokens depend on its prompt and seed only, not on the rows beside it, their number or
-their order (up to the floating-point rounding of a batched forward). The draw is the
-exponential race: the token argmax(p / E), E ~ Exp(1) i.i.d. per token, is distributed as p,
-and a token of probability 0 is never drawn.
+draws one number at every step it is sampled. So a row's tokens depend on its prompt and seed
+only, not on the rows beside it, their number or their order (up to the floating-point rounding
+of a batched forward). The draw inverts the row's cumulative distribution (float64) at a uniform
+number: the token i with cdf[i - 1] <= u * cdf[-1] < cdf[i] is drawn with probability p[i], and
+a token of probability 0 (filtered out) has an empty interval, so it is never drawn (nor is one
+below float64's resolution of the running sum, 2**-53 of it). One number per row per step: the
+exponential race, one exponential per vocabulary entry, cost most of a decode step's time at a
+real vocabulary on a CPU (docs/generation.md).
 """
 
 from typing import Any
@@ -61,12 +64,14 @@ def row_generators(seeds: list[int], device: torch.device) -> list[torch.Generat
 
 def sample(logprobs: torch.Tensor, generators: list[torch.Generator] | None) -> torch.Tensor:
     """[B] token ids from [B, V] processed log-probs: the argmax when `generators` is None
-    (greedy), else a draw of row b from generators[b] alone (exponential race)."""
+    (greedy), else row b drawn with one uniform number of generators[b] (inverse CDF)."""
     if generators is None:
         return logprobs.argmax(dim=-1)
-    noise = torch.empty_like(logprobs)
-    for row, generator in zip(noise, generators, strict=True):
-        row.exponential_(generator=generator)
-    noise.clamp_(min=torch.finfo(noise.dtype).tiny)  # a draw of exactly 0 would always win
-    # argmax(p / E) = argmax(log p - log E); -inf (filtered) never wins
-    return (logprobs - noise.log()).argmax(dim=-1)
+    cdf = logprobs.double().exp().cumsum(dim=-1)  # [B, V]; flat where a token is filtered out
+    total = cdf[:, -1:]
+    uniforms = torch.stack(
+        [torch.rand((), generator=g, dtype=torch.float64, device=g.device) for g in generators]
+    ).to(cdf.device)
+    # Below the total even where u * total rounds up to it: the drawn interval is never empty.
+    targets = torch.minimum(uniforms.unsqueeze(-1) * total, total.nextafter(total.new_zeros(())))
+    return torch.searchsorted(cdf, targets, right=True).squeeze(-1)
