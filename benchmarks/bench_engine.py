@@ -396,7 +396,7 @@ def world1(args) -> dict:
 
     torch.set_num_threads(1)
     device = torch.device(args.device)
-    cfg = load_config(str(ROOT / "examples/configs/distillation_tiny_100.yaml"), [])
+    cfg = load_config(str(ROOT / "examples/configs/distillation_tiny_100_lockstep.yaml"), [])
     batching = dict(
         train_global_batch_size=32, train_micro_batch_size=16, logprob_batch_size=64,
         max_total_sequence_length=128,

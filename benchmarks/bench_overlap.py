@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from harness import fresh_run_dir, loop_records, run_meta, write_results  # noqa: E402
 
 CONFIGS = {
-    "tiny": "examples/configs/distillation_tiny_100.yaml",
+    "tiny": "examples/configs/distillation_tiny_100_lockstep.yaml",
     "served": "examples/configs/distillation_tiny_served_teacher.yaml",
 }
 TEACHER_PHASES = (

@@ -20,11 +20,12 @@ per second, and peak memory per process and in all.
    DistillationTrainer (bench_vs_trl.py trl: the speed settings of the tiny comparison,
    gradient checkpointing off, no saves), each in float32 and with bf16=True (autocast:
    bfloat16 compute over float32 weights); then nemo_opd in lockstep and with
-   distillation.max_staleness=1 (the README's command with NEMO_OPD_SETTINGS, the math
-   recipe's: no refit check, vLLM sampling in bfloat16, bfloat16 compute over float32 weights;
-   the config's defaults otherwise: the LM head in chunks of policy.logits_chunk_tokens, the
-   teacher's top-16), and both again with every model in float32 (FLOAT32: the faster
-   precision on a CPU without AMX, as TRL's float32 runs). TRL's best is its fastest of the
+   distillation.max_staleness=1 (the README's command with NEMO_OPD_SETTINGS: generation by the
+   transformers backend from the student's own module, no refit check, bfloat16 compute over
+   float32 weights, as the math recipe; the config's defaults otherwise: the LM head in chunks
+   of policy.logits_chunk_tokens, the teacher's top-16), both again generating with vLLM in
+   bfloat16 (VLLM), and both with every model in float32 (FLOAT32: the faster precision on a
+   CPU without AMX, as TRL's float32 runs). TRL's best is its fastest of the
    four; the check asks one nemo_opd run to meet both targets. Every process of a
    run is polled for its peak resident set, and for the largest sum over all of them at once,
    resident (RSS) and proportional (PSS: shared pages such as Ray's object store counted once);
@@ -63,7 +64,7 @@ WIDTH = SHAPES["qwen3-0.6b"]
 """Qwen3-0.6B's width and vocabulary (its config.json), at fewer layers."""
 
 NEMO_OPD_SETTINGS = [
-    "policy.generation.backend=auto",  # vLLM where installed (the tiny default's is transformers)
+    "policy.generation.backend=transformers",  # the tiny default's: the student's own module
     "policy.generation.logprob_check=false",
     "policy.generation.vllm_cfg.precision=bfloat16",
     "policy.precision=bfloat16",
@@ -71,12 +72,14 @@ NEMO_OPD_SETTINGS = [
     "policy.dynamic_batching.enabled=false",  # the fixed microbatches it was measured with
     "teacher.dynamic_batching.enabled=false",
 ]
-"""nemo_opd's settings at this width, beyond the embedded default's: the math recipe's
-(distillation_math.yaml): vLLM generation (the tiny default's transformers engine is for its
-tiny model), no refit check (at this width a second forward of the student per
-step: +7 s of ~50), vLLM sampling in bfloat16 (6.6 s against 10.5 s in float32 on the 2-core
-CPU), and both models computing in bfloat16, the student's weights and Adam moments kept in
-float32 (FSDP's mixed precision: the math recipe's `precision: bfloat16`)."""
+"""nemo_opd's settings at this width, beyond the embedded default's: generation by the
+transformers backend from the student's own module (lockstep: no engine copy of the weights,
+no KV cache reserved ahead, no refit; under max_staleness 1 the engine keeps a copy of its own,
+refit every step), no refit check (at this width a second forward of the student per step: +7 s
+of ~50), and both models computing in bfloat16, the student's weights and Adam moments kept in
+float32 (FSDP's mixed precision: the math recipe's `precision: bfloat16`). The `_vllm` runs
+generate with vLLM instead, sampling in bfloat16 (6.6 s against 10.5 s in float32 on the 2-core
+CPU of 2026-11-26)."""
 
 FLOAT32 = [
     "policy.generation.vllm_cfg.precision=float32",
@@ -86,9 +89,14 @@ FLOAT32 = [
 """Every model computing in float32, as TRL's float32 runs: on a CPU without AMX (bfloat16 matrix
 products through AVX-512 only) float32 is the faster precision, as it is for TRL there."""
 
+VLLM = "policy.generation.backend=auto"
+"""vLLM where it is installed, the engine of the real recipes."""
+
 NEMO_OPD = {
     "nemo_opd": ["distillation.max_staleness=0"],
     "nemo_opd_staleness1": ["distillation.max_staleness=1"],
+    "nemo_opd_vllm": ["distillation.max_staleness=0", VLLM],
+    "nemo_opd_vllm_staleness1": ["distillation.max_staleness=1", VLLM],
     "nemo_opd_fp32": ["distillation.max_staleness=0", *FLOAT32],
     "nemo_opd_fp32_staleness1": ["distillation.max_staleness=1", *FLOAT32],
 }
@@ -105,6 +113,8 @@ LABELS = {
     "trl_distillation_bf16": "TRL DistillationTrainer, bf16=True",
     "nemo_opd": "nemo_opd, lockstep",
     "nemo_opd_staleness1": "nemo_opd, max_staleness 1",
+    "nemo_opd_vllm": "nemo_opd, vLLM, lockstep",
+    "nemo_opd_vllm_staleness1": "nemo_opd, vLLM, max_staleness 1",
     "nemo_opd_fp32": "nemo_opd, float32, lockstep",
     "nemo_opd_fp32_staleness1": "nemo_opd, float32, max_staleness 1",
 }

@@ -19,7 +19,7 @@ the same objective with the frozen tiny teacher or no teacher term:
                 term (opd_grpo_tiny.yaml)
     grpo        no teacher term: tuned GRPO alone (grpo_tiny.yaml)
     topk_ema    self-distillation alone, no reward: the top-k divergence toward the EMA shown
-                the answer (distillation_tiny_100.yaml's objective and batches)
+                the answer (distillation_tiny_100_lockstep.yaml's objective and batches)
 
 Each arm is a sweep of its own (benchmarks/sweep.py: one fresh process per run, an interrupted
 comparison resumes where it stopped) under OUT/<arm>/, validated on the 500 held-out problems
@@ -52,7 +52,7 @@ SELF_OF_TINY = (
     "teacher.ema_decay=0.9",
     "teacher.prompt_template='{prompt} {answer}'",
 )
-"""distillation_tiny_100.yaml's frozen tiny teacher turned into the student's EMA."""
+"""distillation_tiny_100_lockstep.yaml's frozen tiny teacher turned into the student's EMA."""
 ARMS = {
     "ema": (SELF, ()),
     "live": (SELF, ("teacher.source=student",)),
@@ -67,7 +67,7 @@ ARMS = {
     ),
     "teacher": (CONFIGS / "opd_grpo_tiny.yaml", ()),
     "grpo": (CONFIGS / "grpo_tiny.yaml", ()),
-    "topk_ema": (CONFIGS / "distillation_tiny_100.yaml", SELF_OF_TINY),
+    "topk_ema": (CONFIGS / "distillation_tiny_100_lockstep.yaml", SELF_OF_TINY),
 }
 """arm: (config, overrides). Every arm validates on the held-out split (sweep --split)."""
 COMMON = (

@@ -330,7 +330,10 @@ def test_full_vocabulary_divergence_is_the_top_k_one_at_k_equal_v(tmp_path):
     one_step = ("distillation.max_num_steps=1",)
     full = run_loop(tmp_path / "full", "distillation_tiny_full_vocab.yaml", *one_step)[1]
     topk = run_loop(
-        tmp_path / "topk", "distillation_tiny_100.yaml", *one_step, "distillation.topk_logits_k=481"
+        tmp_path / "topk",
+        "distillation_tiny_100_lockstep.yaml",
+        *one_step,
+        "distillation.topk_logits_k=481",
     )[1]
     assert full["train/reward"] == topk["train/reward"]  # the same rollouts
     assert "timing/train/teacher_hidden" in full and "timing/train/teacher_topk" not in full

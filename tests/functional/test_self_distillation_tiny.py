@@ -47,7 +47,7 @@ SELF_OVERRIDES = [
     "~teacher.tokenizer",
     "teacher.prompt_template='{prompt} {answer}'",
 ]
-"""distillation_tiny_100.yaml's teacher model turned into the student itself (its top-k
+"""distillation_tiny_100_lockstep.yaml's teacher model turned into the student itself (its top-k
 objective)."""
 
 
@@ -69,7 +69,7 @@ def straight(tmp_path_factory):
     run_configs.py): {name: (run dir, its stdout)}."""
     root = tmp_path_factory.mktemp("self_straight")
     plan = {source: (source, CONFIG, []) for source in SOURCES}
-    topk = CONFIGS / "distillation_tiny_100.yaml"
+    topk = CONFIGS / "distillation_tiny_100_lockstep.yaml"
     plan["ema_topk"] = ("ema", topk, SELF_OVERRIDES)
     plan["ema_full_vocab"] = ("ema", topk, [*SELF_OVERRIDES, "loss_fn.support=full"])
     dirs = {name: root / name for name in plan}

@@ -10,8 +10,8 @@ from nemo_opd.config import ConfigError, load_config
 CONFIGS = Path(__file__).resolve().parents[3] / "examples" / "configs"
 
 
-def test_the_full_vocabulary_recipe_is_the_100_step_recipe_over_every_id():
-    base = load_config(CONFIGS / "distillation_tiny_100.yaml")
+def test_the_full_vocabulary_recipe_is_the_lockstep_100_step_recipe_over_every_id():
+    base = load_config(CONFIGS / "distillation_tiny_100_lockstep.yaml")
     full = load_config(CONFIGS / "distillation_tiny_full_vocab.yaml")
     assert base.loss_fn.support == "teacher_topk" and full.loss_fn.support == "full"
     assert full.loss_fn.model_copy(update={"support": "teacher_topk"}) == base.loss_fn

@@ -83,7 +83,7 @@ def test_a_self_teacher_is_not_routed(minimal):
 
 
 def test_overrides_turn_the_tiny_teacher_into_the_student():
-    tiny = CONFIGS / "distillation_tiny_100.yaml"
+    tiny = CONFIGS / "distillation_tiny_100_lockstep.yaml"
     with pytest.raises(ConfigError, match="set model_name and tokenizer to null"):
         load_config(tiny, ["teacher.source=lagged"])
     cfg = load_config(

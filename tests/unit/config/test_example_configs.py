@@ -102,7 +102,8 @@ def test_tiny_config_can_switch_to_megatron_by_override():
 
 
 def test_rl_objective_configs():
-    default = load_config(REPO / "examples/configs/distillation_tiny_100.yaml")  # their budget
+    # their base
+    default = load_config(REPO / "examples/configs/distillation_tiny_100_lockstep.yaml")
     opd = load_config(REPO / "examples/configs/opd_rl_tiny.yaml")
     grpo = load_config(REPO / "examples/configs/grpo_tiny.yaml")
     hybrid = load_config(REPO / "examples/configs/opd_grpo_tiny.yaml")

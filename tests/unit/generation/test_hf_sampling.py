@@ -45,9 +45,7 @@ def test_each_token_is_the_float64_inversion_of_the_rows_own_uniform_number():
         u = torch.rand((), generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
         probabilities = logprobs[b].double().exp().tolist()
         target, running = u.item() * sum(probabilities), 0.0
-        expected = next(
-            i for i, q in enumerate(probabilities) if (running := running + q) > target
-        )
+        expected = next(i for i, q in enumerate(probabilities) if (running := running + q) > target)
         assert drawn[b].item() == expected
         assert probabilities[expected] > 0
 
