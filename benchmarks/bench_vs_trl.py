@@ -99,6 +99,7 @@ def matched_settings(config: str, overrides: list[str]) -> dict:
         "seed": loop.seed,
         "validation_steps": validation_steps(cfg, rollouts // batch),
         "max_val_samples": loop.max_val_samples,
+        "max_staleness": loop.max_staleness,  # nemo_opd's side only: TRL's rollouts are on-policy
     }
 
 
@@ -425,12 +426,24 @@ def score(results: dict) -> None:
             point["accuracy"] = accuracy(point["dir"]) if point["dir"] else None
 
 
+def rollouts_said(settings: dict) -> str:
+    """The rollouts each system trained on, and how on-policy nemo_opd's were."""
+    staleness = settings.get("max_staleness", 0)
+    if not staleness:
+        return f"{settings['rollouts']} on-policy rollouts"
+    older = "one step" if staleness == 1 else f"up to {staleness} steps"
+    return (
+        f"{settings['rollouts']} rollouts (TRL's on-policy, nemo_opd's sampled from weights "
+        f"{older} older)"
+    )
+
+
 def report(results: dict, out: Path) -> str:
     """The markdown table and verdict; also written to OUT/results.md."""
     initial = results["initial_accuracy"]
     lines = [
-        f"Held-out accuracy (greedy HF generate, {results['settings']['rollouts']} on-policy "
-        f"rollouts each; initial student {initial:.1%}):",
+        f"Held-out accuracy (greedy HF generate, {rollouts_said(results['settings'])} each; "
+        f"initial student {initial:.1%}):",
         "",
         "| system | final accuracy | whole process | gain per minute | accuracy @ seconds since "
         "its start |",
@@ -491,7 +504,7 @@ def plot(results: dict, out: Path) -> Path:
         axes.axvline(data["wall_s"], color=colors[system], linestyle=":", linewidth=1)
     axes.set_xlabel("seconds since the process started")
     axes.set_ylabel("held-out accuracy (greedy)")
-    axes.set_title(f"{results['settings']['rollouts']} on-policy rollouts, same machine")
+    axes.set_title(f"{rollouts_said(results['settings'])}, same machine")
     axes.grid(alpha=0.3)
     axes.legend(loc="lower right")
     return save_figure(figure, out / "accuracy_vs_time.png")

@@ -17,6 +17,7 @@ TINY = str(REPO / "examples/configs/distillation_tiny_100.yaml")
 def test_settings_match_the_config():
     settings = bench_vs_trl.matched_settings(TINY, [])
     assert settings["rollouts"] == 100 * 32 * 2
+    assert settings["max_staleness"] == 1  # the recipe overlaps, as the default does
     assert (settings["batch_size"], settings["max_steps"]) == (32, 200)  # one step per 32
     assert settings["beta"] == 0.0  # forward KL
     assert (settings["learning_rate"], settings["weight_decay"]) == (1e-3, 0.0)
@@ -83,6 +84,16 @@ def test_report_states_the_check(tmp_path, trl, ours, verdict):
     assert "TRL GKDTrainer" in text and "+15.0%" in text  # 0.3 -> 0.55 over 100 s, per minute
     assert (tmp_path / "results.md").read_text().strip() == text
     assert bench_vs_trl.plot(_results(trl, ours), tmp_path).is_file()
+
+
+def test_the_report_says_how_on_policy_each_sides_rollouts_were():
+    said = bench_vs_trl.rollouts_said
+    assert said({"rollouts": 6400, "max_staleness": 0}) == "6400 on-policy rollouts"
+    overlapped = said({"rollouts": 6400, "max_staleness": 1})
+    assert overlapped == (
+        "6400 rollouts (TRL's on-policy, nemo_opd's sampled from weights one step older)"
+    )
+    assert "up to 2 steps older" in said({"rollouts": 64, "max_staleness": 2})
 
 
 def test_speed_settings_turn_off_what_slows_trl():
