@@ -67,6 +67,8 @@ def sample(logprobs: torch.Tensor, generators: list[torch.Generator] | None) -> 
     (greedy), else row b drawn with one uniform number of generators[b] (inverse CDF)."""
     if generators is None:
         return logprobs.argmax(dim=-1)
+    if len(generators) != len(logprobs):
+        raise ValueError(f"{len(generators)} generators for {len(logprobs)} rows: one per row")
     cdf = logprobs.double().exp().cumsum(dim=-1)  # [B, V]; flat where a token is filtered out
     total = cdf[:, -1:]
     uniforms = torch.stack(

@@ -71,6 +71,12 @@ def test_all_the_mass_on_one_token_at_either_end_is_always_drawn(where):
     assert set(drawn.tolist()) == {range(9)[where]}
 
 
+def test_a_generator_per_row_is_required():
+    logprobs = torch.log_softmax(torch.zeros(3, 5), dim=-1)
+    with pytest.raises(ValueError, match="1 generators for 3 rows"):
+        sample(logprobs, row_generators([0], torch.device("cpu")))
+
+
 def test_no_generators_is_greedy():
     logprobs = torch.log_softmax(torch.tensor([[0.1, 2.0, -1.0], [3.0, 0.0, 2.9]]), dim=-1)
     assert sample(logprobs, None).tolist() == [1, 0]
