@@ -22,6 +22,7 @@ are read as text, broken by a zero-width space after their first character
 (nemo_opd.data.text_only), so that a model cannot forge turns by writing them.
 """
 
+import hashlib
 import importlib.metadata
 import json
 import time
@@ -137,10 +138,11 @@ class ChatFormatter:
         """Everything the ids of an opening depend on besides its prompt or messages: the chat
         template and what it reads (its variables, the tools, the tokenizer's special tokens,
         the date where it asks for it), the system prompt and prompt template, the tokenizer's
-        whole definition, and the versions of the libraries that render and encode. None for
-        a tokenizer without a serialized definition (a slow one): its prompts are not cached.
-        Made once per formatter (a real tokenizer's definition takes a few tenths of a second
-        to serialize, and a run asks for its train and its validation prompts)."""
+        whole definition, and the versions of the libraries that render and encode, as a
+        BLAKE2b digest of them. None for a tokenizer without a serialized definition (a slow
+        one): its prompts are not cached. Made once per formatter (a real tokenizer's
+        definition takes a few tenths of a second to serialize and megabytes to hash, and a
+        run asks for its train and its validation prompts)."""
         if self._fingerprint is _NOT_YET:
             self._fingerprint = self._make_fingerprint()
         return self._fingerprint
@@ -164,7 +166,10 @@ class ChatFormatter:
             "versions": {name: _version(name) for name in ("transformers", "tokenizers", "jinja2")},
         }
         described = json.dumps(inputs, sort_keys=True, default=repr)
-        return described.encode() + b"\0" + backend.to_str().encode()
+        digest = hashlib.blake2b(described.encode())
+        digest.update(b"\0")
+        digest.update(backend.to_str().encode())
+        return digest.digest()
 
     def _openings(
         self, prompts: list[str], conversations: list[list[Message] | None] | None

@@ -119,7 +119,7 @@ def entry_key(
     except (pickle.PicklingError, TypeError, AttributeError, RecursionError):
         return None
     digest = hashlib.blake2b(FORMAT, digest_size=20)
-    digest.update(hashlib.blake2b(fingerprint).digest())
+    digest.update(fingerprint)
     digest.update(records)
     return digest.hexdigest()
 
