@@ -107,7 +107,7 @@ def _train(cfg: DistillationConfig) -> int:
     # Another run's checkpoints or metrics are refused in seconds, before any worker starts.
     finished = check_run_folders(with_absolute_paths(cfg))
     if finished:
-        print(finished)
+        print(wrapped(finished))
         return 0
     executor = run_executor(cfg)
     if executor == "processes":

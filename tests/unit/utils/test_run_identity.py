@@ -283,7 +283,12 @@ def test_the_command_line_says_when_there_is_nothing_to_do(tmp_path, capsys):
     argv = ["--config", str(TINY), f"checkpointing.checkpoint_dir={tmp_path / 'ckpt'}"]
     argv += [f"logger.log_dir={tmp_path / 'logs'}", "distillation.max_num_steps=20"]
     assert cli.main(argv) == 0
-    assert capsys.readouterr().out.startswith("nothing to do: step 350 >= 20")
+    out = capsys.readouterr().out
+    assert out.startswith("nothing to do: step 350 >= 20")
+    # wrapped at the console's width (80 when not a terminal); only a path longer than that
+    # stands alone on a longer line
+    assert all(len(line) <= 80 or len(line.split()) == 1 for line in out.splitlines())
+    assert "raise distillation.max_num_steps to train on" in " ".join(out.split())
 
 
 def test_no_two_shipped_recipes_share_a_folder():
